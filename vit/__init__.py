@@ -1,0 +1,45 @@
+"""vit: train, compare and understand Vision Transformers.
+
+The model layer (``vit.layers``, ``vit.models``, ``vit.explain``) needs only torch and timm. The training
+stack (``ImageClassifier``, ``ImageDataModule``, callbacks, CLI) needs Lightning, albumentations and W&B and is
+imported on first use, so ``import vit`` works on a machine that has only the model dependencies.
+"""
+
+from importlib import import_module
+from typing import Any
+
+from .layers import Attention, Block, PatchEmbed, WindowAttention, build_sincos_2d_pos_embed, resample_pos_embed
+from .models import VisionTransformer, create_model, list_models, load_pretrained
+
+__version__ = "0.1.0"
+
+# name -> module of the training stack, imported lazily (PEP 562).
+_LAZY = {
+    "ImageClassifier": "vit.lit_module",
+    "ImageDataModule": "vit.data",
+    "AttentionRolloutLogger": "vit.callbacks",
+    "cli_main": "vit.cli",
+    "capture_attention": "vit.explain",
+    "attention_rollout": "vit.explain",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'vit' has no attribute {name!r}")
+
+
+__all__ = [
+    "Attention",
+    "Block",
+    "PatchEmbed",
+    "VisionTransformer",
+    "WindowAttention",
+    "build_sincos_2d_pos_embed",
+    "create_model",
+    "list_models",
+    "load_pretrained",
+    "resample_pos_embed",
+    *_LAZY,
+]

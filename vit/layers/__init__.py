@@ -1,0 +1,21 @@
+"""Building blocks of the Vision Transformer, one concept per file."""
+
+from .attention import Attention, attention_softmax
+from .block import Block
+from .patch_embed import PatchEmbed
+from .pos_embed import build_sincos_2d_pos_embed, resample_pos_embed
+from .utils import to_2tuple
+from .window_attention import WindowAttention, window_attention_mask, window_band_labels
+
+__all__ = [
+    "Attention",
+    "Block",
+    "PatchEmbed",
+    "WindowAttention",
+    "attention_softmax",
+    "build_sincos_2d_pos_embed",
+    "resample_pos_embed",
+    "to_2tuple",
+    "window_attention_mask",
+    "window_band_labels",
+]

@@ -1,0 +1,63 @@
+"""Patch embedding: cut an image into non-overlapping patches and project each to ``embed_dim``.
+
+Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021), Sec. 3.1.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .utils import to_2tuple
+
+
+class PatchEmbed(nn.Module):
+    """Image to patch tokens through a convolution with kernel = stride = patch size.
+
+    The parameter is an ``nn.Conv2d`` named ``proj`` (timm's layout), but the forward pass computes the same
+    product as one matrix multiply over flattened patches, which is faster than a strided convolution on CPU
+    and identical up to float rounding.
+
+    Args:
+        img_size: Input image size, an int or ``(height, width)``.
+        patch_size: Patch size, an int or ``(height, width)``; must divide ``img_size``.
+        in_chans: Number of input channels.
+        embed_dim: Output token width.
+        bias: Whether the projection has a bias.
+
+    Raises:
+        ValueError: If the patch size does not divide the image size.
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.img_size = to_2tuple(img_size)
+        self.patch_size = to_2tuple(patch_size)
+        for side, size, patch in zip(("height", "width"), self.img_size, self.patch_size, strict=True):
+            if patch <= 0 or size <= 0 or size % patch:
+                raise ValueError(
+                    f"image {side} {size} is not divisible by patch {side} {patch}: choose an img_size that is a "
+                    f"multiple of patch_size (img_size={self.img_size}, patch_size={self.patch_size})"
+                )
+        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map ``(B, C, H, W)`` images to ``(B, num_patches, embed_dim)`` tokens in row-major grid order."""
+        B, C, H, W = x.shape
+        if self.img_size != (H, W):
+            raise ValueError(f"input image size {(H, W)} does not match the model's img_size {self.img_size}")
+        gh, gw = self.grid_size
+        ph, pw = self.patch_size
+        # (B, C, gh, ph, gw, pw) -> (B, gh, gw, C, ph, pw): one row per patch, flattened like the conv kernel
+        x = x.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * ph * pw)
+        return F.linear(x, self.proj.weight.flatten(1), self.proj.bias)  # (B, N, embed_dim)

@@ -1,0 +1,66 @@
+"""Named model presets (timm's hyper-parameters for the 224 px models) and ``create_model``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .vision_transformer import VisionTransformer
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    # ImageNet-sized, identical to timm's models of the same names.
+    "vit_tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
+    "vit_small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
+    "vit_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+    # CIFAR-sized: 32 x 32 input, 4 x 4 patches, an 8 x 8 grid of 64 patch tokens.
+    "vit_tiny_patch4_32": dict(img_size=32, patch_size=4, embed_dim=192, depth=12, num_heads=3, num_classes=10),
+    "vit_small_patch4_32": dict(img_size=32, patch_size=4, embed_dim=384, depth=12, num_heads=6, num_classes=10),
+    # Local-window variants. ViTDet-style: a global block closes each group of window blocks.
+    "vit_small_window_patch16_224": dict(
+        patch_size=16, embed_dim=384, depth=12, num_heads=6, window_size=7, global_attn_indexes=(2, 5, 8, 11)
+    ),
+    # 8 x 8 grid in 4 x 4 windows; in each group of three blocks the first window block is unshifted, the
+    # second shifted by 2 (Swin), the third global, so information crosses windows twice before each global mix.
+    "vit_tiny_window_patch4_32": dict(
+        img_size=32,
+        patch_size=4,
+        embed_dim=192,
+        depth=12,
+        num_heads=3,
+        num_classes=10,
+        window_size=4,
+        shift_windows=True,
+        global_attn_indexes=(2, 5, 8, 11),
+    ),
+}
+
+
+def list_models() -> list[str]:
+    """Names accepted by :func:`create_model`, sorted."""
+    return sorted(_PRESETS)
+
+
+def model_config(name: str, **overrides: Any) -> dict[str, Any]:
+    """The constructor arguments of preset ``name`` with ``overrides`` applied.
+
+    Raises:
+        ValueError: If ``name`` is not a known preset (the message lists them).
+    """
+    if name not in _PRESETS:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(list_models())}")
+    return {**_PRESETS[name], **overrides}
+
+
+def create_model(name: str, **overrides: Any) -> VisionTransformer:
+    """Build preset ``name``; keyword ``overrides`` replace or add :class:`VisionTransformer` arguments.
+
+    Example:
+        >>> model = create_model("vit_tiny_patch4_32", num_classes=100, drop_path_rate=0.1)
+
+    Raises:
+        ValueError: If ``name`` is unknown or an override is not a :class:`VisionTransformer` argument.
+    """
+    config = model_config(name, **overrides)
+    try:
+        return VisionTransformer(**config)
+    except TypeError as err:
+        raise ValueError(f"bad override for model {name!r}: {err}") from err

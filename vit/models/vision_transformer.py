@@ -1,0 +1,267 @@
+"""Vision Transformer for image classification.
+
+Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale" (ICLR 2021);
+training-friendly defaults from Touvron et al., "Training data-efficient image transformers" (DeiT, ICML 2021);
+register tokens from Darcet et al., "Vision Transformers Need Registers" (ICLR 2024); local-window blocks
+interleaved with global ones from Li et al., ViTDet (ECCV 2022).
+
+Parameter names and shapes follow timm's ``VisionTransformer``, so timm checkpoints load with a plain
+``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Literal
+
+import torch
+from timm.layers import trunc_normal_
+from torch import nn
+
+from ..layers import Attention, Block, PatchEmbed, WindowAttention, build_sincos_2d_pos_embed
+
+
+class VisionTransformer(nn.Module):
+    """Vision Transformer with optional class/register tokens and local-window blocks.
+
+    Initialisation follows ViT/DeiT: every linear layer (and the patch projection, a linear map over
+    flattened patches) gets a truncated normal with std 0.02 and zero bias; learned position embeddings
+    get a truncated normal with std 0.02, class and register tokens a normal with std 1e-6 (timm); LayerNorm
+    weights are ones and biases zeros; the sin-cos table is fixed.
+
+    Args:
+        img_size: Input image size, an int or ``(height, width)``.
+        patch_size: Patch size; must divide ``img_size``.
+        in_chans: Number of input channels.
+        num_classes: Number of classes; 0 makes the head an identity (features only).
+        embed_dim: Token width.
+        depth: Number of blocks.
+        num_heads: Attention heads per block; must divide ``embed_dim``.
+        mlp_ratio: MLP hidden width relative to ``embed_dim``.
+        qkv_bias: Whether the ``qkv`` projections have a bias.
+        qk_norm: Normalise queries and keys per head.
+        class_token: Prepend a learned class token.
+        reg_tokens: Number of register tokens after the class token.
+        global_pool: ``"token"`` pools the class token, ``"avg"`` the mean of the patch tokens.
+        pos_embed: ``"learn"`` (learned table), ``"sincos"`` (fixed 2-D sine-cosine over patches), ``"none"``.
+        no_embed_class: With ``"learn"``, give position embeddings to patches only, not to prefix tokens.
+        init_values: Layer-scale initial value; ``None`` disables layer scale.
+        fc_norm: Normalise the pooled features instead of the tokens; ``None`` means ``global_pool == "avg"``.
+        drop_rate: Dropout before the head.
+        pos_drop_rate: Dropout after adding position embeddings.
+        proj_drop_rate: Dropout after attention projections and in the MLPs.
+        attn_drop_rate: Dropout on attention weights.
+        drop_path_rate: Stochastic-depth rate of the last block, increasing linearly from 0 over depth.
+        window_size: 0 for global attention everywhere; ``w > 0`` makes every block not listed in
+            ``global_attn_indexes`` attend within ``w × w`` windows of the patch grid (plus the prefix tokens).
+        global_attn_indexes: Indexes of the blocks that stay global when ``window_size > 0``.
+        shift_windows: Shift the window grid by ``w // 2`` in every second window block (Swin).
+        fused_attn: Use PyTorch's fused attention kernels; ``False`` selects the explicit path.
+        norm_layer: Normalisation layer class; default ``LayerNorm(eps=1e-6)`` as in timm and big_vision.
+
+    Raises:
+        ValueError: On inconsistent arguments (the message names the argument).
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        class_token: bool = True,
+        reg_tokens: int = 0,
+        global_pool: Literal["token", "avg"] = "token",
+        pos_embed: Literal["learn", "sincos", "none"] = "learn",
+        no_embed_class: bool = False,
+        init_values: float | None = None,
+        fc_norm: bool | None = None,
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        window_size: int = 0,
+        global_attn_indexes: Sequence[int] = (),
+        shift_windows: bool = False,
+        fused_attn: bool = True,
+        norm_layer: type[nn.Module] | None = None,
+    ) -> None:
+        super().__init__()
+        norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
+        if num_heads <= 0 or embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        if global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+        if global_pool == "token" and not class_token:
+            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without a class token")
+        if pos_embed not in ("learn", "sincos", "none"):
+            raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {pos_embed!r}")
+        if reg_tokens < 0:
+            raise ValueError(f"reg_tokens must be >= 0, got {reg_tokens}")
+        if depth <= 0:
+            raise ValueError(f"depth must be positive, got {depth}")
+        if window_size < 0:
+            raise ValueError(f"window_size must be >= 0 (0 = global attention), got {window_size}")
+        bad = [i for i in global_attn_indexes if not 0 <= i < depth]
+        if bad:
+            raise ValueError(f"global_attn_indexes {bad} out of range for depth {depth} (valid: 0..{depth - 1})")
+
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.embed_dim = embed_dim
+        self.has_class_token = class_token
+        self.num_reg_tokens = reg_tokens
+        self.num_prefix_tokens = int(class_token) + reg_tokens
+        self.no_embed_class = no_embed_class or pos_embed == "sincos"
+        self.window_size = window_size
+        self.global_attn_indexes = tuple(global_attn_indexes)
+        use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
+
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        grid_size = self.patch_embed.grid_size
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
+        embed_len = self.patch_embed.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
+        if pos_embed == "learn":
+            self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, embed_dim))
+        elif pos_embed == "sincos":
+            self.register_buffer("pos_embed", build_sincos_2d_pos_embed(grid_size, embed_dim), persistent=False)
+        else:
+            self.pos_embed = None
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+
+        dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth, linear in depth
+        blocks = []
+        window_blocks = 0
+        for i in range(depth):
+            attn_layer: type[nn.Module] = Attention
+            if window_size and i not in self.global_attn_indexes:
+                shift = window_size // 2 if shift_windows and window_blocks % 2 == 1 else 0
+                attn_layer = partial(
+                    WindowAttention,
+                    grid_size=grid_size,
+                    window_size=window_size,
+                    shift=shift,
+                    num_prefix_tokens=self.num_prefix_tokens,
+                )
+                window_blocks += 1
+            blocks.append(
+                Block(
+                    embed_dim,
+                    num_heads,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    qk_norm=qk_norm,
+                    proj_drop=proj_drop_rate,
+                    attn_drop=attn_drop_rate,
+                    init_values=init_values,
+                    drop_path=dpr[i],
+                    fused_attn=fused_attn,
+                    norm_layer=norm_layer,
+                    attn_layer=attn_layer,
+                )
+            )
+        self.blocks = nn.Sequential(*blocks)
+        self.norm = norm_layer(embed_dim) if not use_fc_norm else nn.Identity()
+        self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """ViT/DeiT initialisation (see the class docstring)."""
+        if isinstance(self.pos_embed, nn.Parameter):
+            trunc_normal_(self.pos_embed, std=0.02)
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)
+        self.apply(_init_vit_weights)
+        trunc_normal_(self.patch_embed.proj.weight, std=0.02)
+        if self.patch_embed.proj.bias is not None:
+            nn.init.zeros_(self.patch_embed.proj.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Names of parameters that take no weight decay (position embedding and prefix tokens), timm's hook."""
+        return {"pos_embed", "cls_token", "reg_token"}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """Parameter groups by depth for layer-wise learning-rate decay (timm's ``param_groups_layer_decay``)."""
+        return {
+            "stem": r"^cls_token|^pos_embed|^patch_embed|^reg_token",
+            "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        }
+
+    def get_classifier(self) -> nn.Module:
+        """The classification head."""
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Literal["token", "avg"] | None = None) -> None:
+        """Replace the head with a freshly initialised one for ``num_classes`` classes (0 for none)."""
+        self.num_classes = num_classes
+        if global_pool is not None:
+            if global_pool == "token" and not self.has_class_token:
+                raise ValueError("global_pool='token' needs a class token")
+            self.global_pool = global_pool
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head.apply(_init_vit_weights)
+        self.head.to(self.patch_embed.proj.weight.device)
+
+    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Add position embeddings and prepend prefix tokens: ``(B, N, C) -> (B, prefix + N, C)``."""
+        B = x.shape[0]
+        prefix = []
+        if self.cls_token is not None:
+            prefix.append(self.cls_token.expand(B, -1, -1))
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(B, -1, -1))
+        if self.no_embed_class:
+            if self.pos_embed is not None:
+                x = x + self.pos_embed
+            x = torch.cat([*prefix, x], dim=1) if prefix else x
+        else:
+            x = torch.cat([*prefix, x], dim=1) if prefix else x
+            if self.pos_embed is not None:
+                x = x + self.pos_embed
+        return self.pos_drop(x)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images ``(B, C, H, W)`` to normalised tokens ``(B, prefix + N, embed_dim)``."""
+        x = self.patch_embed(x)  # (B, N, C)
+        x = self._pos_embed(x)  # (B, prefix + N, C)
+        x = self.blocks(x)
+        return self.norm(x)
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens ``(B, prefix + N, C)`` to one vector per image ``(B, C)``."""
+        if self.global_pool == "avg":
+            return x[:, self.num_prefix_tokens :].mean(dim=1)
+        return x[:, 0]
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pool tokens and classify; ``pre_logits=True`` returns the pooled, normalised features."""
+        x = self.head_drop(self.fc_norm(self.pool(x)))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images ``(B, C, H, W)`` to logits ``(B, num_classes)``."""
+        return self.forward_head(self.forward_features(x))
+
+
+def _init_vit_weights(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
