@@ -5,8 +5,13 @@ stack (``ImageClassifier``, ``ImageDataModule``, callbacks, CLI) needs Lightning
 imported on first use, so ``import vit`` works on a machine that has only the model dependencies.
 """
 
+import os
 from importlib import import_module
 from typing import Any
+
+# albumentations asks PyPI for a newer version on every import (every DataLoader worker too); training must
+# never wait on the network, so that check is off unless the user turned it on explicitly.
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 from .layers import Attention, Block, PatchEmbed, WindowAttention, build_sincos_2d_pos_embed, resample_pos_embed
 from .models import VisionTransformer, create_model, list_models, load_pretrained
