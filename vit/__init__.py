@@ -26,6 +26,7 @@ _LAZY = {
     "cli_main": "vit.cli",
     "capture_attention": "vit.explain",
     "attention_rollout": "vit.explain",
+    "rollout_map": "vit.explain",
 }
 
 
