@@ -1,0 +1,198 @@
+"""AttentionRolloutLogger and RunSummary on short CPU fits of a tiny ViT on the digits, without W&B."""
+
+from __future__ import annotations
+
+import csv
+import math
+import warnings
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger, Logger
+from PIL import Image
+
+from vit import ImageClassifier, ImageDataModule
+from vit import callbacks as callbacks_module
+from vit.callbacks import AttentionRolloutLogger, RunSummary, explained_model, forward_flops, select_indices
+from vit.explain import attention_statistics, capture_attention
+
+TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
+
+
+def tiny_module(**kwargs) -> ImageClassifier:
+    torch.manual_seed(0)
+    return ImageClassifier("vit_tiny_patch4_32", num_classes=10, img_size=32, model_overrides=TINY, lr=3e-3, **kwargs)
+
+
+def digits() -> ImageDataModule:
+    return ImageDataModule(dataset="digits", img_size=32, batch_size=16, num_workers=0, seed=0)
+
+
+def trainer(tmp_path, callbacks, logger=False, max_epochs=1) -> pl.Trainer:
+    return pl.Trainer(
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_epochs=max_epochs,
+        limit_train_batches=3,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        logger=logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        log_every_n_steps=1,
+    )
+
+
+def read_metrics(path) -> dict[str, list[float]]:
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    metrics: dict[str, list[float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            if value not in ("", None):
+                metrics.setdefault(key, []).append(float(value))
+    return metrics
+
+
+def test_select_indices_first_image_of_each_class_then_evenly_spaced():
+    # Classes in order of appearance 3, 1, 0 -> first images 0, 2, 3, sorted by label (0, 1, 3).
+    assert select_indices([3, 3, 1, 0, 1, 2], length=6, num_images=3) == [3, 2, 0]
+    # Two classes for four images: their first images, then evenly spaced ones (linspace 0, 2, 3, 5).
+    assert select_indices([0, 0, 0, 1, 1, 1], length=6, num_images=4) == [0, 3, 2, 5]
+    assert select_indices(None, length=10, num_images=3) == [0, 4, 9]
+    assert select_indices(None, length=2, num_images=8) == [0, 1]
+    assert select_indices([5, 5, 5], length=3, num_images=3) == [0, 1, 2]
+
+
+def test_rollout_pngs_and_attention_metrics_without_wandb(tmp_path):
+    rollout = AttentionRolloutLogger(num_images=6, every_n_epochs=1)
+    module = tiny_module()
+    fit = trainer(tmp_path, [rollout, RunSummary(warmup_batches=1)], CSVLogger(tmp_path), max_epochs=2)
+    fit.fit(module, digits())
+
+    # Fixed images: the first validation image of each of the first six classes to appear, sorted by class.
+    first: dict[int, int] = {}
+    for index, label in enumerate(digits_val_labels().tolist()):
+        first.setdefault(label, index)
+    classes = sorted(sorted(first, key=first.get)[:6])
+    assert rollout.labels.tolist() == classes
+    assert rollout.indices == [first[c] for c in classes]
+
+    folder = tmp_path / "lightning_logs" / "version_0" / "rollout"
+    for epoch in (0, 1):
+        with Image.open(folder / f"epoch_{epoch:03d}.png") as grid:
+            assert grid.mode == "RGB" and grid.width >= 4 * 128 and grid.height >= 2 * 128  # 4 columns, 2 rows
+        with Image.open(folder / f"distance_epoch_{epoch:03d}.png") as plot:
+            assert plot.size == (500, 350)
+
+    # The last logged statistics are those of the final weights on the fixed images.
+    metrics = read_metrics(tmp_path / "lightning_logs" / "version_0" / "metrics.csv")
+    model = module.model
+    stats = attention_statistics(
+        capture_attention(model, rollout.images), model.patch_embed.grid_size, model.patch_embed.patch_size, 1
+    )
+    for i in range(TINY["depth"]):
+        assert len(metrics[f"attn/entropy/block_{i}"]) == 2  # once per epoch
+        assert metrics[f"attn/entropy/block_{i}"][-1] == pytest.approx(stats["mean_entropy"][i].item(), rel=1e-5)
+        assert metrics[f"attn/distance/block_{i}"][-1] == pytest.approx(stats["mean_distance"][i].item(), rel=1e-5)
+        assert 0 < metrics[f"attn/entropy/block_{i}"][-1] <= math.log(65)
+    assert model.training  # Lightning's train mode is back
+
+    # RunSummary: parameters, FLOPs of one image and a throughput per epoch.
+    assert metrics["model/params"] == [sum(p.numel() for p in model.parameters())]
+    assert metrics["model/gflops"][0] == pytest.approx(2 * metrics["model/gmacs"][0])
+    assert len(metrics["train/throughput"]) == 2 and all(v > 0 for v in metrics["train/throughput"])
+
+    # Explaining never touched training: the same fit without the callbacks ends with the same weights.
+    plain = tiny_module()
+    trainer(tmp_path / "plain", [], max_epochs=2).fit(plain, digits())
+    for (name, a), (_, b) in zip(module.state_dict().items(), plain.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def digits_val_labels() -> np.ndarray:
+    data = digits()
+    data.setup("validate")
+    return np.asarray(data.val_dataset.labels)
+
+
+def test_every_n_epochs(tmp_path):
+    fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, every_n_epochs=2, statistics=False)], max_epochs=2)
+    fit.fit(tiny_module(), digits())
+    assert sorted(p.name for p in (tmp_path / "rollout").iterdir()) == ["epoch_001.png"]
+
+
+def collapse_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if "attention collapse" in str(w.message)]
+
+
+def test_collapse_warning_on_uniform_attention_only(tmp_path):
+    collapsed = tiny_module()
+    for block in collapsed.model.blocks:  # q = k = 0: every row of every head is exactly uniform
+        torch.nn.init.zeros_(block.attn.qkv.weight)
+        torch.nn.init.zeros_(block.attn.qkv.bias)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer(tmp_path, [AttentionRolloutLogger(num_images=4)]).validate(collapsed, digits())
+    messages = collapse_warnings(record)
+    assert len(messages) == 1
+    assert messages[0].startswith("attention collapse at epoch 0 in block(s) 0, 1:")
+    assert "h0=uniform(H/Hmax=1.000" in messages[0]
+
+    healthy = tiny_module()
+    for block in healthy.model.blocks:  # peaked but not one-hot attention (normalised entropy about 0.7)
+        torch.nn.init.normal_(block.attn.qkv.weight, std=0.3)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer(tmp_path, [AttentionRolloutLogger(num_images=4)]).validate(healthy, digits())
+    assert collapse_warnings(record) == []
+
+
+class FailingWandb(Logger):
+    """Stands in for a WandbLogger whose media upload fails."""
+
+    name, version = "failing", 0
+
+    def log_metrics(self, metrics, step=None):
+        pass
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+    def log_image(self, key, images, step=None, **kwargs):
+        raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("target", ["wandb", "png"])
+def test_media_logging_failure_is_a_warning(tmp_path, monkeypatch, target):
+    logger = False
+    if target == "wandb":
+        monkeypatch.setattr(callbacks_module, "WandbLogger", FailingWandb)
+        logger = FailingWandb()
+    else:
+        monkeypatch.setattr(AttentionRolloutLogger, "_write_pngs", FailingWandb.log_image)
+    fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2)], logger)
+    with pytest.warns(UserWarning, match=r"could not log the attention rollout .* at epoch 0: OSError: .*No space"):
+        fit.fit(tiny_module(), digits())
+    assert fit.state.finished and fit.current_epoch == 1
+
+
+def test_explains_the_validated_weights_with_ema():
+    module = tiny_module(ema_decay=0.9)
+    assert explained_model(module) is module.model_ema.module
+    assert explained_model(tiny_module()) is not None
+
+
+def test_forward_flops_match_the_matmul_count():
+    module = tiny_module()
+    model = module.model
+    D, L, N, P, C = 32, 2, 65, 64, 10  # dim, depth, tokens (class + 8x8 patches), patches, classes
+    macs = P * D * 3 * 4 * 4  # patch embedding: a 4x4x3 -> D projection per patch
+    macs += L * (N * D * 3 * D + 2 * N * N * D + N * D * D + 2 * N * D * 4 * D)  # qkv, QK^T and AV, proj, MLP
+    macs += D * C  # head on the class token
+    assert forward_flops(model, (3, 32, 32)) == 2 * macs
+    assert model.training and all(block.attn.fused_attn for block in model.blocks)  # left as it was
