@@ -303,16 +303,23 @@ class AttentionRolloutLogger(Callback):
             loaders = trainer.val_dataloaders
             loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
             self.fix_images(loader.dataset)
-        self.explain(trainer, pl_module, epoch)
+        result = self.explain(explained_model(pl_module), epoch)
+        if result["metrics"]:  # logged with the validation metrics, at their step, to every logger
+            pl_module.log_dict(result["metrics"], on_step=False, on_epoch=True, rank_zero_only=True)
+        self._log_media(trainer, epoch, result)
 
-    def explain(self, trainer: Trainer, pl_module: LightningModule, epoch: int) -> dict[str, Any]:
-        """Explain the fixed images with the current weights and log the results (see the class docstring).
+    def explain(self, model: nn.Module, epoch: int) -> dict[str, Any]:
+        """Explain the fixed images with the model's current weights; warn about collapsed blocks.
+
+        Args:
+            model: The network (a :class:`~vit.VisionTransformer`).
+            epoch: Epoch named in warnings and titles.
 
         Returns:
             ``{"overlays": [uint8 (H, W, 3)], "captions": [str], "metrics": {name: value},
-            "distance": (blocks, heads) tensor or None, "collapsed": [block index]}``.
+            "distance": (blocks, heads) tensor or None, "max_distance": image diagonal in pixels,
+            "collapsed": [block index]}``.
         """
-        model = explained_model(pl_module)
         param = next(model.parameters())
         images = self.images.to(device=param.device, dtype=param.dtype)
         with torch.no_grad(), _eval_mode(model):
@@ -337,7 +344,7 @@ class AttentionRolloutLogger(Callback):
             for t, p, c in zip(true_names, pred_names, confidence.tolist(), strict=True)
         ]
         result: dict[str, Any] = {"overlays": overlays, "captions": captions, "metrics": {}, "distance": None}
-        result["collapsed"] = []
+        result["collapsed"], result["max_distance"] = [], float(np.hypot(*images.shape[-2:]))
         if self.statistics:
             stats = attention_statistics(
                 attentions, model.patch_embed.grid_size, model.patch_embed.patch_size, model.num_prefix_tokens
@@ -358,7 +365,6 @@ class AttentionRolloutLogger(Callback):
             result["collapsed"] = sorted(reports)
             self._warn_collapse(epoch, reports, len(images))
             result["metrics"]["attn/collapsed_blocks"] = float(len(result["collapsed"]))
-        self._log(trainer, epoch, result, max_distance=float(np.hypot(*images.shape[-2:])))
         return result
 
     # ---------------------------------------------------------------------------------------------- helpers
@@ -398,22 +404,16 @@ class AttentionRolloutLogger(Callback):
             images = F.interpolate(images, size=size, mode="bilinear", align_corners=False)
         return images.clamp(0.0, 1.0)
 
-    def _log(self, trainer: Trainer, epoch: int, result: dict[str, Any], max_distance: float) -> None:
-        step = trainer.global_step
+    def _log_media(self, trainer: Trainer, epoch: int, result: dict[str, Any]) -> None:
+        # Lightning logs validation metrics at this step (the optimiser steps taken, less the one in progress).
+        step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
         wandb_loggers = [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
-        if result["metrics"]:
-            for logger in trainer.loggers:
-                _warn_on_failure(
-                    f"attention metrics to {type(logger).__name__}",
-                    epoch,
-                    lambda logger=logger: logger.log_metrics(result["metrics"], step=step),
-                )
         plot = None
         if result["distance"] is not None:
             plot = _warn_on_failure(
                 "attention distance plot",
                 epoch,
-                lambda: distance_plot(result["distance"], f"epoch {epoch}", max_distance),
+                lambda: distance_plot(result["distance"], f"epoch {epoch}", result["max_distance"]),
             )
         if wandb_loggers:
             for logger in wandb_loggers:
