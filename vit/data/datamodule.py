@@ -4,6 +4,7 @@ synthetic data, with albumentations augmentation and seeded, repeatable loading.
 from __future__ import annotations
 
 import random
+import signal
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ from vit.data.datasets import (
     load_cifar,
     load_digits_split,
 )
+from vit.data.sampler import ResumableDataLoader, ResumableSampler, SeededItems
 from vit.data.transforms import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -74,9 +76,14 @@ def seed_worker(worker_id: int) -> None:
     keeps its own random state, copied into every worker, so without this each worker would draw the same
     augmentations.
 
+    Workers also ignore SIGINT and SIGTERM: Ctrl-C and a scheduler's SIGTERM reach the whole process group, and
+    the main process must keep its workers while it finishes the step and writes a checkpoint (they exit with it).
+
     Args:
         worker_id: Index of the worker process (unused: ``torch.initial_seed()`` already includes it).
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
@@ -86,7 +93,7 @@ def seed_worker(worker_id: int) -> None:
         seed_transform(transform, seed)
 
 
-class SkipReportingDataLoader(DataLoader):
+class SkipReportingDataLoader(ResumableDataLoader):
     """A DataLoader over an ``ImageFileDataset`` that warns, once each full pass is loaded, how many files it skipped.
 
     The report is made when the last batch arrives (batches arrive in order, so every item has been read by then)
@@ -291,11 +298,16 @@ class ImageDataModule(pl.LightningDataModule):
 
     def _loader(self, dataset: Dataset, train: bool, generator: torch.Generator | None = None) -> DataLoader:
         skipping = self.skip_corrupt and isinstance(dataset, ImageFileDataset)
-        loader_cls = SkipReportingDataLoader if skipping else DataLoader
+        loader_cls = SkipReportingDataLoader if skipping else ResumableDataLoader if train else DataLoader
+        sampler = None
+        if train:  # order and augmentations a function of (seed, epoch), resumable mid-epoch (vit.data.sampler)
+            world_size = self.trainer.world_size if self.trainer is not None else 1
+            sampler = ResumableSampler(dataset, seed=self.seed, num_replicas=world_size, rank=self._global_rank())
+            dataset = SeededItems(dataset)
         return loader_cls(
             dataset,
             batch_size=self.batch_size,
-            shuffle=train,
+            sampler=sampler,
             num_workers=self.num_workers,
             collate_fn=collate_skip_none if skipping else None,
             pin_memory=self.pin_memory and torch.cuda.is_available(),
