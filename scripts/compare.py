@@ -131,14 +131,18 @@ def read_online_runs(project: str, group: str | None, last: int | None, metric: 
     """Runs of ``ENTITY/PROJECT`` through ``wandb.Api()`` (needs a login and a network)."""
     import wandb
 
-    api = wandb.Api(timeout=30)
-    filters = {"group": group} if group else None
     runs = []
-    for run in api.runs(project, filters=filters, order="-created_at", per_page=min(last or 50, 200)):
-        history = [*run.scan_history(keys=[metric, "epoch"]), *run.scan_history(keys=["train/loss_epoch", "epoch"])]
-        runs.append(Run(run.name, run.url, run.group or "", flatten(dict(run.config)), dict(run.summary), history))
-        if last and len(runs) >= last:
-            break
+    try:
+        api = wandb.Api(timeout=30)
+        filters = {"group": group} if group else None
+        for run in api.runs(project, filters=filters, order="-created_at", per_page=min(last or 50, 200)):
+            history = [*run.scan_history(keys=[metric, "epoch"]), *run.scan_history(keys=["train/loss_epoch", "epoch"])]
+            config, summary = flatten(dict(run.config)), dict(run.summary_metrics)
+            runs.append(Run(run.name, run.url, run.group or "", config, summary, history))
+            if last and len(runs) >= last:
+                break
+    except Exception as err:  # no login, no network, no such project
+        raise InputError(f"cannot read W&B project {project}: {type(err).__name__}: {err}") from None
     if not runs:
         raise InputError(f"no runs in W&B project {project}" + (f" with group {group!r}" if group else ""))
     return runs
