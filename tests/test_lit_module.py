@@ -1,0 +1,266 @@
+"""ImageClassifier: loss, Mixup, parameter groups, learning-rate schedule, EMA, pretrained weights, checkpoints."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from types import SimpleNamespace
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from timm.loss import SoftTargetCrossEntropy
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from vit import VisionTransformer, create_model
+from vit.lit_module import ConfigError, ImageClassifier, warmup_cosine
+
+TINY = dict(embed_dim=32, depth=3, num_heads=2)
+
+
+def tiny(**kwargs) -> ImageClassifier:
+    kwargs.setdefault("model_overrides", TINY)
+    return ImageClassifier("vit_tiny_patch4_32", num_classes=kwargs.pop("num_classes", 10), img_size=16, **kwargs)
+
+
+def loader(n: int = 16, batch_size: int = 4, num_classes: int = 10, img_size: int = 16) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(n, 3, img_size, img_size, generator=g)
+    data = TensorDataset(images, torch.randint(0, num_classes, (n,), generator=g))
+    return DataLoader(data, batch_size=batch_size)
+
+
+def trainer(tmp_path, **kwargs) -> L.Trainer:
+    defaults = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
+    return L.Trainer(**{**defaults, **kwargs})
+
+
+class FixedLogits(nn.Module):
+    """A 'model' that returns the same logits for every image."""
+
+    def __init__(self, logits: list[float]) -> None:
+        super().__init__()
+        self.logits = nn.Parameter(torch.tensor(logits))
+        self.num_classes = len(logits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits.expand(x.shape[0], -1)
+
+
+# ------------------------------------------------------------------------------------------------------- model
+def test_preset_receives_num_classes_img_size_and_overrides():
+    module = ImageClassifier(
+        "vit_tiny_patch4_32", num_classes=7, img_size=16, model_overrides={"depth": 2, "drop_path_rate": 0.1}
+    )
+    assert isinstance(module.model, VisionTransformer)
+    assert module.model.num_classes == module.num_classes == 7
+    assert module.model.patch_embed.img_size == (16, 16)
+    assert len(module.model.blocks) == 2
+    assert module(torch.randn(2, 3, 16, 16)).shape == (2, 7)
+
+
+def test_module_gets_new_head_when_class_count_differs_and_size_is_checked():
+    net = create_model("vit_tiny_patch4_32", num_classes=10, **TINY)
+    module = ImageClassifier(net, num_classes=4, img_size=32)
+    assert module.model is net and net.head.out_features == 4
+    assert "model" not in module.hparams  # an object, not a hyper-parameter
+    with pytest.raises(ConfigError, match="img_size"):
+        ImageClassifier(create_model("vit_tiny_patch4_32", **TINY), img_size=16)
+    with pytest.raises(ConfigError, match="model_overrides"):
+        ImageClassifier(create_model("vit_tiny_patch4_32", **TINY), model_overrides={"depth": 1})
+    with pytest.raises(ConfigError, match="vit_nope"):
+        ImageClassifier("vit_nope")
+    with pytest.raises(ConfigError, match="depthh"):
+        ImageClassifier("vit_tiny_patch4_32", model_overrides={"depthh": 1})
+
+
+def test_top5_only_with_five_or_more_classes():
+    assert set(tiny(num_classes=10).val_metrics.keys(keep_base=False)) == {"val/acc", "val/acc_top5"}
+    assert set(tiny(num_classes=3).val_metrics.keys(keep_base=False)) == {"val/acc"}
+
+
+# -------------------------------------------------------------------------------------------------------- loss
+def test_label_smoothing_in_training_loss():
+    eps, logits, y = 0.1, [2.0, 0.0, -1.0], 0
+    module = ImageClassifier(FixedLogits(logits), label_smoothing=eps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log without a trainer
+        loss = module.training_step((torch.zeros(4, 3, 8, 8), torch.full((4,), y)), 0)
+    logp = torch.log_softmax(torch.tensor(logits), 0).tolist()
+    expected = -((1 - eps) * logp[y] + eps / 3 * sum(logp))
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert expected == pytest.approx(0.3365, abs=1e-4)  # the number itself, so the formula above is checked too
+
+
+def test_mixup_gives_soft_targets_and_finite_loss():
+    module = tiny(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1)
+    seen = {}
+
+    class Spy(SoftTargetCrossEntropy):
+        def forward(self, logits, target):
+            seen["target"] = target
+            return super().forward(logits, target)
+
+    module.mixup_criterion = Spy()
+    np.random.seed(0)
+    x, y = torch.randn(8, 3, 16, 16), torch.arange(8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss = module.training_step((x, y), 0)
+    target = seen["target"]
+    assert torch.isfinite(loss) and loss.item() > 0
+    assert target.shape == (8, 10)
+    torch.testing.assert_close(target.sum(dim=1), torch.ones(8))
+    # Each row mixes its own label with the label of the image at the mirrored position (timm's batch mode).
+    own, partner = target[torch.arange(8), y], target[torch.arange(8), y.flip(0)]
+    assert torch.all(own > 0.01) and torch.all(partner > 0.01)
+    assert torch.all(own + partner < 1.0)  # smoothing mass on the other classes
+    torch.testing.assert_close(own + partner, torch.full((8,), 0.9 + 2 * 0.1 / 10))
+
+    # An odd batch cannot be paired: smoothed one-hot targets, still the soft-target loss.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module.training_step((torch.randn(3, 3, 16, 16), torch.tensor([1, 2, 3])), 0)
+    torch.testing.assert_close(seen["target"][0, 1], torch.tensor(0.9 + 0.1 / 10))
+
+
+# ----------------------------------------------------------------------------------------------- optimisation
+def test_no_weight_decay_on_biases_norms_pos_embed_and_tokens():
+    module = tiny(weight_decay=0.05, model_overrides={**TINY, "reg_tokens": 2})
+    names = {id(p): n for n, p in module.model.named_parameters()}
+    decay_of = {names[id(p)]: g["weight_decay"] for g in module.param_groups(1e-3) for p in g["params"]}
+    assert set(decay_of) == set(names.values())  # every parameter is optimised, once
+    no_decay = {n for n, wd in decay_of.items() if wd == 0.0}
+    assert {"pos_embed", "cls_token", "reg_token", "norm.weight", "norm.bias", "head.bias"} <= no_decay
+    assert all(n in no_decay for n in decay_of if n.endswith(".bias") or ".norm" in n)
+    assert {n for n, wd in decay_of.items() if wd == 0.05} == {
+        n for n in decay_of if n.endswith(".weight") and module.model.get_parameter(n).ndim > 1
+    }
+
+
+def test_layer_decay_scales_learning_rate_by_depth():
+    module = tiny(layer_decay=0.5, lr=1.0)  # depth 3
+    lr_of = {}
+    for group in module.param_groups(1.0):
+        for p in group["params"]:
+            lr_of[p] = group["lr"]
+    model = module.model
+    assert lr_of[model.head.weight] == 1.0
+    for i in range(3):
+        assert lr_of[model.blocks[i].attn.qkv.weight] == 0.5 ** (3 - i)
+        assert lr_of[model.blocks[i].norm1.weight] == 0.5 ** (3 - i)
+    for p in (model.pos_embed, model.cls_token, model.patch_embed.proj.weight):
+        assert lr_of[p] == 0.5**4
+
+
+def test_warmup_cosine_values():
+    f = dict(warmup_steps=10, total_steps=110, min_ratio=0.01)
+    assert warmup_cosine(0, **f) == pytest.approx(0.1)
+    assert warmup_cosine(4, **f) == pytest.approx(0.5)
+    assert warmup_cosine(9, **f) == pytest.approx(1.0)  # end of warm-up: the peak
+    assert warmup_cosine(10, **f) == pytest.approx(1.0)
+    assert warmup_cosine(60, **f) == pytest.approx(0.505)  # half-way down the cosine
+    assert warmup_cosine(110, **f) == pytest.approx(0.01)  # the end: min_lr / lr
+    assert warmup_cosine(200, **f) == pytest.approx(0.01)
+    assert warmup_cosine(0, 0, 100) == pytest.approx(1.0)  # no warm-up
+
+
+def test_trainer_applies_schedule_per_step(tmp_path):
+    lrs = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    # 4 batches per epoch, 3 epochs = 12 steps; half an epoch of warm-up = 2 steps.
+    module = tiny(lr=1e-3, min_lr=1e-5, warmup_epochs=0.5)
+    trainer(tmp_path, max_epochs=3, limit_val_batches=0, callbacks=[Record()]).fit(module, loader(16, 4))
+    assert module.schedule_steps() == (2, 12)
+    expected = [1e-3 * warmup_cosine(s, 2, 12, 1e-5 / 1e-3) for s in range(12)]
+    assert lrs == pytest.approx(expected, rel=1e-9)
+    assert lrs[0] == pytest.approx(5e-4) and lrs[1] == pytest.approx(1e-3) and lrs[2] == pytest.approx(1e-3)
+    assert lrs[-1] == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5 * (1 + math.cos(math.pi * 9 / 10)))
+    assert module.lr_schedulers().get_last_lr()[0] == pytest.approx(1e-5)  # after the last step: min_lr
+
+
+def test_lr_scales_linearly_with_global_batch():
+    module = tiny(lr=1e-3, lr_base_batch_size=512)
+    fake = SimpleNamespace(datamodule=SimpleNamespace(batch_size=128), world_size=4, accumulate_grad_batches=2)
+    module._trainer = fake  # peak_lr only reads these three
+    assert module.global_batch_size() == 1024
+    assert module.peak_lr() == pytest.approx(2e-3)
+    module._trainer = None
+
+
+# -------------------------------------------------------------------------------------------------- EMA
+def test_ema_tracks_weights_and_is_used_for_validation(tmp_path):
+    weights = []
+
+    class Snapshot(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            weights.append({k: v.clone() for k, v in pl_module.model.state_dict().items()})
+
+    module = tiny(ema_decay=0.5, lr=1e-2)
+    data = loader(8, 4)
+    fit = trainer(tmp_path, max_epochs=1, limit_val_batches=0, callbacks=[Snapshot()])
+    fit.fit(module, data)
+    # timm's ModelEmaV3: the first update copies the weights, the next ones interpolate with `decay`.
+    ema = module.model_ema.module.state_dict()
+    for k in ("blocks.0.attn.qkv.weight", "head.bias", "pos_embed"):
+        torch.testing.assert_close(ema[k], 0.5 * weights[0][k] + 0.5 * weights[1][k])
+
+    assert module.eval_model is module.model_ema.module
+    metrics = trainer(tmp_path).validate(module, data, verbose=False)[0]
+    x, y = next(iter(loader(8, 8)))
+    with torch.no_grad():
+        ema_loss = F.cross_entropy(module.model_ema.module(x), y).item()
+        raw_loss = F.cross_entropy(module.model.eval()(x), y).item()
+    assert metrics["val/loss"] == pytest.approx(ema_loss, rel=1e-5)
+    assert abs(ema_loss - raw_loss) > 1e-6
+
+
+# ------------------------------------------------------------------------------------------- weights and files
+def test_pretrained_weights_load_when_fitting_starts(tmp_path):
+    source = create_model("vit_tiny_patch4_32", num_classes=100, img_size=32, **TINY)
+    path = tmp_path / "pretrained.pth"
+    torch.save(source.state_dict(), path)
+    module = tiny(pretrained=str(path), ema_decay=0.9)  # 16 px and 10 classes: pos grid resampled, head dropped
+    assert not torch.equal(module.model.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
+    module.setup("fit")
+    for net in (module.model, module.model_ema.module):
+        torch.testing.assert_close(net.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
+        assert net.pos_embed.shape == (1, 1 + 16, 32) and net.head.out_features == 10
+
+
+def test_load_from_checkpoint_needs_no_arguments(tmp_path):
+    module = tiny(lr=3e-4, label_smoothing=0.2, model_overrides={**TINY, "window_size": 2, "global_attn_indexes": [2]})
+    fit = trainer(tmp_path, max_steps=2, limit_val_batches=0)
+    fit.fit(module, loader(8, 4))
+    path = tmp_path / "module.ckpt"
+    fit.save_checkpoint(path)
+
+    loaded = ImageClassifier.load_from_checkpoint(path)
+    assert loaded.hparams.lr == 3e-4 and loaded.hparams.model_overrides["window_size"] == 2
+    assert loaded.model.window_size == 2
+    for k, v in module.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[k], v)
+    x = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(loaded.eval()(x), module.eval()(x))
+
+
+def test_compile_keeps_parameter_names():
+    module = tiny(compile=True)
+    assert module.model._compiled_call_impl is not None  # nn.Module.compile: compiled in place
+    assert set(module.state_dict()) == set(tiny().state_dict())  # no "_orig_mod." prefix in checkpoints

@@ -1,0 +1,331 @@
+"""The image-classification training system: a LightningModule that receives a pure ``nn.Module``.
+
+The recipe is DeiT's (Touvron et al., "Training data-efficient image transformers", ICML 2021) and Beyer et al.'s
+"Better plain ViT baselines for ImageNet-1k" (2022): AdamW without weight decay on biases, norms, position
+embeddings and prefix tokens; linear warm-up then cosine decay per optimiser step; label smoothing; Mixup/CutMix
+(timm); optional layer-wise learning-rate decay for fine-tuning (BEiT) and an EMA of the weights.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from functools import partial
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from timm.data import Mixup
+from timm.data.mixup import mixup_target
+from timm.loss import SoftTargetCrossEntropy
+from timm.optim import param_groups_layer_decay, param_groups_weight_decay
+from timm.utils import ModelEmaV3
+from torch import nn
+from torch.nn import functional as F
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+from .models import create_model, load_pretrained
+
+
+class ConfigError(ValueError):
+    """An ``ImageClassifier`` argument that cannot work (unknown preset, bad override, sizes that disagree)."""
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
+    """Learning-rate factor at optimiser step ``step``: linear warm-up, then cosine decay to ``min_ratio``.
+
+    Step ``s < warmup_steps`` gets ``(s + 1) / warmup_steps`` (the first step already moves, the last warm-up
+    step reaches 1); from ``warmup_steps`` on the factor follows a half cosine from 1 down to ``min_ratio``,
+    reached at ``total_steps`` and held afterwards.
+
+    Args:
+        step: Optimiser steps taken so far (0 for the first step).
+        warmup_steps: Length of the linear warm-up, 0 for none.
+        total_steps: Step at which the cosine reaches ``min_ratio``.
+        min_ratio: Final learning rate relative to the peak (``min_lr / lr``).
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class ImageClassifier(LightningModule):
+    """Train, evaluate and predict with an image classifier (a :class:`vit.VisionTransformer` by default).
+
+    ``save_hyperparameters`` records every argument, so ``ImageClassifier.load_from_checkpoint(path)`` rebuilds
+    the module without further arguments, for a preset name as for a ``class_path`` model written by the CLI.
+    A model passed as an ``nn.Module`` object from Python is not recorded: pass it again to ``load_from_checkpoint``.
+
+    Args:
+        model: A preset name of :func:`vit.create_model` (``vit.list_models()``), or a network (``class_path``
+            in YAML) with timm's interface (``reset_classifier``, ``no_weight_decay``, ``group_matcher``).
+        num_classes: Number of classes; the CLI links it from ``data.num_classes``. ``None`` keeps the model's.
+            A network whose class count differs gets a new head (``reset_classifier``).
+        img_size: Input image size; the CLI links it from ``data.img_size``. For a preset it replaces the
+            preset's ``img_size``; a network given as an object must already have this size. ``None``: the model's.
+        model_overrides: Extra :class:`vit.VisionTransformer` arguments applied to the preset, e.g.
+            ``{drop_path_rate: 0.1, window_size: 4}``.
+        pretrained: Weights loaded with :func:`vit.load_pretrained` when fitting starts (timm ``.pth``/
+            ``.safetensors``, a ``.ckpt`` of this module): the position grid is resampled and a head of another
+            class count dropped.
+        lr: Peak learning rate; with ``lr_base_batch_size`` the rate for that global batch size.
+        lr_base_batch_size: Global batch size ``lr`` is meant for. When set, ``lr`` and ``min_lr`` are scaled
+            linearly to the run's global batch (``data.batch_size`` × devices × nodes × ``accumulate_grad_batches``),
+            so adding GPUs keeps the recipe (Goyal et al., 2017). ``None`` uses ``lr`` as given.
+        weight_decay: AdamW weight decay of the weight matrices; biases, norms, position embeddings and prefix
+            tokens get none.
+        betas: AdamW betas.
+        eps: AdamW epsilon.
+        warmup_epochs: Linear warm-up length in epochs (may be fractional); ignored when ``warmup_steps > 0``.
+        warmup_steps: Linear warm-up length in optimiser steps.
+        min_lr: Learning rate at the end of the cosine decay.
+        label_smoothing: Label smoothing of the training targets (also inside Mixup/CutMix targets).
+        mixup_alpha: Mixup Beta(α, α) parameter; 0 disables Mixup.
+        cutmix_alpha: CutMix Beta(α, α) parameter; 0 disables CutMix.
+        mixup_prob: Probability of mixing a batch when Mixup or CutMix is enabled.
+        mixup_switch_prob: Probability of CutMix instead of Mixup when both are enabled.
+        layer_decay: Layer-wise learning-rate decay (e.g. 0.65-0.75 to fine-tune): block ``i`` of ``L`` gets
+            ``lr * layer_decay ** (L - i)``; ``None`` disables it.
+        ema_decay: Keep an exponential moving average of the weights with this decay (e.g. 0.9998), used for
+            validation, test and prediction; ``None`` disables it.
+        ema_warmup: Ramp the EMA decay up from 0 (timm's warm-up), useful for short runs.
+        compile: Compile the network with ``torch.compile`` (parameter names are unchanged).
+
+    Raises:
+        ConfigError: For an unknown preset or override, sizes that disagree, or a decay outside its range.
+    """
+
+    def __init__(
+        self,
+        model: str | nn.Module = "vit_tiny_patch4_32",
+        num_classes: int | None = None,
+        img_size: int | None = None,
+        model_overrides: dict[str, Any] | None = None,
+        pretrained: str | None = None,
+        lr: float = 1e-3,
+        lr_base_batch_size: int | None = None,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        warmup_epochs: float = 0.0,
+        warmup_steps: int = 0,
+        min_lr: float = 1e-6,
+        label_smoothing: float = 0.1,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        mixup_prob: float = 1.0,
+        mixup_switch_prob: float = 0.5,
+        layer_decay: float | None = None,
+        ema_decay: float | None = None,
+        ema_warmup: bool = False,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        with warnings.catch_warnings():  # Lightning warns about module arguments; we drop an object just below
+            warnings.filterwarnings("ignore", message="Attribute 'model' is an instance of `nn.Module`")
+            self.save_hyperparameters()
+        if isinstance(self.hparams.get("model"), nn.Module):
+            del self.hparams["model"]  # a Python object, not a hyper-parameter: the weights are in the state dict
+        if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
+            raise ConfigError(f"model.layer_decay must be in (0, 1], got {layer_decay}")
+        if ema_decay is not None and not 0.0 <= ema_decay < 1.0:
+            raise ConfigError(f"model.ema_decay must be in [0, 1), got {ema_decay}")
+
+        self.model = self._build_model(model, num_classes, img_size, model_overrides or {})
+        self.num_classes = int(self.model.num_classes)
+        self.model_ema = None
+        if ema_decay is not None:
+            self.model_ema = ModelEmaV3(self.model, decay=ema_decay, use_warmup=ema_warmup)
+            self.model_ema.train()  # like every submodule; Lightning switches the whole system to eval to validate
+        if compile:
+            self.model.compile()  # in place: state-dict keys stay those of the plain module
+
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.mixup_criterion = SoftTargetCrossEntropy()
+        self.mixup = None
+        if (mixup_alpha > 0 or cutmix_alpha > 0) and mixup_prob > 0:
+            self.mixup = Mixup(
+                mixup_alpha=mixup_alpha,
+                cutmix_alpha=cutmix_alpha,
+                prob=mixup_prob,
+                switch_prob=mixup_switch_prob,
+                label_smoothing=label_smoothing,
+                num_classes=self.num_classes,
+            )
+        self.train_metrics = self._metrics("train")
+        self.val_metrics = self._metrics("val")
+        self.test_metrics = self._metrics("test")
+        self._batch_start: float | None = None
+
+    @staticmethod
+    def _build_model(
+        model: str | nn.Module, num_classes: int | None, img_size: int | None, overrides: dict[str, Any]
+    ) -> nn.Module:
+        if isinstance(model, str):
+            if num_classes is not None:
+                overrides = {**overrides, "num_classes": num_classes}
+            if img_size is not None:
+                overrides = {**overrides, "img_size": img_size}
+            try:
+                return create_model(model, **overrides)
+            except ValueError as err:  # unknown preset, unknown override, inconsistent sizes
+                raise ConfigError(f"model.model / model.model_overrides: {err}") from err
+        if overrides:
+            raise ConfigError("model.model_overrides applies to a preset name; set the network's own init_args instead")
+        own_size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+        if img_size is not None and own_size is not None and tuple(own_size) != (img_size, img_size):
+            raise ConfigError(
+                f"the model was built for img_size {tuple(own_size)} but data.img_size is {img_size}; "
+                f"set the model's img_size to {img_size} (or data.img_size to match the model)"
+            )
+        if num_classes is not None and getattr(model, "num_classes", None) != num_classes:
+            model.reset_classifier(num_classes)
+        return model
+
+    def _metrics(self, stage: str) -> MetricCollection:
+        metrics = {"acc": MulticlassAccuracy(self.num_classes, top_k=1, average="micro")}
+        if self.num_classes >= 5:
+            metrics["acc_top5"] = MulticlassAccuracy(self.num_classes, top_k=5, average="micro")
+        return MetricCollection(metrics, prefix=f"{stage}/", compute_groups=False)
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """The network used for validation, test and prediction: the EMA weights when enabled."""
+        return self.model_ema.module if self.model_ema is not None else self.model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images ``(B, C, H, W)`` to logits ``(B, num_classes)`` with the trained (non-EMA) weights."""
+        return self.model(x)
+
+    def setup(self, stage: str) -> None:
+        """Load the ``pretrained`` weights when fitting starts (a resumed checkpoint overrides them afterwards)."""
+        if stage == "fit" and self.hparams.pretrained:
+            load_pretrained(self.model, self.hparams.pretrained)
+            if self.model_ema is not None:
+                self.model_ema.module.load_state_dict(self.model.state_dict())
+
+    # ----------------------------------------------------------------------------------------------- training
+    def on_train_epoch_start(self) -> None:
+        self._batch_start = None  # validation ran in between: restart the throughput clock
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # The rate this step uses; under layer decay the largest one (the head's).
+        self.log("train/lr", max(g["lr"] for g in self.trainer.optimizers[0].param_groups), on_step=True)
+        now = time.perf_counter()
+        if self._batch_start is not None:
+            images = batch[0].shape[0] * self.trainer.world_size
+            self.log("train/img_per_sec", images / (now - self._batch_start), on_step=True, prog_bar=True)
+        self._batch_start = now
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if self.mixup is not None:
+            if x.shape[0] % 2 == 0:
+                x, target = self.mixup(x, y)
+            else:  # timm's Mixup needs pairs; an odd last batch keeps its images, with the same soft targets
+                target = mixup_target(y, self.num_classes, smoothing=self.hparams.label_smoothing)
+            logits = self.model(x)
+            loss = self.mixup_criterion(logits, target)
+            y = target.argmax(dim=-1)  # accuracy against the dominant label of each mixed image
+        else:
+            logits = self.model(x)
+            loss = self.criterion(logits, y)
+        self.train_metrics.update(logits.detach(), y)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True)
+        self._log_metrics(self.train_metrics, on_step=False, prog_bar=True)
+        return loss
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        if self.model_ema is not None:
+            # timm counts updates from 1 (the first one copies the weights); global_step is not yet incremented.
+            self.model_ema.update(self.model, step=self.global_step + 1)
+
+    # --------------------------------------------------------------------------------------------- evaluation
+    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str, metrics: MetricCollection) -> None:
+        x, y = batch
+        logits = self.eval_model(x)
+        loss = F.cross_entropy(logits, y)
+        metrics.update(logits, y)
+        self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=stage == "val", sync_dist=True, batch_size=len(x))
+        self._log_metrics(metrics, on_step=False, prog_bar=stage == "val")
+
+    def _log_metrics(self, metrics: MetricCollection, on_step: bool, prog_bar: bool) -> None:
+        for name, metric in metrics.items(keep_base=False):
+            self.log(name, metric, on_step=on_step, on_epoch=True, prog_bar=prog_bar and name.endswith("/acc"))
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_metrics)
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.test_metrics)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """Class probabilities ``(B, num_classes)`` for a batch of images (or ``(images, labels)`` pairs)."""
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        return self.eval_model(x).softmax(dim=-1)
+
+    # ------------------------------------------------------------------------------------------- optimisation
+    def global_batch_size(self) -> int:
+        """Images per optimiser step over all processes: per-device batch × world size × gradient accumulation."""
+        batch_size = getattr(self.trainer.datamodule, "batch_size", None)
+        if batch_size is None:
+            raise ValueError("lr_base_batch_size needs a data module with a batch_size attribute")
+        return batch_size * self.trainer.world_size * self.trainer.accumulate_grad_batches
+
+    def peak_lr(self) -> float:
+        """``lr``, scaled linearly to the global batch size when ``lr_base_batch_size`` is set."""
+        if self.hparams.lr_base_batch_size is None:
+            return self.hparams.lr
+        return self.hparams.lr * self.global_batch_size() / self.hparams.lr_base_batch_size
+
+    def param_groups(self, lr: float) -> list[dict[str, Any]]:
+        """AdamW parameter groups: no decay on 1-D parameters, biases and ``model.no_weight_decay()``; with
+        ``layer_decay`` one group per depth carrying its ``lr_scale``; every group's ``lr`` is already scaled.
+
+        Args:
+            lr: Peak learning rate of the last layer (the head).
+        """
+        hp = self.hparams
+        skip = set(self.model.no_weight_decay()) if hasattr(self.model, "no_weight_decay") else set()
+        if hp.layer_decay is not None:
+            groups = param_groups_layer_decay(
+                self.model, hp.weight_decay, no_weight_decay_list=skip, layer_decay=hp.layer_decay
+            )
+        else:
+            groups = param_groups_weight_decay(self.model, hp.weight_decay, no_weight_decay_list=skip)
+        for group in groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        return groups
+
+    def schedule_steps(self) -> tuple[int, int]:
+        """``(warmup_steps, total_steps)`` in optimiser steps, from the trainer's length of training."""
+        trainer = self.trainer
+        total = int(trainer.estimated_stepping_batches)
+        warmup = self.hparams.warmup_steps
+        if not warmup and self.hparams.warmup_epochs > 0:
+            batches = trainer.num_training_batches
+            if math.isinf(batches):
+                raise ValueError("warmup_epochs needs a sized training dataloader; set model.warmup_steps instead")
+            steps_per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
+            warmup = round(self.hparams.warmup_epochs * steps_per_epoch)
+        return min(warmup, total), total
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        lr = self.peak_lr()
+        optimizer = torch.optim.AdamW(
+            self.param_groups(lr),
+            lr=lr,
+            betas=tuple(hp.betas),
+            eps=hp.eps,
+            fused=self.device.type == "cuda",
+        )
+        warmup, total = self.schedule_steps()
+        factor = partial(warmup_cosine, warmup_steps=warmup, total_steps=total, min_ratio=hp.min_lr / hp.lr)
+        scheduler = LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
