@@ -83,9 +83,10 @@ class Attention(nn.Module):
     def split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Split a ``qkv`` projection ``(B, N, 3C)`` into normalised queries, keys and values."""
         B, N, _ = qkv.shape
-        qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)  # (B, heads, N, head_dim)
-        return self.q_norm(q), self.k_norm(k), v
+        # Unbinding dim 2 (not a leading permute) lets backward stack the three gradients straight into the
+        # (B, N, 3C) layout: one copy instead of two.
+        q, k, v = (t.transpose(1, 2) for t in qkv.view(B, N, 3, self.num_heads, self.head_dim).unbind(2))
+        return self.q_norm(q), self.k_norm(k), v  # (B, heads, N, head_dim)
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None

@@ -5,15 +5,18 @@ each patch token attends to the patches of its own window and to every prefix to
 tokens), while prefix tokens attend to all tokens. Window and global blocks are interleaved as in ViTDet
 (Li et al., "Exploring Plain Vision Transformer Backbones for Object Detection", ECCV 2022).
 
-Cost is linear in the number of patches: windows are gathered into the batch dimension and attended with
-:func:`torch.nn.functional.scaled_dot_product_attention`; no ``N × N`` mask or score matrix exists on the
-training path. A grid that ``w`` does not divide is padded; padded slots never receive attention weight.
+Cost is linear in the number of patches. Window boundaries sit at ``shift + k·w``; windows at the grid's edges
+(and the first band of a shifted grid) are smaller, so a grid that ``w`` does not divide needs neither padding nor
+a mask. Windows with the same number of patches, each with its own copy of the prefix keys, are gathered into the
+batch dimension by one ``index_select`` and attended with :func:`torch.nn.functional.scaled_dot_product_attention`
+(one call per window size, at most nine); no ``N × N`` mask or score matrix exists on the training path.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import torch
-from torch import nn
 
 from .attention import Attention
 from .utils import to_2tuple
@@ -30,6 +33,12 @@ def window_band_labels(grid_size: int | tuple[int, int], window_size: int, shift
     band_c = (torch.arange(cols) - shift + window_size) // window_size
     num_bands_c = (cols - 1 - shift + window_size) // window_size + 1
     return (band_r[:, None] * num_bands_c + band_c[None, :]).flatten()
+
+
+def _window_bands(size: int, window_size: int, shift: int = 0) -> list[tuple[int, int]]:
+    """``(start, stop)`` of the window bands along one axis of ``size`` patches: boundaries at ``shift + k·w``."""
+    edges = sorted({0, size, *range(shift or window_size, size, window_size)})
+    return list(itertools.pairwise(edges))
 
 
 def window_attention_mask(
@@ -92,73 +101,68 @@ class WindowAttention(Attention):
         self.shift = shift
         self.num_prefix_tokens = num_prefix_tokens
 
-        # Slot s of the windowed layout holds token window_index[s] (rows*cols = the zero padding token).
-        w = window_size
-        pad_rows, pad_cols = -(-rows // w) * w, -(-cols // w) * w
-        r = ((torch.arange(pad_rows) + shift) % pad_rows).reshape(pad_rows // w, 1, w, 1)  # rolled -> padded row
-        c = ((torch.arange(pad_cols) + shift) % pad_cols).reshape(1, pad_cols // w, 1, w)
-        real = (r < rows) & (c < cols)  # broadcasts to (win_r, win_c, i, j), the slot order
-        window_index = torch.where(real, r * cols + c, rows * cols).reshape(-1)
-        self.num_windows = (pad_rows // w) * (pad_cols // w)
-        self.padded = (pad_rows, pad_cols) != (rows, cols)
-        token_index = torch.empty(rows * cols, dtype=torch.long)
-        is_real = window_index < rows * cols
-        token_index[window_index[is_real]] = torch.arange(window_index.numel())[is_real]
-        self.register_buffer("window_index", window_index, persistent=False)
-        self.register_buffer("token_index", token_index, persistent=False)
-
-        mask = None
-        if shift or self.padded:
-            labels = window_band_labels(self.grid_size, w, shift)
-            slot_labels = torch.cat([labels, torch.tensor([-1])])[window_index]
-            slot_labels = torch.where(is_real, slot_labels, -2 - torch.arange(window_index.numel()))  # pads: unique
-            slot_labels = slot_labels.reshape(self.num_windows, w * w)
-            patch_mask = slot_labels[:, :, None] == slot_labels[:, None, :]  # (windows, w², w²)
-            prefix_mask = torch.ones(self.num_windows, w * w, num_prefix_tokens, dtype=torch.bool)
-            mask = torch.cat([prefix_mask, patch_mask], dim=2)  # (windows, w², prefix + w²)
-        self.register_buffer("window_mask", mask, persistent=False)
+        # Windows with the same number of patches form a group, (windows, patches per window), attended in one
+        # batched call: at most four groups unshifted (full, right edge, bottom edge, corner), nine shifted.
+        P = num_prefix_tokens
+        by_size: dict[int, list[torch.Tensor]] = {}
+        for r0, r1 in _window_bands(rows, window_size, shift):
+            for c0, c1 in _window_bands(cols, window_size, shift):
+                patches = (torch.arange(r0, r1)[:, None] * cols + torch.arange(c0, c1)[None, :]).flatten()
+                by_size.setdefault(patches.numel(), []).append(patches)
+        self.groups: list[tuple[int, int]] = []
+        gather, start = [], 0
+        group_start, group_size, group_pos = (torch.empty(rows * cols, dtype=torch.long) for _ in range(3))
+        for windows in by_size.values():
+            patches = torch.stack(windows)  # (windows, L) patch ids, row-major inside each window
+            n, L = patches.shape
+            self.groups.append((n, L))
+            # Sequence positions each window reads, its own copy of the prefix tokens first: (windows, P + L).
+            gather.append(torch.cat([torch.arange(P).expand(n, P), patches + P], dim=1).flatten())
+            group_start[patches.flatten()] = start  # where the group's outputs start (per image, in patches)
+            group_size[patches.flatten()] = n * L
+            group_pos[patches.flatten()] = torch.arange(n * L)
+            start += n * L
+        self.num_windows = sum(n for n, _ in self.groups)
+        self.register_buffer("gather_index", torch.cat(gather), persistent=False)
+        self.register_buffer("group_start", group_start, persistent=False)
+        self.register_buffer("group_size", group_size, persistent=False)
+        self.register_buffer("group_pos", group_pos, persistent=False)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Attend within windows; ``x`` is ``(B, prefix + rows * cols, C)``."""
         if attn_mask is not None:
-            raise ValueError("WindowAttention builds its own mask; attn_mask is not supported")
+            raise ValueError("WindowAttention builds its own pattern; attn_mask is not supported")
         B, N, C = x.shape
-        P, L, h, d = self.num_prefix_tokens, self.window_size**2, self.num_heads, self.head_dim
-        nw = self.num_windows
-        qkv = self.qkv(x)  # (B, N, 3C)
+        P, h, d = self.num_prefix_tokens, self.num_heads, self.head_dim
+        qkv = self.qkv(x).reshape(B * N, 3 * C)
+        batch = torch.arange(B, device=x.device)[:, None]
 
-        # Patch queries: gather windows into the batch dimension.
-        patches = qkv[:, P:]
-        if self.padded:
-            patches = nn.functional.pad(patches, (0, 0, 0, 1))  # one zero token that padded slots point at
-        win = patches.index_select(1, self.window_index)  # (B, windows * L, 3C)
-        win = win.view(B * nw, L, 3, h, d).permute(2, 0, 3, 1, 4)
-        q_w, k_w, v_w = win.unbind(0)  # (B * windows, heads, L, head_dim)
-        q_w, k_w = self.q_norm(q_w), self.k_norm(k_w)
-        mask = self.window_mask
-        if mask is not None:
-            mask = mask.unsqueeze(0).expand(B, -1, -1, -1).reshape(B * nw, 1, L, P + L)
-        if P:
-            pre = qkv[:, :P].view(B, P, 3, h, d).permute(2, 0, 3, 1, 4)
-            q_p, k_p, v_p = pre.unbind(0)  # (B, heads, P, head_dim)
-            q_p, k_p = self.q_norm(q_p), self.k_norm(k_p)
-            # Every window also sees the prefix keys: (B * windows, heads, P + L, head_dim)
-            k_w = torch.cat([k_p.unsqueeze(1).expand(B, nw, h, P, d).reshape(B * nw, h, P, d), k_w], dim=2)
-            v_w = torch.cat([v_p.unsqueeze(1).expand(B, nw, h, P, d).reshape(B * nw, h, P, d), v_w], dim=2)
-        out = self.attend(q_w, k_w, v_w, mask)  # (B * windows, heads, L, head_dim)
-        out = out.transpose(1, 2).reshape(B, nw * L, C).index_select(1, self.token_index)  # (B, rows*cols, C)
+        # One gather for all windows, ordered (group, image, window, slot) so that each group is one block.
+        slots = self.gather_index.split([n * (P + L) for n, L in self.groups])
+        win = qkv.index_select(0, torch.cat([(batch * N + s).flatten() for s in slots]))
+        outs = []
+        for (n, L), chunk in zip(self.groups, win.split([B * n * (P + L) for n, L in self.groups]), strict=True):
+            q, k, v = chunk.view(B * n, P + L, 3, h, d).unbind(2)  # (B * windows, P + L, heads, head_dim)
+            q = self.q_norm(q[:, P:].transpose(1, 2))  # (B * windows, heads, L, head_dim): patch queries only
+            out = self.attend(q, self.k_norm(k.transpose(1, 2)), v.transpose(1, 2))  # (B * windows, heads, L, hd)
+            outs.append(out.transpose(1, 2).reshape(B * n * L, C))
+        # Row of the concatenated outputs holding patch t of image b: (B, rows * cols).
+        place = B * (P + self.group_start) + batch * self.group_size + self.group_pos
 
         if P:
             # Prefix queries attend to every token: cost O(P · N).
-            _, k, v = self.split_qkv(qkv)
-            out_p = self.attend(q_p, k, v)  # (B, heads, P, head_dim)
-            out = torch.cat([out_p.transpose(1, 2).reshape(B, P, C), out], dim=1)
+            q, k, v = qkv.view(B, N, 3, h, d).unbind(2)  # (B, N, heads, head_dim)
+            q_p = self.q_norm(q[:, :P].transpose(1, 2))  # (B, heads, P, head_dim)
+            out_p = self.attend(q_p, self.k_norm(k.transpose(1, 2)), v.transpose(1, 2))  # (B, heads, P, head_dim)
+            outs.insert(0, out_p.transpose(1, 2).reshape(B * P, C))
+            place = torch.cat([batch * P + torch.arange(P, device=x.device), place], dim=1)
+        out = torch.cat(outs).index_select(0, place.flatten()).view(B, N, C)  # back to sequence order
         return self.proj_drop(self.proj(out))
 
     def dense_mask(self) -> torch.Tensor:
         """The block's allowed pattern over the full sequence, ``(N, N)`` boolean, on the block's device."""
         mask = window_attention_mask(self.grid_size, self.window_size, self.shift, self.num_prefix_tokens)
-        return mask.to(self.window_index.device)
+        return mask.to(self.gather_index.device)
 
     def attention_weights(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Dense ``(B, heads, N, N)`` weights: zero outside the window pattern, each row summing to 1. Slow."""
