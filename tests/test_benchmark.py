@@ -1,0 +1,197 @@
+"""scripts/benchmark.py: measurement helpers against hand-computed numbers, and each suite's plumbing at tiny sizes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vit.layers import WindowAttention
+from vit.models import VisionTransformer, model_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "benchmark.py"
+TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("vit_benchmark_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_memory_tracker_counts_live_storages_only(bench):
+    with bench.TensorMemoryTracker() as tracker:
+        a = torch.empty(1000, 1000)  # 4 MB
+        b = torch.empty(500, 1000)  # 2 MB
+        b.view(-1).add_(1.0)  # a view and an in-place op allocate nothing
+        del a
+        c = torch.empty(2000, 1000)  # 8 MB: 10 MB live
+        assert tracker.current == 10_000_000
+        del b, c
+        assert tracker.current == 0
+    assert tracker.peak == 10_000_000
+
+
+def test_memory_tracker_sees_backward_temporaries(bench):
+    weight = torch.randn(256, 256, requires_grad=True)
+    x = torch.randn(64, 256)
+    with bench.TensorMemoryTracker() as tracker:
+        (x @ weight).relu().sum().backward()
+    # The weight gradient (256, 256) is created while the (64, 256) gradient of the matmul output is alive; at most
+    # the three (64, 256) tensors of the graph (matmul output, relu output, gradient) exist besides it.
+    assert 4 * (64 * 256 + 256 * 256) <= tracker.peak <= 4 * (3 * 64 * 256 + 256 * 256) + 64
+    assert tracker.current == 4 * 256 * 256  # only the weight gradient outlives the step
+    assert weight.grad is not None
+
+
+def _expected_flops(model: VisionTransformer) -> tuple[int, int]:
+    """Matrix-product FLOPs of one image: forward, and a training step (the image itself needs no gradient)."""
+    D, pe = model.embed_dim, model.patch_embed
+    patches, N = pe.num_patches, pe.num_patches + model.num_prefix_tokens
+    patch_embed = 2 * patches * pe.proj.in_channels * pe.patch_size[0] * pe.patch_size[1] * D
+    forward = patch_embed + 2 * D * model.num_classes
+    for block in model.blocks:
+        forward += 2 * N * D * (4 * D + 2 * block.mlp.fc1.out_features)  # qkv, proj, fc1, fc2
+        attn = block.attn
+        pairs = int(attn.dense_mask().sum()) if isinstance(attn, WindowAttention) else N * N
+        forward += 4 * D * pairs  # q·k and weights·v over the attended pairs only
+    return forward, 3 * forward - patch_embed
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("vit_tiny_patch4_32", {}),
+        # 8x8 grid in 3x3 windows, the second block shifted by 1: uneven edge windows of several shapes.
+        ("vit_tiny_window_patch4_32", {"depth": 3, "window_size": 3, "global_attn_indexes": (2,)}),
+    ],
+)
+def test_flop_count_matches_hand_count(bench, name, overrides):
+    config = model_config(name, **{**TINY, **overrides})
+    counted = bench.count_flops(config)
+    forward, train = _expected_flops(VisionTransformer(**config))
+    assert counted["forward_gflops_per_image"] * 1e9 == pytest.approx(forward, rel=1e-9)
+    assert counted["train_gflops_per_image"] * 1e9 == pytest.approx(train, rel=1e-9)
+
+
+def test_peak_table_and_summary(bench):
+    assert bench.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert bench.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert bench.peak_tflops("NVIDIA H200") == 989.0
+    assert bench.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert bench.peak_tflops("Tesla T4") is None
+    spread = bench.summarize([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert spread == {"median": 3.0, "q1": 2.0, "q3": 4.0, "min": 1.0, "max": 5.0}
+
+
+def test_model_suite_compares_with_timm_on_the_same_weights(bench, tmp_path):
+    path = tmp_path / "model.json"
+    report = bench.main(
+        ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_patch4_32", "--batch-sizes", "4"]
+        + ["--override", json.dumps(TINY), "--rounds", "3", "--steps", "1", "--warmup", "1", "--json", str(path)]
+    )
+    assert json.loads(path.read_text()) == json.loads(json.dumps(report, default=str))
+    for key in ("date", "torch", "timm", "device_name", "threads", "settings"):
+        assert report[key] is not None, key
+    assert report["settings"]["override"] == TINY and report["settings"]["rounds"] == 3
+    (result,) = report["model"]["results"]
+    assert result["logit_max_abs_diff"] <= 1e-5
+    model = VisionTransformer(**model_config("vit_tiny_patch4_32", **TINY))
+    params = sum(p.numel() for p in model.parameters())
+    for phase in ("train", "inference"):
+        p = result[phase]
+        assert len(p["ours_rounds"]) == len(p["timm_rounds"]) == len(p["ratios"]) == 3
+        ratios = [a / b for a, b in zip(p["ours_rounds"], p["timm_rounds"], strict=True)]
+        assert p["ratios"] == pytest.approx(ratios)
+        assert p["median_ratio"] == pytest.approx(statistics.median(ratios))
+        assert p["ours_images_per_s"]["median"] == pytest.approx(statistics.median(p["ours_rounds"]))
+        assert len(p["cpu_time_ratios"]) == 3 and p["median_cpu_time_ratio"] > 0
+        # Peaks include the parameters (and, when training, AdamW's two moments and the gradients).
+        floor = 4 * params * (4 if phase == "train" else 1) / 2**20
+        assert p["ours_peak_memory_mib"] > floor and p["timm_peak_memory_mib"] > floor
+    assert [c["passed"] for c in report["model"]["checks"] if "logits" in c["name"]] == [True]
+
+
+def test_model_suite_reports_a_window_preset_without_timm(bench):
+    report = bench.main(
+        ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_window_patch4_32", "--batch-sizes", "2"]
+        + ["--override", json.dumps({**TINY, "global_attn_indexes": [1]}), "--rounds", "2", "--warmup", "0"]
+    )
+    (result,) = report["model"]["results"]
+    assert result["logit_max_abs_diff"] is None and "timm" in result["timm_note"]
+    assert "median_ratio" not in result["train"] and len(result["train"]["ours_rounds"]) == 2
+
+
+def test_attention_suite_rows(bench):
+    report = bench.main(
+        ["--suite", "attention", "--device", "cpu", "--attn-grids", "6", "9", "--window-sizes", "3", "4"]
+        + ["--attn-dim", "32", "--attn-heads", "2", "--attn-tokens", "200", "--attn-reps", "2"]
+    )
+    rows = report["attention"]["results"]
+    # grid 6: global, w3, w4; grid 9: global, w3, w4
+    assert [(r["grid"], r["layer"], r["divisible"]) for r in rows] == [
+        (6, "global", None),
+        (6, "window 3", True),
+        (6, "window 4", False),
+        (9, "global", None),
+        (9, "window 3", True),
+        (9, "window 4", False),
+    ]
+    for r in rows:
+        assert r["tokens"] == 1 + r["grid"] ** 2 and r["batch"] == max(1, 200 // r["tokens"])
+        assert r["us_per_token"] == pytest.approx(r["ms"] * 1e3 / (r["batch"] * r["tokens"]))
+        assert r["kib_per_token"] > 0
+    assert all(r["speedup_vs_global"] == 1.0 for r in rows if r["layer"] == "global")
+    assert {c["name"].split(":")[0] for c in report["attention"]["checks"]} == {"window 3", "window 4"}
+
+
+def test_data_suite_rows(bench, tmp_path):
+    pytest.importorskip("albumentations")
+    report = bench.main(
+        ["--suite", "data", "--device", "cpu", "--data-images", "3", "--data-samples", "4", "--data-rounds", "1"]
+        + ["--jpeg-size", "96", "128", "--json", str(tmp_path / "data.json")]
+    )
+    data = report["data"]
+    assert data["jpeg"]["files"] == 3 and data["jpeg"]["height_width"] == [96, 128] and data["jpeg"]["mean_kib"] > 1
+    pipelines = {(r["pipeline"], r["implementation"], r["decoder"]) for r in data["results"]}
+    assert ("CIFAR preset (pad-crop, flip, normalise)", "albumentations (ours)", "–") in pipelines
+    assert ("JPEG -> RRC 224 -> flip -> normalise", "torchvision v2", "decode_jpeg") in pipelines
+    assert all(r["images_per_s"] > 0 for r in data["results"])
+    assert len(data["checks"]) == 3
+    assert torch.get_num_threads() == report["threads"]  # the suite restores the thread count
+
+
+def test_script_runs_model_and_attention_without_the_training_stack(tmp_path):
+    """The GPU check relies on the model and attention suites importing only torch, timm and vit's model code.
+
+    (timm itself imports wandb when it is installed, and works without it.)
+    """
+    out = tmp_path / "bench.json"
+    args = ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_patch4_32", "--batch-sizes", "2"]
+    args += ["--override", json.dumps(TINY), "--rounds", "1", "--warmup", "0", "--json", str(out)]
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['benchmark.py', *{args!r}]\n"
+        f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
+        f"sys.argv = ['benchmark.py', '--suite', 'attention', '--device', 'cpu', '--attn-grids', '4', "
+        "'--window-sizes', '2', '--attn-dim', '16', '--attn-heads', '2', '--attn-reps', '1']\n"
+        f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
+        "training_stack = ('albumentations', 'cv2', 'lightning', 'vit.data', 'vit.lit_module')\n"
+        "loaded = [m for m in training_stack if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| vit_tiny_patch4_32 | train |" in done.stdout and "| window 2 |" in done.stdout
+    assert json.loads(out.read_text())["model"]["results"][0]["model"] == "vit_tiny_patch4_32"

@@ -1,0 +1,45 @@
+"""torch.compile(fullgraph=True) traces the global and the windowed model (forward and backward) and matches eager.
+
+Inductor on the CPU: a cold compile of both tiny models takes about 1.5 minutes on two cores (cached afterwards).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vit
+
+pytestmark = pytest.mark.slow
+
+TINY = {"depth": 3, "embed_dim": 64, "num_heads": 2}
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("vit_tiny_patch4_32", {}),
+        # Block 0: 4x4 windows; block 1: shifted by 2 (uneven edge windows, four window shapes); block 2: global.
+        ("vit_tiny_window_patch4_32", {"global_attn_indexes": (2,)}),
+    ],
+)
+def test_fullgraph_compile_matches_eager_forward_and_backward(name, overrides):
+    torch._dynamo.reset()
+    model = vit.create_model(name, **TINY, **overrides).train()
+    x = torch.randn(3, 3, 32, 32)
+    target = torch.randint(0, 10, (3,))
+
+    def loss_and_grads(module):
+        loss = torch.nn.functional.cross_entropy(module(x), target)
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        return loss.detach(), grads
+
+    eager_loss, eager_grads = loss_and_grads(model)
+    compiled = torch.compile(model, fullgraph=True, backend="inductor")  # raises on any graph break
+    compiled_loss, compiled_grads = loss_and_grads(compiled)
+    torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=1e-5)
+    for (param_name, _), got, want in zip(model.named_parameters(), compiled_grads, eager_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, msg=lambda m, n=param_name: f"{n}: {m}")
+    # A second call reuses the graph (no recompilation for the same shapes).
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
