@@ -30,6 +30,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from .callbacks import RunSummary
 from .data import DataError, ImageDataModule
 from .lit_module import ConfigError, ImageClassifier
 from .loggers import is_wandb_logger, log_config, name_wandb_runs
@@ -116,6 +117,11 @@ class VitCLI(LightningCLI):
                 "checkpoint.auto_insert_metric_name": False,
             }
         )
+        # Parameters, FLOPs per image and training throughput of every run, in the W&B summary (vit.callbacks).
+        parser.add_lightning_class_args(RunSummary, "run_summary")
+        # LogConfig sends every logger the whole nested config; Lightning's own flat copy of the model's and data's
+        # arguments would overwrite its `model` section in W&B (Lightning #19728).
+        parser.set_defaults({"trainer.enable_autolog_hparams": False})
         parser.add_argument(
             "--torch_num_threads",
             type=int | None,

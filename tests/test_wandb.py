@@ -1,0 +1,180 @@
+"""W&B offline runs through the CLI, read back with wandb's own tool: rollout panel, attention metrics, nested config,
+names/groups/tags, summaries; then scripts/compare.py on two runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "--trainer.max_epochs=2",
+    "--trainer.limit_train_batches=3",
+    "--trainer.limit_val_batches=1",
+    "--trainer.enable_progress_bar=false",
+    "--model.model_overrides.embed_dim=32",
+    "--model.model_overrides.num_heads=2",
+    "--model.model_overrides.depth=2",
+    "--model.model_overrides.global_attn_indexes=[1]",
+]
+VARIANTS = {  # two runs that differ in the attention pattern and the learning rate
+    "window": ["--model.lr=0.002"],
+    "global": ["--model.lr=0.001", "--model.model_overrides.window_size=0"],
+}
+
+
+def inspect(run_dir: Path, *flags: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", *flags, str(run_dir)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def offline_runs(tmp_path_factory) -> dict[str, Path]:
+    """Two short offline quickstart fits (tiny model, 2 epochs of 3 batches), in this process; their run folders."""
+    from vit.cli import cli_main
+
+    root = tmp_path_factory.mktemp("runs")
+    runs = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_DIR", str(root))
+        mp.chdir(root)
+        for name, extra in VARIANTS.items():
+            folder = root / name
+            cli = cli_main(
+                [
+                    "fit",
+                    "--config",
+                    str(ROOT / "configs" / "quickstart.yaml"),
+                    f"--trainer.default_root_dir={folder}",
+                    f"--trainer.logger.init_args.save_dir={folder}",
+                    f"--checkpoint.dirpath={folder / 'checkpoints'}",
+                    *TINY,
+                    *extra,
+                ]
+            )
+            cli.trainer.logger.experiment.finish()  # close the run file, as the end of the process would
+            (run,) = (folder / "wandb").glob("offline-run-*")
+            runs[name] = run
+    return runs
+
+
+@pytest.fixture(scope="module")
+def window_run(offline_runs) -> tuple[dict, list[dict]]:
+    """``(state, records)`` of the window run: ``wandb leet inspect --summary --json`` and ``--json``."""
+    run = offline_runs["window"]
+    state = json.loads(inspect(run, "--summary", "--json"))
+    records = [json.loads(line) for line in inspect(run, "--json").splitlines() if line.strip()]
+    return state, records
+
+
+def media(history: list[dict], key: str) -> list[dict]:
+    """The image entries logged under ``key`` (the records spell their fields ``key._type``, ``key.count``...)."""
+    prefix = f"{key}."
+    return [
+        {k[len(prefix) :]: v for k, v in row.items() if k.startswith(prefix)}
+        for row in history
+        if f"{prefix}_type" in row
+    ]
+
+
+def test_run_has_the_rollout_panel_and_attention_metrics(offline_runs, window_run):
+    state, records = window_run
+    assert state["state"] == "finished" and state["exit_code"] == 0
+    history = [r["history"]["item"] for r in records if r["type"] == "history"]
+
+    panels = media(history, "val/attention_rollout")
+    assert len(panels) == 2  # one per epoch
+    for panel in panels:
+        assert panel["_type"] == "images/separated" and panel["count"] == 8
+        assert len(panel["captions"]) == 8
+        for caption in panel["captions"]:  # "true: 3 | pred: 5 (12%)"
+            true, pred = caption.split(" | ")
+            assert true.startswith("true: ") and true[6:] in "0123456789"
+            assert pred.startswith("pred: ") and pred.endswith("%)")
+        for file in panel["filenames"]:
+            with Image.open(offline_runs["window"] / "files" / file) as image:
+                assert image.size == (128, 128)  # 16 px digits shown at 128 px
+    plots = media(history, "val/attention_distance")
+    assert len(plots) == 2 and plots[0]["count"] == 1
+
+    metrics = [row for row in history if "attn/entropy/block_0" in row]
+    assert len(metrics) == 2
+    # Logged with the validation metrics, and the panels at the same step.
+    panel_steps = [row["trainer/global_step"] for row in history if "val/attention_rollout._type" in row]
+    assert [row["trainer/global_step"] for row in metrics] == panel_steps
+    for row in metrics:
+        assert "val/acc" in row
+        for block in (0, 1):
+            # 2x2 windows without a class token: at most 4 keys per query in block 0, all 16 in global block 1.
+            assert 0 < row[f"attn/entropy/block_{block}"] <= [1.3863, 2.7726][block] + 1e-4
+            assert 0 < row[f"attn/distance/block_{block}"] < 16 * 2**0.5
+
+
+def test_run_config_is_nested_and_runs_are_named_grouped_and_tagged(window_run):
+    state, records = window_run
+    config = state["config"]
+    assert config["model"]["model"] == "vit_tiny_window_patch4_32"
+    assert config["model"]["lr"] == 0.002 and config["model"]["model_overrides"]["depth"] == 2
+    assert config["data"]["dataset"] == "digits" and config["data"]["img_size"] == 16
+    assert config["trainer"]["max_epochs"] == 2
+    assert any(cb["class_path"].endswith("AttentionRolloutLogger") for cb in config["trainer"]["callbacks"])
+    assert "lr" not in config and "dataset" not in config  # no flat copies of the module's hyper-parameters
+
+    assert state["name"].startswith("quickstart-vit_tiny_window_patch4_32-digits-")
+    assert set(state["tags"]) >= {"window", "digits"}
+    (run,) = [r["run"] for r in records if r["type"] == "run"]
+    assert run["run_group"] == "quickstart"
+    metric = {r["metric"]["name"]: r["metric"] for r in records if r["type"] == "metric" and "name" in r["metric"]}
+    assert metric["val/acc"]["summary"] == {"max": True}
+
+    summary = state["summary"]
+    history = [r["history"]["item"] for r in records if r["type"] == "history"]
+    accuracies = [row["val/acc"] for row in history if "val/acc" in row]
+    assert summary["val/acc"] == {"max": max(accuracies)}
+    assert summary["model/params"] > 0 and summary["model/gflops"] == pytest.approx(2 * summary["model/gmacs"])
+    assert summary["train/throughput"] > 0
+
+
+def load_compare():
+    spec = importlib.util.spec_from_file_location("script_compare", ROOT / "scripts" / "compare.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compare_lists_both_runs_and_their_differences(offline_runs, tmp_path, capsys):
+    plot = tmp_path / "acc.png"
+    code = load_compare().main([str(offline_runs["window"].parent.parent.parent), "--plot", str(plot)])
+    out = capsys.readouterr().out
+    assert code == 0
+    header, rule, *rows = out.split("\n\n")[0].splitlines()
+    columns = header.split()
+    # Exactly the settings that differ: learning rate and window size (and the run names).
+    assert columns == [
+        "run",
+        "model.lr",
+        "model.model_overrides.window_size",
+        "best",
+        "val/acc",
+        "final",
+        "train/loss",
+        "img/s",
+    ]
+    assert len(rows) == 2
+    by_lr = {row.split()[1]: row.split() for row in rows}
+    assert by_lr["0.002"][2] == "2" and by_lr["0.001"][2] == "0"
+    assert all(row[0].startswith("quickstart-vit_tiny_window_patch4_32-digits-") for row in by_lr.values())
+    with Image.open(plot) as image:
+        image.verify()
+        assert image.format == "PNG" and image.size == (700, 450)
