@@ -846,6 +846,7 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
             }
         )
     report["data"] = {
+        "threads": 1,  # torch and OpenCV, whatever the process default in "threads" above
         "results": rows,
         "jpeg": {
             "files": len(sizes),
