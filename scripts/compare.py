@@ -100,6 +100,8 @@ def _inspect(file: Path, *flags: str) -> str:
     )
     if result.returncode != 0:
         detail = (result.stderr or result.stdout).strip().splitlines()
+        if any("No such command" in line for line in detail):
+            raise InputError("reading offline runs needs `wandb leet inspect` (wandb >= 0.31): pip install -U wandb")
         raise InputError(f"cannot read W&B run {file}: {detail[-1] if detail else f'exit status {result.returncode}'}")
     return result.stdout
 
