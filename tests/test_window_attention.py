@@ -100,20 +100,34 @@ def test_shifted_boundaries_sit_at_half_window():
     assert pattern[2 * 8 + 2, 5 * 8 + 5] and not pattern[5 * 8 + 5, 6 * 8 + 6]
 
 
-def test_padded_slots_never_receive_weight_and_masks_stay_linear():
-    window, _ = _pair(7, 10, 3, 1, 1)
-    assert window.padded
-    w2 = window.window_size**2
-    assert window.window_mask.shape == (window.num_windows, w2, 1 + w2)
-    is_pad = (window.window_index == 7 * 10).reshape(window.num_windows, w2)
-    real_queries = ~is_pad
-    key_is_pad = torch.cat([torch.zeros(window.num_windows, 1, dtype=torch.bool), is_pad], dim=1)
-    # For every real query, no padded key column is allowed.
-    leak = window.window_mask & real_queries[:, :, None] & key_is_pad[:, None, :]
-    assert not leak.any()
-    # No N x N tensor on the training path: buffers grow with windows x w² only.
+def test_uneven_windows_cover_every_patch_once_and_buffers_stay_linear():
+    window, _ = _pair(7, 10, 3, 1, 1)  # bands of 1+3+3 rows and 1+3+3+3 columns
+    # Edge windows are smaller instead of padded: every patch sits in exactly one window slot.
+    assert sorted(window.groups) == [(1, 1), (5, 3), (6, 9)]
+    assert sum(n * size for n, size in window.groups) == 7 * 10
+    assert window.num_windows == 12
+    # No N x N tensor on the training path: buffers grow with the number of tokens only.
     for name, buf in window.named_buffers():
-        assert buf.numel() <= window.num_windows * w2 * (1 + w2), name
+        assert buf.numel() <= window.num_windows * (1 + 9), name
+
+
+def test_real_tokens_never_see_what_a_padded_grid_would_add():
+    """Equivalent of 'padded positions never change a real token': outputs of the 7x10 grid equal those of the
+    same tokens embedded in a 9x12 grid (padded to a multiple of 3) with the extra tokens masked out as keys."""
+    window, dense = _pair(7, 10, 3, 0, 1)
+    x = torch.randn(2, 1 + 70, 48)
+    padded = torch.randn(2, 1 + 9 * 12, 48) * 50  # garbage in the padded slots
+    padded[:, 0] = x[:, 0]
+    grid = padded[:, 1:].view(2, 9, 12, 48)
+    grid[:, :7, :10] = x[:, 1:].view(2, 7, 10, 48)
+    real = torch.zeros(9, 12, dtype=torch.bool)
+    real[:7, :10] = True
+    pattern = reference_pattern(9, 12, 3, 0, 1)
+    pattern[:, 1:] &= real.flatten()[None, :]  # padded keys hidden from everyone
+    pattern[1:, 1:] |= torch.eye(9 * 12, dtype=torch.bool)  # padded queries keep themselves (outputs dropped)
+    out_padded = dense(padded, attn_mask=pattern)
+    keep = torch.cat([torch.tensor([True]), real.flatten()])
+    torch.testing.assert_close(window(x), out_padded[:, keep], atol=1e-5, rtol=1e-5)
 
 
 def test_window_equal_to_grid_gives_global_logits():
