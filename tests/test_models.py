@@ -192,6 +192,17 @@ def test_load_pretrained_from_lightning_style_checkpoint(tmp_path):
         assert torch.equal(target.state_dict()[k], v)
 
 
+def test_load_pretrained_prefers_the_ema_weights_of_a_checkpoint(tmp_path):
+    raw = vit.create_model("vit_tiny_patch4_32", depth=1)
+    ema = vit.create_model("vit_tiny_patch4_32", depth=1)
+    state = {f"model.{k}": v for k, v in raw.state_dict().items()}
+    state.update({f"model_ema.module.{k}": v for k, v in ema.state_dict().items()})
+    torch.save({"state_dict": state}, tmp_path / "ema.ckpt")
+    target = vit.load_pretrained(vit.create_model("vit_tiny_patch4_32", depth=1), tmp_path / "ema.ckpt")
+    assert torch.equal(target.blocks[0].attn.qkv.weight, ema.blocks[0].attn.qkv.weight)
+    assert not torch.equal(target.blocks[0].attn.qkv.weight, raw.blocks[0].attn.qkv.weight)
+
+
 def test_load_pretrained_resamples_grid_and_drops_head(caplog):
     source = vit.create_model("vit_tiny_patch16_224", depth=2, num_classes=1000)
     target = vit.create_model("vit_tiny_patch16_224", depth=2, img_size=384, num_classes=10)

@@ -56,8 +56,9 @@ def load_file(path: str | Path, map_location: str | torch.device = "cpu") -> dic
 def extract_state_dict(checkpoint: Mapping) -> dict[str, torch.Tensor]:
     """The model state dict inside a checkpoint: timm/our ``.pth`` files, wrapped dicts, Lightning ``.ckpt``.
 
-    A Lightning checkpoint of :class:`vit.ImageClassifier` stores the network under ``model.``; that prefix
-    (and ``_orig_mod.`` from ``torch.compile``, ``module.`` from DDP wrappers) is stripped.
+    A Lightning checkpoint of :class:`vit.ImageClassifier` stores the network under ``model.`` and, with EMA,
+    the averaged copy under ``model_ema.module.``, which is preferred (it is what was validated); the prefix (and
+    ``_orig_mod.`` from ``torch.compile``, ``module.`` from DDP wrappers) is stripped.
     """
     state = checkpoint
     for key in _WRAPPER_KEYS:
@@ -65,7 +66,7 @@ def extract_state_dict(checkpoint: Mapping) -> dict[str, torch.Tensor]:
             state = state[key]
             break
     state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-    for prefix in ("model.", "_orig_mod.", "module."):
+    for prefix in ("model_ema.module.", "model.", "_orig_mod.", "module."):
         if not any(k.startswith("patch_embed.") for k in state):
             inner = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
             state = inner or state
