@@ -11,6 +11,10 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassi
   so a run never waits on the network, and says how to upload it later; names W&B runs and logs the whole nested
   config to them (:mod:`vit.loggers`);
 - sets PyTorch's CPU thread count from ``torch_num_threads``;
+- makes runs resumable bit for bit and preemptible (:mod:`vit.fault`): ``last.ckpt`` at every epoch end, every
+  ``resume.every_n_train_steps`` steps and on SIGTERM/SIGINT (exit status 143/130), atomic checkpoint files read with
+  ``weights_only=True``, a stop at the first non-finite loss (exit status 3), and one message for an unsafe,
+  truncated or mismatched checkpoint (exit status 2);
 - turns data errors (missing dataset, wrong folder layout) and impossible model settings (unknown preset or
   override) into one message and exit status 2.
 """
@@ -26,12 +30,20 @@ import torch
 import yaml
 from jsonargparse import Namespace
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .callbacks import RunSummary
 from .data import DataError, ImageDataModule
+from .fault import (
+    NonFiniteGuard,
+    ResumeCheckpoint,
+    checkpoint_errors,
+    exit_on_fault,
+    wandb_reachable,
+    with_atomic_checkpoint_io,
+)
 from .lit_module import ConfigError, ImageClassifier
 from .loggers import is_wandb_logger, log_config, name_wandb_runs
 
@@ -117,6 +129,10 @@ class VitCLI(LightningCLI):
                 "checkpoint.auto_insert_metric_name": False,
             }
         )
+        # last.ckpt at epoch ends, every N steps and on SIGTERM/SIGINT, with the random state (listed after
+        # `checkpoint`: it writes after it); a stop at the first NaN/Inf loss or gradient (vit.fault).
+        parser.add_lightning_class_args(ResumeCheckpoint, "resume")
+        parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")
         # Parameters, FLOPs per image and training throughput of every run, in the W&B summary (vit.callbacks).
         parser.add_lightning_class_args(RunSummary, "run_summary")
         # LogConfig sends every logger the whole nested config; Lightning's own flat copy of the model's and data's
@@ -132,13 +148,22 @@ class VitCLI(LightningCLI):
         parser.link_arguments("data.img_size", "model.img_size", apply_on="parse")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """As Lightning's, leaving out the ``checkpoint`` callback under ``--trainer.enable_checkpointing false``
-        (the Trainer refuses a ModelCheckpoint then)."""
+        """As Lightning's, leaving out the ``checkpoint`` and ``resume`` callbacks under
+        ``--trainer.enable_checkpointing false`` (the Trainer refuses checkpoint callbacks then), and with checkpoint
+        files written atomically and read with ``weights_only=True`` (:class:`vit.fault.AtomicCheckpointIO`)."""
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        config["plugins"] = with_atomic_checkpoint_io(config.get("plugins"))
         callbacks = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
         if config.get("enable_checkpointing") is False:
-            callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
+            callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
         return self._instantiate_trainer(config, callbacks)
+
+    def _parse_ckpt_path(self) -> None:
+        # Lightning reads the hyper-parameters of --ckpt_path (weights_only=True) before building the model: name an
+        # unsafe or truncated file instead of raising torch's error.
+        subcommand = self.config.get("subcommand")
+        with checkpoint_errors(self.config[subcommand].get("ckpt_path") if subcommand else None):
+            super()._parse_ckpt_path()
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         # As Lightning's, without its warning about passing args while sys.argv is set: cli_main passes the
@@ -162,15 +187,18 @@ class VitCLI(LightningCLI):
         wandb = [logger for logger in loggers if is_wandb_logger(logger)]
         if not wandb or os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
             return
+        reason = "no credentials configured (WANDB_API_KEY, ~/.netrc)"
         if wandb_credentials_configured():
-            return
+            if wandb_reachable(timeout=3.0):  # else wandb.init retries for 90 s, then fails the run
+                return
+            reason = f"server {os.environ.get('WANDB_BASE_URL') or 'https://api.wandb.ai'} unreachable within 3 s"
         for logger in wandb:
             logger.init_args.offline = True
             logger.init_args.mode = "offline"  # explicit: WandbLogger's WANDB_MODE may come after wandb read it
             logger.init_args.log_model = False  # uploads need a connection; offline WandbLogger refuses it
             where = Path(logger.init_args.get("save_dir") or ".") / "wandb"
             rank_zero_info(
-                f"W&B: no credentials configured (WANDB_API_KEY, ~/.netrc), logging offline to {where}/. "
+                f"W&B: {reason}, logging offline to {where}/. "
                 f"Upload later with `wandb login` then `wandb sync {where}/offline-run-*`."
             )
 
@@ -188,23 +216,26 @@ def cli_main(args: ArgsType = None) -> VitCLI | None:
 
     Raises:
         SystemExit: With status 2 after printing the message for bad arguments, a missing config file, a model
-            setting that cannot work (unknown preset or override) or a data error (missing dataset, wrong folder
-            layout); with status 0 after ``--help``/``--print_config``.
+            setting that cannot work (unknown preset or override), a data error (missing dataset, wrong folder
+            layout) or a checkpoint that is unsafe, truncated or of another architecture; with status 3 after a
+            non-finite loss or gradient; with status 143/130 after a SIGTERM/SIGINT checkpoint; with status 0 after
+            ``--help``/``--print_config``.
     """
     argv = sys.argv[1:] if args is None else args
     if isinstance(argv, (list, tuple)):
         argv = resolve_config_args([str(a) for a in argv])
     try:
-        cli = VitCLI(
-            ImageClassifier,
-            ImageDataModule,
-            args=argv,
-            seed_everything_default=0,
-            save_config_callback=LogConfig,
-            save_config_kwargs={"overwrite": True},
-            auto_configure_optimizers=False,
-            parser_kwargs={"description": "Train, evaluate and apply Vision Transformers (vit)."},
-        )
+        with exit_on_fault():  # unsafe/corrupt/mismatched checkpoint: status 2; non-finite loss: status 3
+            cli = VitCLI(
+                ImageClassifier,
+                ImageDataModule,
+                args=argv,
+                seed_everything_default=0,
+                save_config_callback=LogConfig,
+                save_config_kwargs={"overwrite": True},
+                auto_configure_optimizers=False,
+                parser_kwargs={"description": "Train, evaluate and apply Vision Transformers (vit)."},
+            )
     except (DataError, ConfigError) as err:
         sys.stderr.write(f"error: {err}\n")
         raise SystemExit(2) from None

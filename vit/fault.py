@@ -1,11 +1,12 @@
 """Fault tolerance: resume bit-identically, survive preemption, and never write a bad or trust an unsafe checkpoint.
 
-- :class:`FaultTolerance` (a Lightning callback, ``--fault.*`` on the command line) keeps the global random states
-  (torch, CUDA, NumPy, ``random``) in every checkpoint and restores them on resume; shields the training streams
-  from validation; writes ``last.ckpt`` every ``every_n_train_steps`` optimizer steps; on SIGTERM or SIGINT finishes
-  the current step, writes ``last.ckpt`` and exits with status ``128 + signal`` (143, 130), printing the resume
-  command; and stops at the first non-finite loss or gradient, before the optimizer step, refusing to save
-  non-finite weights afterwards.
+- :class:`ResumeCheckpoint` (a Lightning checkpoint callback, ``--resume.*`` on the command line) owns
+  ``last.ckpt``: written at the end of every epoch, every ``every_n_train_steps`` optimizer steps, and on SIGTERM or
+  SIGINT after the current step (then the run exits with status ``128 + signal``, 143 or 130, printing the resume
+  command). It keeps the global random states (torch, CUDA, NumPy, ``random``) in every checkpoint, restores them
+  on resume and shields the training streams from validation, so a resumed run is bit-identical.
+- :class:`NonFiniteGuard` (``--nonfinite.*``) stops at the first non-finite loss or gradient, before the optimizer
+  step, and refuses to save non-finite weights.
 - :class:`AtomicCheckpointIO` (a Lightning ``CheckpointIO`` plugin) writes every checkpoint to a temporary file that
   is fsynced and renamed into place, so a kill during a write leaves the previous file intact; it reads checkpoints
   with ``weights_only=True`` and reports unsafe or truncated files in one sentence.
@@ -33,10 +34,11 @@ from urllib.parse import urlparse
 
 import numpy as np
 import torch
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from .models import IncompatibleCheckpointError, UnsafeCheckpointError, describe_mismatch
@@ -120,34 +122,36 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the callback
-class FaultTolerance(Callback):
-    """Resumable random state, step and preemption checkpoints, and a non-finite guard for ``fit``.
+class ResumeCheckpoint(Checkpoint):
+    """``last.ckpt`` at every epoch end, every ``every_n_train_steps`` steps and on SIGTERM/SIGINT, holding what a
+    bit-identical resume needs (the random states; the data position is the loader's, :mod:`vit.data.sampler`).
 
-    Checkpoints written here go to the ``last.ckpt`` of the trainer's :class:`ModelCheckpoint` (so
-    ``--ckpt_path last`` finds them), from the end of a training batch, the point Lightning resumes from mid-epoch.
+    The file goes to the folder of the trainer's first :class:`ModelCheckpoint`, so ``--ckpt_path last`` finds it.
+    It is written at every epoch end because, since Lightning 2.6, ``ModelCheckpoint(save_last=True)`` with a
+    monitor rewrites ``last.ckpt`` only when the monitored metric improves (resuming would go back to the best
+    epoch); step and signal checkpoints are written at the end of a training batch, where Lightning resumes
+    mid-epoch. As a checkpoint callback it runs after the other callbacks, and after the checkpoint callbacks listed
+    before it: list it after the ``ModelCheckpoint`` so its files hold that epoch's best-model bookkeeping. (A Trainer
+    given a checkpoint callback adds no default ``ModelCheckpoint``.)
 
     Args:
-        every_n_train_steps: Also write ``last.ckpt`` every this many optimizer steps (0: only where the
-            ``ModelCheckpoint`` writes it, after each validation). A kill loses at most the steps since.
+        every_n_train_steps: Also write ``last.ckpt`` every this many optimizer steps (0: at epoch ends only). A
+            killed run loses at most the steps since.
         save_on_signal: On SIGTERM (cluster preemption) or SIGINT (Ctrl-C), finish the current step, write
             ``last.ckpt`` and exit with status 128 + signal number (143 for SIGTERM, 130 for SIGINT). A second
             Ctrl-C stops at once, without a checkpoint.
-        check_finite: Stop at the first non-finite loss (before its backward pass) or gradient (before the optimizer
-            step), so the weights stay finite, and refuse to save non-finite weights.
     """
 
-    def __init__(self, every_n_train_steps: int = 0, save_on_signal: bool = True, check_finite: bool = True) -> None:
+    def __init__(self, every_n_train_steps: int = 0, save_on_signal: bool = True) -> None:
         if every_n_train_steps < 0:
             raise ValueError(f"every_n_train_steps must be >= 0 (0: no step checkpoints), got {every_n_train_steps}")
         self.every_n_train_steps = every_n_train_steps
         self.save_on_signal = save_on_signal
-        self.check_finite = check_finite
         self._pending: dict[str, Any] | None = None  # random state to apply before the next training batch
         self._snapshot: dict[str, Any] | None = None  # random state at the end of the last training batch
         self._signal: int | None = None
         self._handlers: dict[int, Any] = {}
         self._last_step = -1
-        self._last_saved_step = -1
         self._loader_states: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------------------------------- random state
@@ -162,7 +166,8 @@ class FaultTolerance(Callback):
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         # Lightning restores the training loader's position only when it builds the loader after the checkpoint is
-        # read; ``estimated_stepping_batches`` (the LR schedule's length) builds it earlier, so it is done here.
+        # read; ``estimated_stepping_batches`` (the LR schedule's length) builds it earlier, so it is done here
+        # (Lightning issue #20550).
         fit_loop = (checkpoint.get("loops") or {}).get("fit_loop") or {}
         self._loader_states = list((fit_loop.get("state_dict") or {}).get("combined_loader") or [])
 
@@ -230,16 +235,28 @@ class FaultTolerance(Callback):
             self._announce_preemption(trainer, signum, path)
             raise Preempted(signum, path)
         every = self.every_n_train_steps
-        if every and trainer.global_step % every == 0 and trainer.global_step != self._last_saved_step:
+        if every and trainer.global_step % every == 0 and not _skip_saving(trainer):
             self._save_last(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if _skip_saving(trainer):
+            return
+        callback = _model_checkpoint(trainer)
+        path = last_checkpoint_path(trainer)
+        if (
+            callback is not None
+            and callback.last_model_path == str(path)
+            and getattr(callback, "_last_global_step_saved", None) == trainer.global_step
+        ):
+            return  # the ModelCheckpoint has just written this very state to last.ckpt
+        self._save_last(trainer)
 
     def _save_last(self, trainer: Trainer) -> Path:
         path = last_checkpoint_path(trainer)
-        callback = trainer.checkpoint_callback
-        if isinstance(callback, ModelCheckpoint) and callback.save_last:
+        callback = _model_checkpoint(trainer)
+        if callback is not None and callback.save_last:
             callback.last_model_path = str(path)  # part of the saved state, as when the callback saves it
         trainer.save_checkpoint(path)
-        self._last_saved_step = trainer.global_step
         return path
 
     @staticmethod
@@ -253,17 +270,30 @@ class FaultTolerance(Callback):
             )
             sys.stderr.flush()
 
-    # ----------------------------------------------------------------------------------------- non-finite guard
+
+class NonFiniteGuard(Callback):
+    """Stop training at the first non-finite loss or gradient, before the optimizer step, so the weights stay finite;
+    refuse to save a checkpoint of non-finite weights, so the last good one is never overwritten.
+
+    The error (:class:`NonFiniteError`; the CLI prints it and exits with status 3) names the step, the learning rate
+    and precision, the likely causes and the checkpoint that is kept. Under fp16 mixed precision only a NaN loss
+    stops the run: infinite gradients are the grad scaler's to skip.
+
+    Args:
+        check_gradients: Also check the gradients before each optimizer step (one reduction over them per step).
+    """
+
+    def __init__(self, check_gradients: bool = True) -> None:
+        self.check_gradients = check_gradients
+
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
-        if not self.check_finite:
-            return
         scaled = _grad_scaler(trainer) is not None  # a scaled fp16 loss may overflow to inf: the scaler skips it
         bad = torch.isnan(loss).any() if scaled else ~torch.isfinite(loss).all()
         if bool(bad):
             raise NonFiniteError(non_finite_message(trainer, f"non-finite loss ({loss.detach().float().item()})"))
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        if not self.check_finite or _grad_scaler(trainer) is not None:  # inf gradients are the scaler's to skip
+        if not self.check_gradients or _grad_scaler(trainer) is not None:  # inf gradients: the scaler skips them
             return
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if grads and not bool(torch.isfinite(_total_norm(grads))):
@@ -277,8 +307,6 @@ class FaultTolerance(Callback):
             raise NonFiniteError(non_finite_message(trainer, f"non-finite gradient (first in {first})"))
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        if not self.check_finite:
-            return
         for name, param in pl_module.named_parameters():
             if param.is_floating_point() and not bool(torch.isfinite(param).all()):
                 raise NonFiniteError(
@@ -304,10 +332,10 @@ def non_finite_message(trainer: Trainer, what: str) -> str:
     """
     lrs = sorted({group["lr"] for optimizer in trainer.optimizers for group in optimizer.param_groups})
     lr = f"{lrs[-1]:.3g}" if lrs else "?"
-    last = [Path(p) for p in (getattr(trainer.checkpoint_callback, "last_model_path", ""),) if p]
+    last = last_checkpoint_path(trainer)
     kept = (
-        f"The last good checkpoint is kept: {last[0]}; resume from it (--ckpt_path {last[0]}) after the change."
-        if last and last[0].is_file()
+        f"The last good checkpoint is kept: {last}; resume from it (--ckpt_path {last}) after the change."
+        if last.is_file()
         else "No checkpoint had been written yet."
     )
     return (
@@ -342,10 +370,18 @@ def last_checkpoint_path(trainer: Trainer) -> Path:
     Args:
         trainer: The trainer (after its callbacks are set up).
     """
-    callback = trainer.checkpoint_callback
-    if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+    callback = _model_checkpoint(trainer)
+    if callback is not None and callback.dirpath:
         return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
     return Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+
+
+def _model_checkpoint(trainer: Trainer) -> ModelCheckpoint | None:
+    return next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
+
+
+def _skip_saving(trainer: Trainer) -> bool:
+    return bool(trainer.fast_dev_run) or trainer.sanity_checking
 
 
 # ------------------------------------------------------------------------------------------- checkpoint files
@@ -385,17 +421,37 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         if "://" in str(path):
-            with _explain_load_errors(path):
+            with checkpoint_errors(path):
                 return super().load_checkpoint(path, map_location=map_location, weights_only=True)
         path = Path(path)
         if not path.is_file():
             raise MissingCheckpointError(f"checkpoint file not found: {path}")
-        with _explain_load_errors(path), open(path, "rb") as f:
-            return torch.load(f, map_location=map_location, weights_only=True)
+        with checkpoint_errors(path):
+            return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def with_atomic_checkpoint_io(plugins: Any) -> list[Any]:
+    """The trainer's ``plugins`` plus an :class:`AtomicCheckpointIO`, unless one of them already is a
+    ``CheckpointIO``.
+
+    Args:
+        plugins: ``Trainer(plugins=...)``: ``None``, one plugin or a list.
+    """
+    items = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    if not any(isinstance(plugin, CheckpointIO) for plugin in items):
+        items.append(AtomicCheckpointIO())
+    return items
 
 
 @contextlib.contextmanager
-def _explain_load_errors(path: Any) -> Iterator[None]:
+def checkpoint_errors(path: Any) -> Iterator[None]:
+    """Around a ``torch.load(path, weights_only=True)``: a pickle needing code becomes
+    :class:`~vit.models.UnsafeCheckpointError`, a truncated or non-checkpoint file :class:`CorruptCheckpointError`,
+    each naming ``path``.
+
+    Args:
+        path: The file being read.
+    """
     try:
         yield
     except pickle.UnpicklingError as err:
@@ -406,9 +462,10 @@ def _explain_load_errors(path: Any) -> Iterator[None]:
                 "its state dict with torch.save(...) or convert it to .safetensors."
             ) from None
         raise CorruptCheckpointError(f"{path} is not a checkpoint, or is corrupt ({err}); use another one") from None
-    except (RuntimeError, EOFError) as err:
+    except (RuntimeError, EOFError, OSError) as err:
         text = str(err)
-        if isinstance(err, EOFError) or "zip archive" in text or "PytorchStreamReader" in text:
+        corrupt = isinstance(err, (EOFError, OSError)) or "zip archive" in text or "PytorchStreamReader" in text
+        if corrupt and not isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)):
             raise CorruptCheckpointError(
                 f"{path} is truncated or corrupt ({text.splitlines()[0] if text else type(err).__name__}); it was "
                 "probably cut short by a crash or a full disk. Resume from another checkpoint."

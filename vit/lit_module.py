@@ -27,6 +27,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from .fault import check_checkpoint_fits
 from .models import create_model, load_pretrained
 
 
@@ -207,6 +208,13 @@ class ImageClassifier(LightningModule):
             load_pretrained(self.model, self.hparams.pretrained)
             if self.model_ema is not None:
                 self.model_ema.module.load_state_dict(self.model.state_dict())
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint of another architecture with one message listing its missing, unexpected and
+        mis-shaped keys (:func:`vit.fault.check_checkpoint_fits`), for a resumed run as for ``load_from_checkpoint``."""
+        if self.strict_loading:
+            trainer = self._trainer  # None outside a Trainer (load_from_checkpoint)
+            check_checkpoint_fits(self, checkpoint, source=trainer.ckpt_path if trainer is not None else None)
 
     # ----------------------------------------------------------------------------------------------- training
     def on_train_epoch_start(self) -> None:
