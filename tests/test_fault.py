@@ -11,6 +11,7 @@ random stream and every piece of optimiser state takes part in the bit-identity 
 from __future__ import annotations
 
 import ast
+import gc
 import io
 import json
 import os
@@ -286,8 +287,10 @@ def test_crash_in_the_middle_of_a_checkpoint_write_keeps_the_previous_file(tmp_p
 
     monkeypatch.undo()
     # 2. the process dies half-way (os._exit: no cleanup at all), in a forked child
+    gc.collect()  # finalize here, not in the child, anything (a DataLoader's workers) left by earlier tests
     pid = os.fork()
     if pid == 0:  # child
+        gc.disable()
         try:
             torch.save = _half_then(lambda: os._exit(9))
             io_.save_checkpoint({"global_step": 3, "w": torch.zeros(1000)}, last)
