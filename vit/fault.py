@@ -256,7 +256,7 @@ class ResumeCheckpoint(Checkpoint):
         callback = _model_checkpoint(trainer)
         if callback is not None and callback.save_last:
             callback.last_model_path = str(path)  # part of the saved state, as when the callback saves it
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the full training state (explicit: no log line)
         return path
 
     @staticmethod
