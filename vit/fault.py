@@ -296,7 +296,7 @@ class NonFiniteGuard(Callback):
         if not self.check_gradients or _grad_scaler(trainer) is not None:  # inf gradients: the scaler skips them
             return
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if grads and not bool(torch.isfinite(_total_norm(grads))):
+        if grads and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):  # one foreach reduction
             names = {p: n for n, p in pl_module.named_parameters()}
             first = next(
                 names.get(p, "?")
@@ -354,13 +354,6 @@ def _train_loaders(trainer: Trainer) -> list[Any]:
 
 def _grad_scaler(trainer: Trainer) -> Any:
     return getattr(trainer.precision_plugin, "scaler", None)
-
-
-def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6: one foreach reduction
-    if get_total_norm is not None:
-        return get_total_norm(grads)
-    return torch.stack([g.detach().float().norm() for g in grads]).norm()
 
 
 def last_checkpoint_path(trainer: Trainer) -> Path:
