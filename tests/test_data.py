@@ -32,6 +32,7 @@ from vit.data import (
     build_transforms,
     denormalize,
     load_rgb,
+    normalize,
     seed_transform,
     seed_worker,
 )
@@ -218,6 +219,31 @@ def test_denormalize_inverts_normalisation() -> None:
     torch.testing.assert_close(back, torch.from_numpy(image).permute(2, 0, 1).float() / 255, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("preset", ["cifar", "digits", "imagenet"])
+@pytest.mark.parametrize("augment", ["none", "basic", "strong"])
+def test_uint8_pipeline_then_normalize_equals_the_float_pipeline(preset: str, augment: str) -> None:
+    # normalize=False drops only A.Normalize: the same seed draws the same augmentations, and normalize() on the
+    # uint8 output gives A.Normalize's values.
+    image = _image(np.random.default_rng(5), 40, 30)
+    full = build_transforms(preset, 24, True, CIFAR10_MEAN, CIFAR10_STD, augment, seed=3)  # type: ignore[arg-type]
+    raw = build_transforms(preset, 24, True, CIFAR10_MEAN, CIFAR10_STD, augment, seed=3, normalize=False)  # type: ignore[arg-type]
+    for _ in range(3):
+        expected, out = full(image=image)["image"], raw(image=image)["image"]
+        assert out.dtype == torch.uint8 and out.shape == (3, 24, 24)
+        torch.testing.assert_close(normalize(out, CIFAR10_MEAN, CIFAR10_STD), expected, atol=1e-6, rtol=0)
+
+
+def test_normalize_values_passthrough_and_bad_dtype() -> None:
+    images = torch.tensor([0, 51, 255], dtype=torch.uint8).view(1, 3, 1, 1).expand(2, 3, 2, 2)
+    out = normalize(images, (0.5, 0.2, 0.0), (0.5, 0.4, 2.0))
+    expected = torch.tensor([(0 - 0.5) / 0.5, (0.2 - 0.2) / 0.4, (1.0 - 0.0) / 2.0]).view(1, 3, 1, 1)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected.expand(2, 3, 2, 2), atol=1e-6, rtol=0)
+    assert normalize(out, (0.5,) * 3, (0.5,) * 3) is out  # already normalised: unchanged
+    with pytest.raises(TypeError, match="uint8 images in \\[0, 255\\], got torch.int16"):
+        normalize(images.to(torch.int16), (0.5,) * 3, (0.5,) * 3)
+
+
 # ----------------------------------------------------------------------------------------- datasets on disk
 def test_cifar10_reads_real_pickle_format(cifar10_root: Path) -> None:
     dm = _datamodule("cifar10", data_dir=str(cifar10_root))
@@ -271,7 +297,7 @@ def test_imagefolder_counts_classes_before_setup_and_loads_every_mode(folder_roo
     assert len(dm.train_dataset) == 10 and len(dm.val_dataset) == 10
     assert dm.train_dataset.labels.tolist() == [0] * 5 + [1] * 5
     xs, ys = zip(*(dm.val_dataset[i] for i in range(len(dm.val_dataset))), strict=True)
-    assert all(x.shape == (3, 16, 16) and x.dtype == torch.float32 for x in xs)
+    assert all(x.shape == (3, 16, 16) and x.dtype == torch.uint8 for x in xs)  # normalised on the device
     assert list(ys) == [0] * 5 + [1] * 5
 
 
@@ -415,6 +441,43 @@ def test_skip_corrupt_under_a_lightning_trainer(folder_root: Path) -> None:
     assert trainer.global_step == 2 and dm.train_dataset.num_skipped == 2
 
 
+@pytest.mark.parametrize("stage", ["fit", "validate", "predict"])
+def test_uint8_batches_are_normalised_on_the_device_through_the_trainer(stage: str) -> None:
+    # What reaches the module with normalize_on_device=True equals the batches normalised in the workers.
+    seen: dict[bool, list[torch.Tensor]] = {True: [], False: []}
+
+    class Record(_TinyClassifier):
+        def __init__(self, on_device: bool) -> None:
+            super().__init__(10)
+            self.on_device = on_device
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            seen[self.on_device].append(batch[0])
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+            seen[self.on_device].append(batch[0])
+
+        def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+            seen[self.on_device].append(batch[0])
+
+    for on_device in (True, False):
+        dm = _datamodule("digits", img_size=8, batch_size=16, normalize_on_device=on_device)
+        trainer = pl.Trainer(
+            max_steps=2, limit_val_batches=2, limit_predict_batches=2, num_sanity_val_steps=0, accelerator="cpu",
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        getattr(trainer, stage)(Record(on_device), datamodule=dm)
+    assert len(seen[True]) == len(seen[False]) >= 2
+    for on_device, in_workers in zip(seen[True], seen[False], strict=True):
+        assert on_device.dtype == in_workers.dtype == torch.float32
+        torch.testing.assert_close(on_device, in_workers, atol=1e-6, rtol=0)
+    raw, labels = next(iter(dm.val_dataloader()))
+    assert raw.dtype == torch.float32  # the last dm normalises in its workers
+    batch = _datamodule("digits", img_size=8, batch_size=16).on_after_batch_transfer([raw.clone(), labels], 0)
+    assert isinstance(batch, list) and torch.equal(batch[0], raw)  # float batches pass through unchanged
+
+
 # ----------------------------------------------------------------------------------------- digits, synthetic
 def test_digits_split_sizes_labels_and_pixels() -> None:
     dm = _datamodule("digits", img_size=16, batch_size=32)
@@ -530,6 +593,6 @@ def test_cifar10_mini_real_jpegs() -> None:
     assert len(dm.train_dataset) == 1000 and len(dm.val_dataset) == 300
     assert np.bincount(dm.val_dataset.labels).tolist() == [30] * 10
     x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == (16, 3, 32, 32) and x.dtype == torch.float32
-    image = denormalize(dm.val_dataset[0][0], dm.mean, dm.std)
+    assert x.shape == (16, 3, 32, 32) and x.dtype == torch.uint8
+    image = denormalize(dm.normalize(dm.val_dataset[0][0]), dm.mean, dm.std)
     assert float(image.min()) >= 0.0 and float(image.max()) <= 1.0 and float(image.std()) > 0.05

@@ -264,3 +264,10 @@ def test_compile_keeps_parameter_names():
     module = tiny(compile=True)
     assert module.model._compiled_call_impl is not None  # nn.Module.compile: compiled in place
     assert set(module.state_dict()) == set(tiny().state_dict())  # no "_orig_mod." prefix in checkpoints
+
+
+def test_uint8_images_that_bypassed_the_data_module_hook_are_refused(tmp_path):
+    # ImageDataModule's loaders yield uint8; only trainer.fit(..., datamodule=dm) normalises them on the device.
+    data = TensorDataset(torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8), torch.zeros(8, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"got torch.uint8 images.*datamodule=dm.*dm\.normalize\(images\)"):
+        trainer(tmp_path, max_steps=1, limit_val_batches=0).fit(tiny(), DataLoader(data, batch_size=4))

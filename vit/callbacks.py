@@ -25,6 +25,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from PIL import Image
 from torch import nn
 
+from .data.transforms import normalize
 from .explain import (
     CollapseReport,
     HeadFusion,
@@ -266,7 +267,8 @@ class AttentionRolloutLogger(Callback):
         """Choose and load the images to explain from a validation dataset of ``(image, label)`` items.
 
         Args:
-            dataset: Map-style dataset returning normalised ``(C, H, W)`` tensors and integer labels.
+            dataset: Map-style dataset returning ``(C, H, W)`` tensors, normalised or uint8 (then normalised with
+                the data module's ``mean`` and ``std``), and integer labels.
 
         Raises:
             ValueError: If the dataset is empty or its items are not ``(image tensor, label)``.
@@ -282,14 +284,22 @@ class AttentionRolloutLogger(Callback):
             if not isinstance(image, torch.Tensor) or image.ndim != 3:
                 raise ValueError(
                     f"validation item {index} is not a (C, H, W) tensor but {type(image).__name__}; "
-                    "AttentionRolloutLogger needs the model's normalised input tensors"
+                    "AttentionRolloutLogger needs the model's input tensors"
                 )
             images.append(image)
             labels.append(int(label))
             indices.append(index)
         if not images:
             raise ValueError("none of the chosen validation images could be read")
-        self.images, self.labels, self.indices = torch.stack(images), torch.tensor(labels), indices
+        batch = torch.stack(images)
+        if not batch.is_floating_point():  # ImageDataModule(normalize_on_device=True) items are uint8
+            if self.mean is None or self.std is None:
+                raise ValueError(
+                    f"the validation images are {batch.dtype}, and without a data module's mean and std "
+                    "AttentionRolloutLogger cannot normalise them; give the Trainer the data module"
+                )
+            batch = normalize(batch, self.mean, self.std)
+        self.images, self.labels, self.indices = batch, torch.tensor(labels), indices
 
     # --------------------------------------------------------------------------------------------- each epoch
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

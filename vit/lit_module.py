@@ -231,6 +231,7 @@ class ImageClassifier(LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
+        _check_images(x)
         if self.mixup is not None:
             if x.shape[0] % 2 == 0:
                 x, target = self.mixup(x, y)
@@ -256,7 +257,7 @@ class ImageClassifier(LightningModule):
     # --------------------------------------------------------------------------------------------- evaluation
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str, metrics: MetricCollection) -> None:
         x, y = batch
-        logits = self.eval_model(x)
+        logits = self.eval_model(_check_images(x))
         loss = F.cross_entropy(logits, y)
         metrics.update(logits, y)
         self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=stage == "val", sync_dist=True, batch_size=len(x))
@@ -275,7 +276,7 @@ class ImageClassifier(LightningModule):
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         """Class probabilities ``(B, num_classes)`` for a batch of images (or ``(images, labels)`` pairs)."""
         x = batch[0] if isinstance(batch, (list, tuple)) else batch
-        return self.eval_model(x).softmax(dim=-1)
+        return self.eval_model(_check_images(x)).softmax(dim=-1)
 
     # ------------------------------------------------------------------------------------------- optimisation
     def global_batch_size(self) -> int:
@@ -337,3 +338,15 @@ class ImageClassifier(LightningModule):
         factor = partial(warmup_cosine, warmup_steps=warmup, total_steps=total, min_ratio=hp.min_lr / hp.lr)
         scheduler = LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _check_images(x: torch.Tensor) -> torch.Tensor:
+    """``x`` if it holds float images; uint8 ones mean the data module's normalisation hook was bypassed."""
+    if not x.is_floating_point():
+        raise TypeError(
+            f"the model got {x.dtype} images. ImageDataModule's loaders yield uint8 images that its "
+            "on_after_batch_transfer hook normalises, and Lightning calls that hook only when the data module itself "
+            "is given to the Trainer: use trainer.fit(model, datamodule=dm), call dm.normalize(images) in your own "
+            "loop, or build the data module with normalize_on_device=False"
+        )
+    return x

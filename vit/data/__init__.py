@@ -33,6 +33,7 @@ from vit.data.transforms import (
     Stats,
     build_transforms,
     denormalize,
+    normalize,
     seed_transform,
 )
 
@@ -69,6 +70,7 @@ __all__ = [
     "load_cifar",
     "load_digits_split",
     "load_rgb",
+    "normalize",
     "seed_transform",
     "seed_worker",
 ]
