@@ -310,9 +310,9 @@ def test_load_rgb_converts_gray_rgba_and_palette(folder_root: Path) -> None:
     assert load_rgb(folder_root / "train/cat/palette.png").shape == (12, 10, 3)
 
 
-@pytest.mark.parametrize("kind", ["rgb", "gray", "cmyk", "progressive", "subsampled_444"])
+@pytest.mark.parametrize("kind", ["rgb", "gray", "cmyk", "progressive", "subsampled_444", "exif_rotated"])
 def test_load_rgb_decodes_jpeg_exactly_as_pil(tmp_path: Path, kind: str) -> None:
-    # JPEGs go through torchvision's libjpeg-turbo decoder, PIL's the same library: the pixels must be identical.
+    # RGB and grayscale JPEGs go through OpenCV's libjpeg-turbo, the rest through PIL: PIL's pixels either way.
     image = Image.fromarray(_image(np.random.default_rng(8), 37, 53))
     options: dict = {"quality": 90}
     if kind == "gray":
@@ -323,6 +323,10 @@ def test_load_rgb_decodes_jpeg_exactly_as_pil(tmp_path: Path, kind: str) -> None
         options["progressive"] = True
     elif kind == "subsampled_444":
         options["subsampling"] = 0
+    elif kind == "exif_rotated":  # orientation 6 (rotate 90° to view): ignored, as PIL and timm's loaders do
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        options["exif"] = exif
     image.save(tmp_path / "a.jpg", **options)
     out = load_rgb(tmp_path / "a.jpg")
     assert out.shape == (37, 53, 3) and out.dtype == np.uint8 and out.flags.c_contiguous
@@ -333,7 +337,7 @@ def test_load_rgb_decodes_jpeg_exactly_as_pil(tmp_path: Path, kind: str) -> None
 def test_load_rgb_truncated_jpeg_raises_oserror(tmp_path: Path) -> None:
     data = _jpeg_bytes(np.random.default_rng(7))
     (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 2])
-    with pytest.raises(OSError, match=r"^Image is incomplete or truncated$"):
+    with pytest.raises(OSError, match=r"^the JPEG data is truncated or corrupt$"):
         load_rgb(tmp_path / "cut.jpg")
 
 
