@@ -17,6 +17,7 @@ to copy to the device).
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -148,7 +149,8 @@ def build_transforms(
     seed: int | None = None,
     normalize: bool = True,
 ) -> A.Compose:
-    """Build a train or eval pipeline: uint8 HWC numpy image in, normalised float32 CHW tensor out.
+    """Build a train or eval pipeline: uint8 HWC numpy image in, normalised float32 CHW tensor out (uint8 CHW with
+    ``normalize=False``).
 
     Call it as ``transform(image=array)["image"]``.
 
@@ -210,10 +212,16 @@ def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float])
         return images
     if images.dtype != torch.uint8:
         raise TypeError(f"normalize expects uint8 images in [0, 255], got {images.dtype}")
-    shape = (-1, 1, 1)
-    scale = torch.tensor([1.0 / (255.0 * s) for s in std], device=images.device).view(shape)
-    shift = torch.tensor([-m / s for m, s in zip(mean, std, strict=True)], device=images.device).view(shape)
+    scale, shift = _affine(tuple(mean), tuple(std), images.device)
     return torch.addcmul(shift, images.float(), scale)
+
+
+@functools.lru_cache(maxsize=16)
+def _affine(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Cached per device: building them from Python lists each batch would be a blocking host-to-GPU copy per step.
+    scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(-1, 1, 1)
+    shift = torch.tensor([-m / s for m, s in zip(mean, std, strict=True)]).view(-1, 1, 1)
+    return scale.to(device), shift.to(device)
 
 
 def denormalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
