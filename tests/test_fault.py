@@ -219,6 +219,21 @@ def test_data_workers_ignore_termination_signals():
     assert not worker.is_alive()
 
 
+def test_a_script_holding_loaders_with_workers_exits():
+    # Workers ignore SIGTERM, and multiprocessing's exit handler terminates and then joins them: a script that still
+    # holds its loaders at exit used to wait forever. Its own interpreter, since the hang is at interpreter exit.
+    script = (
+        "from vit import ImageDataModule\n"
+        "dm = ImageDataModule('synthetic', img_size=16, batch_size=8, synthetic_size=32, num_workers=2)\n"
+        "train, val = dm.train_dataloader(), dm.val_dataloader()\n"
+        "next(iter(train)), list(val)\n"  # one worker mid-epoch, the others idle
+        "print('held', len(train._iterator._workers) + len(val._iterator._workers))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "held 4" and "Traceback" not in done.stderr
+
+
 def test_sampler_order_is_a_function_of_seed_and_epoch_and_resumes_mid_epoch():
     dm = ImageDataModule("synthetic", img_size=16, batch_size=4, synthetic_size=32, num_workers=0)
     loader = dm.train_dataloader()

@@ -3,8 +3,10 @@ synthetic data, with albumentations augmentation and seeded, repeatable loading.
 
 from __future__ import annotations
 
+import atexit
 import random
 import signal
+import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -92,6 +94,22 @@ def seed_worker(worker_id: int) -> None:
     transform = getattr(info.dataset, "transform", None) if info is not None else None
     if isinstance(transform, A.BaseCompose):
         seed_transform(transform, seed)
+
+
+_LOADERS_WITH_WORKERS: weakref.WeakSet[DataLoader] = weakref.WeakSet()
+
+
+def _stop_persistent_workers() -> None:
+    """At exit, stop the workers of the loaders still alive, as Lightning does when its loops end.
+
+    The workers ignore SIGTERM (``seed_worker``), and multiprocessing's exit handler, which runs after this one,
+    terminates daemonic children and then joins them: without this, a script that still holds a loader with
+    persistent workers would wait for them forever. ``_shutdown_workers`` sends each worker its stop sentinel.
+    """
+    for loader in list(_LOADERS_WITH_WORKERS):
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
 
 
 class SkipReportingDataLoader(ResumableDataLoader):
@@ -333,7 +351,7 @@ class ImageDataModule(pl.LightningDataModule):
             world_size = self.trainer.world_size if self.trainer is not None else 1
             sampler = ResumableSampler(dataset, seed=self.seed, num_replicas=world_size, rank=self._global_rank())
             dataset = SeededItems(dataset)
-        return loader_cls(
+        loader = loader_cls(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
@@ -345,6 +363,12 @@ class ImageDataModule(pl.LightningDataModule):
             worker_init_fn=seed_worker,
             persistent_workers=self.num_workers > 0,
         )
+        if self.num_workers > 0:
+            if not _LOADERS_WITH_WORKERS:  # registered after multiprocessing's handler, so it runs before it
+                atexit.unregister(_stop_persistent_workers)
+                atexit.register(_stop_persistent_workers)
+            _LOADERS_WITH_WORKERS.add(loader)
+        return loader
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled, seeded training batches; the last incomplete batch is dropped."""
