@@ -77,8 +77,8 @@ class ArrayDataset(Dataset):
 def load_rgb(path: str | Path) -> np.ndarray:
     """Read an image file as a uint8 (H, W, 3) RGB array; grayscale, CMYK, RGBA and palette images are converted.
 
-    RGB and grayscale JPEGs are decoded by OpenCV's libjpeg-turbo: the same pixels PIL gives, 1.3-1.7x as fast
-    (PIL's copies and its older decoder build are skipped; ``scripts/benchmark.py --suite data`` measures both).
+    RGB and grayscale JPEGs are decoded by OpenCV's libjpeg-turbo: the same pixels PIL gives, about 1.3x as fast
+    (PIL's mode conversion and copies are skipped; ``scripts/benchmark.py --suite data`` measures both).
     EXIF orientation is ignored, as PIL does. PIL still reads every header first, so each file gets its format
     check and decompression-bomb limit; PIL decodes all other files.
 
