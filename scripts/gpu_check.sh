@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check: our ViT against timm's (bf16, eager and compiled), global vs window attention, and, where the training
-# stack is installed, a 2-minute training run on synthetic data. For one H100/H200-class GPU without network; it
-# installs nothing and finishes in at most 8 minutes (every step runs under its own `timeout`).
+# stack is installed, a 2-minute training run on synthetic data and the data pipelines on one of the host's CPU cores.
+# For one H100/H200-class GPU without network; it installs nothing and finishes in at most 8 minutes (every step runs
+# under its own `timeout`).
 #
 #   scripts/gpu_check.sh OUTDIR              # writes OUTDIR/*.json, *.log and summary.txt
 #   DRY_RUN=1 scripts/gpu_check.sh OUTDIR    # tiny settings on the CPU: checks the plumbing in about two minutes
@@ -52,6 +53,7 @@ step() {
 BENCH=(scripts/benchmark.py --device cuda --precision bf16)
 MODELS=(--models vit_small_patch16_224 vit_base_patch16_224 --batch-sizes 512 256)
 ATTN=()
+DATA=(--data-images 100 --data-samples 150 --data-rounds 2)  # this host's CPU cores: the per-worker JPEG target
 FIT_TIME=00:00:02:00
 FIT_ARGS=(--data.synthetic_size 65536)  # epochs of seconds: RunSummary measures whole epochs
 if [[ $DRY == 1 ]]; then
@@ -59,6 +61,7 @@ if [[ $DRY == 1 ]]; then
     MODELS=(--models vit_tiny_patch4_32 --batch-sizes 4 --override '{"depth": 2, "embed_dim": 64, "num_heads": 2}'
         --rounds 2 --steps 1 --warmup 1)
     ATTN=(--attn-grids 8 12 --window-sizes 4 --attn-dim 64 --attn-heads 2 --attn-tokens 512 --attn-reps 2)
+    DATA=(--data-images 3 --data-samples 4 --data-rounds 1 --jpeg-size 96 128)
     FIT_TIME=00:00:00:20
     FIT_ARGS=(--trainer.accelerator cpu --trainer.precision 32-true --data.img_size 32 --data.batch_size 8
         --data.num_workers 0 --data.synthetic_size 64 --model.model vit_tiny_patch4_32)
@@ -130,7 +133,15 @@ else
     echo "fit: skipped, the training stack (lightning, albumentations, wandb) is not importable" | tee -a "$SUMMARY"
 fi
 
-# 5. The same comparison compiled (torch.compile of both models): last, since compilation time varies most. The
+# 5. The data pipelines on one of this host's CPU cores (server cores, unlike the 2-vCPU VM of the README's
+#    table), where albumentations and OpenCV are importable.
+if timeout 60 "$PY" -c "import albumentations, cv2" >/dev/null 2>&1; then
+    step data 45 70 "$PY" scripts/benchmark.py --suite data "${DATA[@]}" --json "$OUT/data.json"
+else
+    echo "data: skipped, albumentations or OpenCV is not importable" | tee -a "$SUMMARY"
+fi
+
+# 6. The same comparison compiled (torch.compile of both models): last, since compilation time varies most. The
 #    JSON is rewritten after each model, so a timeout still keeps ViT-S.
 step model_compiled 400 0 "$PY" "${BENCH[@]}" --suite model "${MODELS[@]}" --compile --json "$OUT/model_compiled.json"
 
