@@ -802,7 +802,9 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
                     raise RuntimeError(f"{family} {name} ({where}): got {tuple(out.shape)} {out.dtype}")
         rates: list[list[float]] = [[] for _ in pipelines]
         for r in range(args.data_rounds):
-            for i, (*_, fn, kind) in enumerate(pipelines):
+            order = range(len(pipelines)) if r % 2 == 0 else reversed(range(len(pipelines)))  # drift hits all alike
+            for i in order:
+                *_, fn, kind = pipelines[i]
                 items = cifar_images if kind == "cifar" else files
                 samples = args.data_samples * (4 if kind == "cifar" else 1)
                 rates[i].append(per_sample_rate(fn, items, samples))
