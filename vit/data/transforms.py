@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from albumentations.pytorch import ToTensorV2
 
+from vit.explain.overlay import unnormalize
+
 Preset = Literal["cifar", "digits", "imagenet"]
 Augment = Literal["none", "basic", "strong"]
 Stats = tuple[float, float, float]
@@ -232,7 +234,4 @@ def denormalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float
         mean: The per-channel mean the images were normalised with.
         std: The per-channel standard deviation the images were normalised with.
     """
-    shape = (-1, 1, 1)
-    mean_t = torch.as_tensor(mean, dtype=images.dtype, device=images.device).view(shape)
-    std_t = torch.as_tensor(std, dtype=images.dtype, device=images.device).view(shape)
-    return (images * std_t + mean_t).clamp(0.0, 1.0)
+    return unnormalize(images, mean, std).clamp(0.0, 1.0)
