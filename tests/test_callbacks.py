@@ -14,7 +14,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from PIL import Image
 
 from vit import ImageClassifier, ImageDataModule
-from vit import callbacks as callbacks_module
+from vit.callbacks import rollout as callbacks_module
 from vit.callbacks import AttentionRolloutLogger, RunSummary, explained_model, forward_flops, select_indices
 from vit.explain import attention_statistics, capture_attention
 

@@ -17,24 +17,26 @@ from vit.data.datasets import (
     load_rgb,
 )
 from vit.data.transforms import (
+    EVAL_CROP_FRACTION,
+    Augment,
+    Preset,
+    build_transforms,
+    seed_transform,
+)
+from vit.normalize import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     CIFAR100_MEAN,
     CIFAR100_STD,
     DIGITS_MEAN,
     DIGITS_STD,
-    EVAL_CROP_FRACTION,
     IMAGENET_MEAN,
     IMAGENET_STD,
     UNIFORM_MEAN,
     UNIFORM_STD,
-    Augment,
-    Preset,
     Stats,
-    build_transforms,
     denormalize,
     normalize,
-    seed_transform,
 )
 
 __all__ = [

@@ -31,7 +31,8 @@ from vit.data.datasets import (
     load_digits_split,
 )
 from vit.data.sampler import ResumableDataLoader, ResumableSampler, SeededItems
-from vit.data.transforms import (
+from vit.data.transforms import Augment, Preset, build_transforms, seed_transform
+from vit.normalize import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     CIFAR100_MEAN,
@@ -42,12 +43,8 @@ from vit.data.transforms import (
     IMAGENET_STD,
     UNIFORM_MEAN,
     UNIFORM_STD,
-    Augment,
-    Preset,
     Stats,
-    build_transforms,
     normalize,
-    seed_transform,
 )
 
 DatasetName = Literal["cifar10", "cifar100", "imagenet", "imagefolder", "digits", "synthetic"]

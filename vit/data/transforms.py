@@ -17,7 +17,6 @@ to copy to the device).
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -26,27 +25,12 @@ from typing import Literal
 import albumentations as A
 import cv2
 import numpy as np
-import torch
 from albumentations.pytorch import ToTensorV2
 
-from vit.explain.overlay import unnormalize
+from vit.normalize import IMAGENET_MEAN, IMAGENET_STD
 
 Preset = Literal["cifar", "digits", "imagenet"]
 Augment = Literal["none", "basic", "strong"]
-Stats = tuple[float, float, float]
-
-CIFAR10_MEAN: Stats = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD: Stats = (0.2470, 0.2435, 0.2616)
-CIFAR100_MEAN: Stats = (0.5071, 0.4865, 0.4409)
-CIFAR100_STD: Stats = (0.2673, 0.2564, 0.2762)
-IMAGENET_MEAN: Stats = (0.485, 0.456, 0.406)
-IMAGENET_STD: Stats = (0.229, 0.224, 0.225)
-# Mean and std of all 1,797 scikit-learn digits (values 0..16 scaled to [0, 1]), the same on the three channels.
-DIGITS_MEAN: Stats = (0.3053, 0.3053, 0.3053)
-DIGITS_STD: Stats = (0.3759, 0.3759, 0.3759)
-# Synthetic images are uniform noise: map [0, 1] to [-1, 1].
-UNIFORM_MEAN: Stats = (0.5, 0.5, 0.5)
-UNIFORM_STD: Stats = (0.5, 0.5, 0.5)
 
 EVAL_CROP_FRACTION = 0.875  # ImageNet eval: resize the shorter side to img_size / 0.875, centre-crop img_size
 
@@ -197,41 +181,3 @@ def seed_transform(transform: A.BaseCompose, seed: int) -> None:
         seed: Any non-negative integer.
     """
     transform.set_random_state(np.random.default_rng(seed), random.Random(seed))
-
-
-def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """Finish a ``normalize=False`` pipeline on the images' device: uint8 in [0, 255] to ``(x / 255 - mean) / std``.
-
-    The same values as ``A.Normalize`` within float32 rounding; float input is returned unchanged, so calling it on
-    an already normalised batch is harmless.
-
-    Args:
-        images: uint8 (C, H, W) or (B, C, H, W) tensor(s), channels first.
-        mean: Per-channel mean in [0, 1].
-        std: Per-channel standard deviation in [0, 1].
-    """
-    if images.is_floating_point():
-        return images
-    if images.dtype != torch.uint8:
-        raise TypeError(f"normalize expects uint8 images in [0, 255], got {images.dtype}")
-    scale, shift = _affine(tuple(mean), tuple(std), images.device)
-    return torch.addcmul(shift, images.float(), scale)
-
-
-@functools.lru_cache(maxsize=16)
-def _affine(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    # Cached per device: building them from Python lists each batch would be a blocking host-to-GPU copy per step.
-    scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(-1, 1, 1)
-    shift = torch.tensor([-m / s for m, s in zip(mean, std, strict=True)]).view(-1, 1, 1)
-    return scale.to(device), shift.to(device)
-
-
-def denormalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """Undo ``A.Normalize``: map normalised (C, H, W) or (B, C, H, W) tensors back to [0, 1] for display.
-
-    Args:
-        images: Normalised image tensor(s), channels first.
-        mean: The per-channel mean the images were normalised with.
-        std: The per-channel standard deviation the images were normalised with.
-    """
-    return unnormalize(images, mean, std).clamp(0.0, 1.0)

@@ -3,8 +3,9 @@
 Needs torch, numpy and PIL only (matplotlib optionally, for colormaps other than ``"jet"``).
 """
 
+from ..normalize import unnormalize
 from .capture import attention_modules, capture_attention
-from .overlay import apply_colormap, make_grid, overlay_heatmap, to_uint8_image, unnormalize, upsample_map
+from .overlay import apply_colormap, make_grid, overlay_heatmap, to_uint8_image, upsample_map
 from .rollout import HeadFusion, RolloutPool, attention_rollout, discard_lowest, fuse_heads, rollout_map
 from .stats import (
     CollapseReport,

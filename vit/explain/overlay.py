@@ -54,20 +54,6 @@ def apply_colormap(values: np.ndarray | torch.Tensor, cmap: str = "jet") -> np.n
     return np.rint(lut[index] * 255.0).astype(np.uint8)
 
 
-def unnormalize(
-    image: torch.Tensor, mean: Sequence[float] = (0.485, 0.456, 0.406), std: Sequence[float] = (0.229, 0.224, 0.225)
-) -> torch.Tensor:
-    """Undo ``(x - mean) / std`` on a ``(C, H, W)`` or ``(B, C, H, W)`` tensor (defaults: ImageNet statistics).
-
-    Returns:
-        ``image · std + mean`` per channel, values nominally in ``[0, 1]`` (not clipped).
-    """
-    shape = (-1, 1, 1)
-    mean_t = torch.as_tensor(mean, dtype=image.dtype, device=image.device).view(shape)
-    std_t = torch.as_tensor(std, dtype=image.dtype, device=image.device).view(shape)
-    return image * std_t + mean_t
-
-
 def to_uint8_image(image: np.ndarray | torch.Tensor) -> np.ndarray:
     """Convert an image to ``uint8`` RGB ``(H, W, 3)``.
 
