@@ -14,8 +14,8 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from PIL import Image
 
 from vit import ImageClassifier, ImageDataModule
-from vit.callbacks import rollout as callbacks_module
 from vit.callbacks import AttentionRolloutLogger, RunSummary, explained_model, forward_flops, select_indices
+from vit.callbacks import rollout as callbacks_module
 from vit.explain import attention_statistics, capture_attention
 
 TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
