@@ -13,11 +13,12 @@ nothing here opens a connection (offline runs stay offline).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import WandbLogger
@@ -129,6 +130,54 @@ def name_wandb_runs(config: Namespace, when: datetime | None = None) -> None:
 def wandb_loggers(trainer: Trainer) -> list[WandbLogger]:
     """The trainer's W&B loggers."""
     return [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
+
+
+def log_images(
+    trainer: Trainer,
+    key: str,
+    images: Sequence[np.ndarray],
+    step: int,
+    captions: Sequence[str] | None = None,
+) -> bool:
+    """Log uint8 RGB images ``(H, W, 3)`` under ``key`` to every W&B logger of the trainer.
+
+    A W&B failure becomes a warning: it never stops a run.
+
+    Args:
+        trainer: The trainer whose W&B loggers receive the images.
+        key: The W&B media key, e.g. ``"rollout/panels"``.
+        images: uint8 RGB arrays.
+        step: The step to log at (for validation media: the steps the optimiser took).
+        captions: One caption per image, or ``None``.
+
+    Returns:
+        Whether at least one W&B logger took the images.
+    """
+    taken = False
+    for logger in wandb_loggers(trainer):
+        try:
+            kwargs = {"caption": list(captions)} if captions is not None else {}
+            logger.log_image(key=key, images=list(images), step=step, **kwargs)
+            taken = True
+        except Exception as err:  # logging must never end a training run
+            rank_zero_warn(f"could not log {key!r} to W&B at step {step}: {type(err).__name__}: {err}")
+    return taken
+
+
+def log_summary(trainer: Trainer, values: Mapping[str, float]) -> None:
+    """Write ``values`` as W&B run summary columns (the runs table, not charts) of every W&B logger.
+
+    A W&B failure becomes a warning: it never stops a run.
+
+    Args:
+        trainer: The trainer whose W&B loggers receive the values.
+        values: Column name to value, e.g. ``{"model/params": 5.4e6}``.
+    """
+    for logger in wandb_loggers(trainer):
+        try:
+            logger.experiment.summary.update(dict(values))
+        except Exception as err:  # logging must never end a training run
+            rank_zero_warn(f"could not write the W&B run summary: {type(err).__name__}: {err}")
 
 
 def log_config(trainer: Trainer, config: Mapping[str, Any]) -> None:
