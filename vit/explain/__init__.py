@@ -1,12 +1,16 @@
-"""Understanding attention: capture the dense weights, roll them out, overlay them, measure them.
+"""Understanding attention: capture the dense weights, roll them out, measure them, show them.
 
-Needs torch, numpy and PIL only (matplotlib optionally, for colormaps other than ``"jet"``).
+:func:`explain_images` is the one pipeline (one forward pass gives predictions and attention); panels and plots
+render its :class:`Explanation`. Needs torch, numpy, PIL and matplotlib.
 """
 
 from ..normalize import unnormalize
-from .capture import attention_modules, capture_attention
+from .capture import attention_modules, capture_attention, eval_mode, record_attention
 from .overlay import apply_colormap, make_grid, overlay_heatmap, to_uint8_image, upsample_map
-from .rollout import HeadFusion, RolloutPool, attention_rollout, discard_lowest, fuse_heads, rollout_map
+from .panels import render_grid, render_panel, render_panels
+from .pipeline import Explanation, display_pixels, explain_images
+from .plots import distance_plot, figure_to_array
+from .rollout import HeadFusion, RolloutPool, attention_rollout, discard_lowest, fuse_heads, rollout_grid, rollout_map
 from .stats import (
     CollapseReport,
     attention_distance,
@@ -19,6 +23,7 @@ from .stats import (
 
 __all__ = [
     "CollapseReport",
+    "Explanation",
     "HeadFusion",
     "RolloutPool",
     "apply_colormap",
@@ -30,10 +35,20 @@ __all__ = [
     "capture_attention",
     "detect_collapse",
     "discard_lowest",
+    "display_pixels",
+    "distance_plot",
+    "eval_mode",
+    "explain_images",
+    "figure_to_array",
     "fuse_heads",
     "make_grid",
     "overlay_heatmap",
     "patch_distances",
+    "record_attention",
+    "render_grid",
+    "render_panel",
+    "render_panels",
+    "rollout_grid",
     "rollout_map",
     "row_entropy",
     "to_uint8_image",

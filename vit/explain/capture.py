@@ -2,12 +2,15 @@
 
 Training runs through the fused kernels, which never materialise the ``N × N`` weights. Capture is opt-in: a
 forward pre-hook on each block's attention module recomputes the matrix from that module's own weights with
-``attn.attention_weights(x)`` on the exact input the block received, for one eval-mode, no-grad forward pass.
-The hooks are removed and every module's ``training`` flag restored afterwards, so nothing persists.
+``attn.attention_weights(x)`` on the exact input the block receives, during the model's ordinary forward pass
+(:func:`record_attention`), so one pass gives both the logits and every block's attention. The hooks are removed
+and every module's ``training`` flag restored afterwards, so nothing persists.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -42,25 +45,26 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
     return modules
 
 
-@torch.no_grad()
-def capture_attention(model: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
-    """Dense attention weights of every block for a batch of images.
+@contextlib.contextmanager
+def record_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Record every block's dense attention weights during the forward passes run inside the ``with`` block.
 
-    The model runs once in eval mode under ``torch.no_grad()``; a pre-hook on each ``block.attn`` records
-    ``attn.attention_weights(x)`` for its input ``x``. Window blocks give the full ``N × N`` matrix with zeros
-    outside their pattern. Afterwards the model is exactly as before: same ``training`` flag on every module,
-    same fused-attention switches, no hooks left (also when the forward pass raises).
+    A forward pre-hook on each ``block.attn`` computes ``attn.attention_weights(x)`` (and its mask, for window
+    blocks) on the exact input the block receives, while the model's normal forward pass runs: the caller runs
+    the model however it likes (``model(images)`` for logits, ``forward_features`` for tokens) and gets the
+    attention of that same pass. Hooks are removed on exit, also when the forward pass raises. Training flags
+    and gradient mode are the caller's business (see :func:`capture_attention`).
 
     Args:
         model: A model with ``model.blocks[i].attn.attention_weights`` (see :func:`attention_modules`).
-        images: Batch ``(B, C, H, W)``, normalised as the model expects; moved to the model's device.
 
-    Returns:
-        One ``(B, heads, N, N)`` tensor per block, in block order; every row sums to 1.
+    Yields:
+        A list filled on exit with one ``(B, heads, N, N)`` tensor per block, in block order (the last forward
+        pass wins when several run).
 
     Raises:
         ValueError: If the model does not expose its blocks' attention (see :func:`attention_modules`).
-        RuntimeError: If some block's attention module was not called by the forward pass.
+        RuntimeError: On exit, if some block's attention module was not called.
     """
     modules = attention_modules(model)
     captured: dict[int, torch.Tensor] = {}
@@ -76,24 +80,56 @@ def capture_attention(model: nn.Module, images: torch.Tensor) -> list[torch.Tens
 
         return hook
 
-    training = {module: module.training for module in model.modules()}
-    handles = []
+    handles = [module.register_forward_pre_hook(make_hook(i), with_kwargs=True) for i, module in enumerate(modules)]
+    result: list[torch.Tensor] = []
     try:
-        for i, module in enumerate(modules):
-            handles.append(module.register_forward_pre_hook(make_hook(i), with_kwargs=True))
-        model.eval()
-        param = next(model.parameters(), None)
-        if param is not None:
-            images = images.to(param.device)
-        forward_features = getattr(model, "forward_features", None)
-        # The blocks are all we need: skip the head when the model splits its forward pass (timm convention).
-        forward_features(images) if callable(forward_features) else model(images)
+        yield result
     finally:
         for handle in handles:
             handle.remove()
-        for module, flag in training.items():
-            module.training = flag
     missing = [i for i in range(len(modules)) if i not in captured]
     if missing:
         raise RuntimeError(f"the forward pass never called the attention of blocks {missing}")
-    return [captured[i] for i in range(len(modules))]
+    result.extend(captured[i] for i in range(len(modules)))
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Put every module of ``model`` in eval mode, and give each its own ``training`` flag back afterwards."""
+    flags = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, flag in flags.items():
+            module.training = flag
+
+
+@torch.no_grad()
+def capture_attention(model: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
+    """Dense attention weights of every block for a batch of images.
+
+    The model runs once in eval mode under ``torch.no_grad()`` through :func:`record_attention`. Window blocks
+    give the full ``N × N`` matrix with zeros outside their pattern. Afterwards the model is exactly as before:
+    same ``training`` flag on every module, same fused-attention switches, no hooks left (also when the forward
+    pass raises). To get the logits of the same pass too, use :func:`~vit.explain.explain_images`.
+
+    Args:
+        model: A model with ``model.blocks[i].attn.attention_weights`` (see :func:`attention_modules`).
+        images: Batch ``(B, C, H, W)``, normalised as the model expects; moved to the model's device.
+
+    Returns:
+        One ``(B, heads, N, N)`` tensor per block, in block order; every row sums to 1.
+
+    Raises:
+        ValueError: If the model does not expose its blocks' attention (see :func:`attention_modules`).
+        RuntimeError: If some block's attention module was not called by the forward pass.
+    """
+    param = next(model.parameters(), None)
+    if param is not None:
+        images = images.to(param.device)
+    forward_features = getattr(model, "forward_features", None)
+    with eval_mode(model), record_attention(model) as attentions:
+        # The blocks are all we need: skip the head when the model splits its forward pass (timm convention).
+        forward_features(images) if callable(forward_features) else model(images)
+    return attentions

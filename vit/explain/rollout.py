@@ -129,6 +129,39 @@ def attention_rollout(
     return rollout[:, P:, P:].mean(dim=1)
 
 
+def rollout_grid(
+    model: nn.Module,
+    attentions: Sequence[torch.Tensor],
+    head_fusion: HeadFusion = "mean",
+    discard_ratio: float = 0.0,
+    pool: RolloutPool | None = None,
+) -> torch.Tensor:
+    """Roll out attention already captured from ``model`` onto its patch grid.
+
+    Args:
+        model: The :class:`~vit.VisionTransformer` the attention came from (``num_prefix_tokens``,
+            ``has_class_token``, ``patch_embed.grid_size``).
+        attentions: Per-block weights ``(B, heads, N, N)``, e.g. from :func:`capture_attention`.
+        head_fusion: See :func:`attention_rollout`.
+        discard_ratio: See :func:`attention_rollout`.
+        pool: ``None`` picks ``"token"`` for a model with a class token, else ``"avg"``.
+
+    Returns:
+        ``(B, rows, cols)`` raw rollout relevance on the patch grid.
+    """
+    if pool is None:
+        pool = "token" if getattr(model, "has_class_token", True) else "avg"
+    relevance = attention_rollout(
+        attentions,
+        num_prefix_tokens=model.num_prefix_tokens,
+        head_fusion=head_fusion,
+        discard_ratio=discard_ratio,
+        pool=pool,
+    )
+    rows, cols = model.patch_embed.grid_size
+    return relevance.reshape(-1, rows, cols)
+
+
 def rollout_map(
     model: nn.Module,
     images: torch.Tensor,
@@ -136,7 +169,7 @@ def rollout_map(
     discard_ratio: float = 0.0,
     pool: RolloutPool | None = None,
 ) -> torch.Tensor:
-    """Capture attention and roll it out onto the model's patch grid.
+    """Capture attention and roll it out onto the model's patch grid (:func:`rollout_grid`).
 
     Args:
         model: A :class:`~vit.VisionTransformer` (``num_prefix_tokens``, ``has_class_token``,
@@ -149,14 +182,4 @@ def rollout_map(
     Returns:
         ``(B, rows, cols)`` raw rollout relevance on the patch grid.
     """
-    if pool is None:
-        pool = "token" if getattr(model, "has_class_token", True) else "avg"
-    relevance = attention_rollout(
-        capture_attention(model, images),
-        num_prefix_tokens=model.num_prefix_tokens,
-        head_fusion=head_fusion,
-        discard_ratio=discard_ratio,
-        pool=pool,
-    )
-    rows, cols = model.patch_embed.grid_size
-    return relevance.reshape(-1, rows, cols)
+    return rollout_grid(model, capture_attention(model, images), head_fusion, discard_ratio, pool)

@@ -1,0 +1,174 @@
+"""Panels a person can read: the image beside its heatmap overlay, a colour bar, the prediction burned in.
+
+A panel (:func:`render_panel`) is laid out as::
+
+    | caption: "true 3 · pred 7 (32 %)"            |
+    | image (upscaled) | overlay (upscaled) | ▮ max |
+    |                  |                    | ▮ min |
+
+The heatmap uses a perceptually uniform colour map (``inferno`` by default, via matplotlib) and is blended over
+the image, which stays visible beside it unchanged; the colour bar is labelled with the map's raw minimum and
+maximum (the overlay is min-max normalised per image). :func:`render_grid` tiles the panels of an
+:class:`~vit.explain.Explanation` into one captioned grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+from .overlay import apply_colormap, make_grid, to_uint8_image, upsample_map
+from .pipeline import Explanation
+
+Resample = Literal["nearest", "bicubic"]
+_RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bicubic": Image.Resampling.BICUBIC}
+BAR_WIDTH = 12
+"""Width in pixels of the colour bar."""
+
+
+def font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    """Pillow's bundled scalable font at ``size`` pixels (its small bitmap font on a Pillow without FreeType)."""
+    try:
+        return ImageFont.load_default(size=size)
+    except (TypeError, ImportError):  # Pillow < 10.1, or built without FreeType
+        return ImageFont.load_default()
+
+
+def upscale(image: np.ndarray, size: int, resample: Resample = "bicubic") -> np.ndarray:
+    """Resize a ``uint8`` ``(H, W, 3)`` image so that its longer side is ``size`` pixels (aspect kept)."""
+    if resample not in _RESAMPLE:
+        raise ValueError(f"resample must be one of {sorted(_RESAMPLE)}, got {resample!r}")
+    height, width = image.shape[:2]
+    scale = size / max(height, width)
+    target = (max(1, round(width * scale)), max(1, round(height * scale)))
+    if target == (width, height):
+        return image
+    return np.asarray(Image.fromarray(image).resize(target, _RESAMPLE[resample]))
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.2g}"
+
+
+def render_panel(
+    image: np.ndarray | torch.Tensor,
+    grid_map: np.ndarray | torch.Tensor,
+    caption: str = "",
+    *,
+    cmap: str = "inferno",
+    size: int = 160,
+    alpha: float = 0.6,
+    resample: Resample = "bicubic",
+    padding: int = 4,
+) -> np.ndarray:
+    """One readable panel: the image and the heatmap over it side by side, a colour bar, the caption on top.
+
+    Args:
+        image: Display pixels, see :func:`~vit.explain.to_uint8_image` (e.g. ``Explanation.images[i]``).
+        grid_map: ``(rows, cols)`` map on the patch grid (e.g. ``Explanation.rollout[i]``), raw values.
+        caption: Text burned in above the images, e.g. ``"true 3 · pred 7 (32 %)"``.
+        cmap: Colour map of the heatmap and bar; any matplotlib name (``"jet"`` is built in, not the default).
+        size: Longer side in pixels of each of the two images (upscaled from the input resolution).
+        alpha: Heatmap weight over the image, in ``[0, 1]``.
+        resample: ``"bicubic"`` (photos) or ``"nearest"`` (pixel-exact blocks) to upscale the image.
+        padding: White pixels around and between the parts.
+
+    Returns:
+        ``uint8`` RGB ``(H, W, 3)`` on a white background. The image occupies rows ``caption_height(size) + padding``
+        onwards and columns ``padding`` to ``padding + width``; the overlay follows after another ``padding``.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    raw = torch.as_tensor(np.asarray(grid_map.detach().cpu() if isinstance(grid_map, torch.Tensor) else grid_map))
+    if raw.ndim != 2:
+        raise ValueError(f"grid_map must be 2-D (rows, cols), got shape {tuple(raw.shape)}")
+    picture = upscale(to_uint8_image(image), size, resample)
+    height, width = picture.shape[:2]
+    heat = apply_colormap(upsample_map(raw, (height, width)), cmap)
+    overlay = np.rint((1.0 - alpha) * picture.astype(np.float64) + alpha * heat.astype(np.float64)).astype(np.uint8)
+
+    text_font = font(caption_font_size(size))
+    label_font = font(max(9, caption_font_size(size) - 3))
+    low, high = _fmt(float(raw.min())), _fmt(float(raw.max()))
+    probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    label_width = max(probe.textbbox((0, 0), text, font=label_font)[2] for text in (low, high))
+    top = caption_height(size) + padding
+    canvas_w = 3 * padding + 2 * width + padding + BAR_WIDTH + 3 + label_width + padding
+    canvas = np.full((top + height + padding, canvas_w, 3), 255, dtype=np.uint8)
+    canvas[top : top + height, padding : padding + width] = picture
+    left = 2 * padding + width
+    canvas[top : top + height, left : left + width] = overlay
+    bar_left = left + width + 2 * padding
+    bar = apply_colormap(np.linspace(1.0, 0.0, height)[:, None].repeat(BAR_WIDTH, axis=1), cmap)  # top = high
+    canvas[top : top + height, bar_left : bar_left + BAR_WIDTH] = bar
+
+    pil = Image.fromarray(canvas)
+    draw = ImageDraw.Draw(pil)
+    draw.text((padding, padding), caption, fill=(0, 0, 0), font=text_font)
+    label_left = bar_left + BAR_WIDTH + 3
+    draw.text((label_left, top), high, fill=(0, 0, 0), font=label_font, anchor="la")
+    draw.text((label_left, top + height), low, fill=(0, 0, 0), font=label_font, anchor="ld")
+    return np.asarray(pil).copy()
+
+
+def caption_font_size(size: int) -> int:
+    """Caption font size in pixels for panels of ``size``-pixel images."""
+    return max(11, round(size / 11))
+
+
+def caption_height(size: int) -> int:
+    """Height in pixels of the caption strip of a panel of ``size``-pixel images."""
+    return round(1.3 * caption_font_size(size))
+
+
+def render_panels(
+    explanation: Explanation,
+    maps: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    **kwargs,
+) -> list[np.ndarray]:
+    """One :func:`render_panel` per image of an explanation, captioned with :meth:`Explanation.captions`.
+
+    Args:
+        explanation: From :func:`~vit.explain.explain_images`.
+        maps: ``(B, rows, cols)`` maps to show (e.g. an attribution); ``None`` shows ``explanation.rollout``.
+        **kwargs: Passed to :func:`render_panel` (``cmap``, ``size``, ``alpha``, ``resample``, ``padding``).
+    """
+    maps = explanation.rollout if maps is None else maps
+    if len(maps) != len(explanation):
+        raise ValueError(f"got {len(maps)} maps for {len(explanation)} images: pass one map per image")
+    return [
+        render_panel(image, grid_map, caption, **kwargs)
+        for image, grid_map, caption in zip(explanation.images, maps, explanation.captions(), strict=True)
+    ]
+
+
+def render_grid(
+    explanation: Explanation,
+    maps: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    ncols: int = 4,
+    *,
+    title: str = "",
+    **kwargs,
+) -> np.ndarray:
+    """All panels of an explanation tiled into one ``uint8`` RGB grid, with an optional title on top.
+
+    Args:
+        explanation: From :func:`~vit.explain.explain_images`.
+        maps: See :func:`render_panels`.
+        ncols: Panels per row.
+        title: Text above the grid, e.g. ``"epoch 3 · attention rollout"``; empty for none.
+        **kwargs: Passed to :func:`render_panel`.
+    """
+    grid = make_grid(render_panels(explanation, maps, **kwargs), ncols=ncols, padding=6)
+    if not title:
+        return grid
+    size = kwargs.get("size", 160)
+    strip_h = caption_height(size) + 8
+    canvas = Image.new("RGB", (grid.shape[1], grid.shape[0] + strip_h), (255, 255, 255))
+    canvas.paste(Image.fromarray(grid), (0, strip_h))
+    ImageDraw.Draw(canvas).text((6, 4), title, fill=(0, 0, 0), font=font(caption_font_size(size) + 2))
+    return np.asarray(canvas).copy()
