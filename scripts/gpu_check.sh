@@ -17,7 +17,8 @@ fi
 mkdir -p "$1" || exit 2
 OUT=$(cd "$1" && pwd)
 cd "$(dirname "$0")/.." || exit 2
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the repository is not pip-installed there
+# The repository is not pip-installed there: every Python step runs from the repository root (`python -m vit.bench`,
+# `python -` reading a script), where the interpreter finds the package `vit` in the current directory.
 export WANDB_MODE=offline WANDB_SILENT=true WANDB_DISABLE_GIT=true
 PY=${PYTHON:-$(command -v python || command -v python3)}
 BUDGET=${BUDGET_S:-470}
@@ -50,14 +51,14 @@ step() {
     return 0
 }
 
-BENCH=(scripts/benchmark.py --device cuda --precision bf16)
+BENCH=(-m vit.bench --device cuda --precision bf16)
 MODELS=(--models vit_small_patch16_224 vit_base_patch16_224 --batch-sizes 512 256)
 ATTN=()
 DATA=(--data-images 100 --data-samples 150 --data-rounds 2)  # this host's CPU cores: the per-worker JPEG target
 FIT_TIME=00:00:02:00
 FIT_ARGS=(--data.synthetic_size 65536)  # epochs of seconds: RunSummary measures whole epochs
 if [[ $DRY == 1 ]]; then
-    BENCH=(scripts/benchmark.py --device cpu --precision fp32 --threads 1)
+    BENCH=(-m vit.bench --device cpu --precision fp32 --threads 1)
     MODELS=(--models vit_tiny_patch4_32 --batch-sizes 4 --override '{"depth": 2, "embed_dim": 64, "num_heads": 2}'
         --rounds 2 --steps 1 --warmup 1)
     ATTN=(--attn-grids 8 12 --window-sizes 4 --attn-dim 64 --attn-heads 2 --attn-tokens 512 --attn-reps 2)
@@ -136,7 +137,7 @@ fi
 # 5. The data pipelines on one of this host's CPU cores (server cores, unlike the 2-vCPU VM of the README's
 #    table), where albumentations and OpenCV are importable.
 if timeout 60 "$PY" -c "import albumentations, cv2" >/dev/null 2>&1; then
-    step data 45 70 "$PY" scripts/benchmark.py --suite data "${DATA[@]}" --json "$OUT/data.json"
+    step data 45 70 "$PY" -m vit.bench --suite data "${DATA[@]}" --json "$OUT/data.json"
 else
     echo "data: skipped, albumentations or OpenCV is not importable" | tee -a "$SUMMARY"
 fi

@@ -1,10 +1,8 @@
-"""scripts/benchmark.py: measurement helpers against hand-computed numbers, and each suite's plumbing at tiny sizes."""
+"""vit.bench: measurement helpers against hand-computed numbers, and each suite's plumbing at tiny sizes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -13,24 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from vit.bench import main
+from vit.bench.harness import summarize
+from vit.bench.memory import TensorMemoryTracker
+from vit.bench.model_suite import count_flops, peak_tflops
 from vit.layers import WindowAttention
 from vit.models import VisionTransformer, model_config
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "benchmark.py"
 TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("vit_benchmark_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_memory_tracker_counts_live_storages_only(bench):
-    with bench.TensorMemoryTracker() as tracker:
+def test_memory_tracker_counts_live_storages_only():
+    with TensorMemoryTracker() as tracker:
         a = torch.empty(1000, 1000)  # 4 MB
         b = torch.empty(500, 1000)  # 2 MB
         b.view(-1).add_(1.0)  # a view and an in-place op allocate nothing
@@ -42,10 +35,10 @@ def test_memory_tracker_counts_live_storages_only(bench):
     assert tracker.peak == 10_000_000
 
 
-def test_memory_tracker_sees_backward_temporaries(bench):
+def test_memory_tracker_sees_backward_temporaries():
     weight = torch.randn(256, 256, requires_grad=True)
     x = torch.randn(64, 256)
-    with bench.TensorMemoryTracker() as tracker:
+    with TensorMemoryTracker() as tracker:
         (x @ weight).relu().sum().backward()
     # The weight gradient (256, 256) is created while the (64, 256) gradient of the matmul output is alive; at most
     # the three (64, 256) tensors of the graph (matmul output, relu output, gradient) exist besides it.
@@ -76,27 +69,27 @@ def _expected_flops(model: VisionTransformer) -> tuple[int, int]:
         ("vit_tiny_window_patch4_32", {"depth": 3, "window_size": 3, "global_attn_indexes": (2,)}),
     ],
 )
-def test_flop_count_matches_hand_count(bench, name, overrides):
+def test_flop_count_matches_hand_count(name, overrides):
     config = model_config(name, **{**TINY, **overrides})
-    counted = bench.count_flops(config)
+    counted = count_flops(config)
     forward, train = _expected_flops(VisionTransformer(**config))
     assert counted["forward_gflops_per_image"] * 1e9 == pytest.approx(forward, rel=1e-9)
     assert counted["train_gflops_per_image"] * 1e9 == pytest.approx(train, rel=1e-9)
 
 
-def test_peak_table_and_summary(bench):
-    assert bench.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
-    assert bench.peak_tflops("NVIDIA H100 PCIe") == 756.0
-    assert bench.peak_tflops("NVIDIA H200") == 989.0
-    assert bench.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
-    assert bench.peak_tflops("Tesla T4") is None
-    spread = bench.summarize([4.0, 1.0, 3.0, 2.0, 5.0])
+def test_peak_table_and_summary():
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert peak_tflops("NVIDIA H200") == 989.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert peak_tflops("Tesla T4") is None
+    spread = summarize([4.0, 1.0, 3.0, 2.0, 5.0])
     assert spread == {"median": 3.0, "q1": 2.0, "q3": 4.0, "min": 1.0, "max": 5.0}
 
 
-def test_model_suite_compares_with_timm_on_the_same_weights(bench, tmp_path):
+def test_model_suite_compares_with_timm_on_the_same_weights(tmp_path):
     path = tmp_path / "model.json"
-    report = bench.main(
+    report = main(
         ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_patch4_32", "--batch-sizes", "4"]
         + ["--override", json.dumps(TINY), "--rounds", "3", "--steps", "1", "--warmup", "1", "--json", str(path)]
     )
@@ -122,8 +115,8 @@ def test_model_suite_compares_with_timm_on_the_same_weights(bench, tmp_path):
     assert [c["passed"] for c in report["model"]["checks"] if "logits" in c["name"]] == [True]
 
 
-def test_model_suite_reports_a_window_preset_without_timm(bench):
-    report = bench.main(
+def test_model_suite_reports_a_window_preset_without_timm():
+    report = main(
         ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_window_patch4_32", "--batch-sizes", "2"]
         + ["--override", json.dumps({**TINY, "global_attn_indexes": [1]}), "--rounds", "2", "--warmup", "0"]
     )
@@ -132,8 +125,8 @@ def test_model_suite_reports_a_window_preset_without_timm(bench):
     assert "median_ratio" not in result["train"] and len(result["train"]["ours_rounds"]) == 2
 
 
-def test_attention_suite_rows(bench):
-    report = bench.main(
+def test_attention_suite_rows():
+    report = main(
         ["--suite", "attention", "--device", "cpu", "--attn-grids", "6", "9", "--window-sizes", "3", "4"]
         + ["--attn-dim", "32", "--attn-heads", "2", "--attn-tokens", "200", "--attn-reps", "2"]
     )
@@ -155,9 +148,9 @@ def test_attention_suite_rows(bench):
     assert {c["name"].split(":")[0] for c in report["attention"]["checks"]} == {"window 3", "window 4"}
 
 
-def test_data_suite_rows(bench, tmp_path):
+def test_data_suite_rows(tmp_path):
     pytest.importorskip("albumentations")
-    report = bench.main(
+    report = main(
         ["--suite", "data", "--device", "cpu", "--data-images", "3", "--data-samples", "4", "--data-rounds", "1"]
         + ["--jpeg-size", "96", "128", "--json", str(tmp_path / "data.json")]
     )
@@ -184,8 +177,8 @@ def test_data_suite_rows(bench, tmp_path):
     assert torch.get_num_threads() == report["threads"]  # the suite restores the thread count
 
 
-def test_script_runs_model_and_attention_without_the_training_stack(tmp_path):
-    """The GPU check relies on the model and attention suites importing only torch, timm and vit's model code.
+def test_model_and_attention_suites_run_without_the_training_stack(tmp_path):
+    """The GPU check relies on ``python -m vit.bench`` importing only torch, timm and vit's model code for these suites.
 
     (timm itself imports wandb when it is installed, and works without it.)
     """
@@ -194,17 +187,35 @@ def test_script_runs_model_and_attention_without_the_training_stack(tmp_path):
     args += ["--override", json.dumps(TINY), "--rounds", "1", "--warmup", "0", "--json", str(out)]
     code = (
         "import runpy, sys\n"
-        f"sys.argv = ['benchmark.py', *{args!r}]\n"
-        f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
-        f"sys.argv = ['benchmark.py', '--suite', 'attention', '--device', 'cpu', '--attn-grids', '4', "
+        f"sys.argv = ['vit.bench', *{args!r}]\n"
+        "runpy.run_module('vit.bench', run_name='__main__', alter_sys=True)\n"
+        "sys.argv = ['vit.bench', '--suite', 'attention', '--device', 'cpu', '--attn-grids', '4', "
         "'--window-sizes', '2', '--attn-dim', '16', '--attn-heads', '2', '--attn-reps', '1']\n"
-        f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
+        "runpy.run_module('vit.bench', run_name='__main__', alter_sys=True)\n"
         "training_stack = ('albumentations', 'cv2', 'lightning', 'vit.data', 'vit.lit_module')\n"
         "loaded = [m for m in training_stack if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| vit_tiny_patch4_32 | train |" in done.stdout and "| window 2 |" in done.stdout
     assert json.loads(out.read_text())["model"]["results"][0]["model"] == "vit_tiny_patch4_32"
+
+
+def test_bad_settings_are_one_error_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_patch4_32", "vit_tiny_patch4_32"]
+            + ["--batch-sizes", "2", "4", "8"]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "error: --batch-sizes: give one batch size or one per model (2), got [2, 4, 8]"
+    assert not any("Traceback" in line for line in err)
+
+
+def test_package_never_reads_the_shared_folder():
+    """Only scripts/benchmark.py knows where ``../shared`` is; the package takes folders as arguments."""
+    for path in (ROOT / "vit" / "bench").glob("*.py"):
+        text = path.read_text()
+        assert '"shared"' not in text and "/shared" not in text and "parents[" not in text, path

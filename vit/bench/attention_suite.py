@@ -1,0 +1,150 @@
+"""Attention suite: forward + backward time and peak memory per token of global against local attention.
+
+``vit.layers.Attention`` against ``vit.layers.WindowAttention`` (non-overlapping windows, Liu et al., "Swin
+Transformer", ICCV 2021) as the patch grid grows, for several window sizes, all layers sharing one set of weights.
+Local attention costs a fixed amount per token, so its time per token should stay flat while global attention's grows
+with the number of tokens. Imports only torch and ``vit``'s layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from vit.bench.harness import autocast, check, device_name, log, print_table, timed, write_report
+from vit.bench.memory import peak_bytes
+from vit.layers import Attention, WindowAttention
+
+WINDOW_FLATNESS_TARGET = 0.15  # per-token time within ±15 % of the smallest grid's
+WINDOW_SPEEDUP_TARGET = 5.0  # over global attention at 64x64 tokens
+WINDOW_SPEEDUP_GRID = 64
+
+
+def attention_cases(
+    grid: int, args: argparse.Namespace, device: torch.device, windows: Sequence[int]
+) -> list[dict[str, Any]]:
+    """Global and window attention layers (shared weights) over a ``grid × grid`` patch grid plus a class token,
+    each with a forward + backward closure ``run``."""
+    tokens = 1 + grid * grid
+    batch = max(1, args.attn_tokens // tokens)
+    torch.manual_seed(args.seed)
+    layers: dict[str, nn.Module] = {"global": Attention(args.attn_dim, args.attn_heads, qkv_bias=True)}
+    for w in windows:
+        if w <= grid:
+            layer = WindowAttention(
+                args.attn_dim, args.attn_heads, qkv_bias=True, grid_size=grid, window_size=w, num_prefix_tokens=1
+            )
+            layer.load_state_dict(layers["global"].state_dict())
+            layers[f"window {w}"] = layer
+    x = torch.randn(batch, tokens, args.attn_dim, device=device, requires_grad=True)
+    grad = torch.randn(batch, tokens, args.attn_dim, device=device)
+
+    def step(layer: nn.Module) -> Callable[[], None]:
+        def run() -> None:
+            with autocast(device, args.precision):
+                out = layer(x)
+            out.backward(grad.to(out.dtype))
+            x.grad = None
+            layer.zero_grad(set_to_none=True)
+
+        return run
+
+    cases = []
+    for name, layer in layers.items():
+        w = getattr(layer, "window_size", None)
+        case = {"grid": grid, "tokens": tokens, "batch": batch, "layer": name, "window": w}
+        case["divisible"] = None if w is None else grid % w == 0
+        case["run"] = step(layer.to(device))
+        cases.append(case)
+    return cases
+
+
+def run_attention_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
+    grids = args.attn_grids or ([16, 24, 32, 48, 56, 64] if device.type == "cpu" else [32, 48, 64, 96, 112, 128])
+    windows = args.window_sizes
+    suite = report.setdefault("attention", {})
+    suite["notes"] = [
+        f"dim {args.attn_dim}, {args.attn_heads} heads, 1 class token, qkv bias; forward + backward (input grads "
+        "included) under the chosen precision; batch = max(1, attn_tokens // tokens)",
+        "memory: "
+        + (
+            "torch.cuda.max_memory_allocated increase"
+            if device.type == "cuda"
+            else "tensor bytes tracked per op (TorchDispatchMode)"
+        )
+        + " during one forward + backward, per token; parameters excluded",
+    ]
+    cases = [case for grid in grids for case in attention_cases(grid, args, device, windows)]
+    log(f"attention: warm-up of {len(cases)} layers on grids {grids}")
+    for case in cases:
+        timed(case["run"], 1, device)
+    # Every round times every layer on every grid, so load changes on a shared machine hit all grids alike.
+    seconds: list[list[tuple[float, float]]] = [[] for _ in cases]
+    for r in range(args.attn_reps):
+        for case, times in zip(cases, seconds, strict=True):
+            times.append(timed(case["run"], 1, device))
+        log(f"attention round {r + 1}/{args.attn_reps}")
+    rows = suite["results"] = []
+    for case, times in zip(cases, seconds, strict=True):
+        run = case.pop("run")
+        wall = [t for t, _ in times]
+        median, tokens = statistics.median(wall), case["batch"] * case["tokens"]
+        case["ms"] = median * 1e3
+        case["ms_rounds"] = [t * 1e3 for t in wall]
+        case["us_per_token"] = median * 1e6 / tokens
+        case["us_per_token_min"] = min(wall) * 1e6 / tokens
+        if device.type == "cpu":
+            case["us_per_token_cpu_time"] = statistics.median(c for _, c in times) * 1e6 / tokens
+        case["kib_per_token"] = peak_bytes(run, device) / 1024 / tokens
+        rows.append(case)
+    by_key = {(r["layer"], r["grid"]): r for r in rows}
+    for r in rows:
+        global_row = by_key.get(("global", r["grid"]))
+        r["speedup_vs_global"] = global_row["us_per_token"] / r["us_per_token"] if global_row else None
+    print_table(
+        f"attention ({device_name(device)}, {args.precision}, {torch.get_num_threads()} threads, "
+        f"median of {args.attn_reps} interleaved rounds)",
+        rows,
+        [
+            ("grid", "grid", "d"),
+            ("tokens", "tokens", "d"),
+            ("batch", "batch", "d"),
+            ("layer", "layer", ""),
+            ("divisible", "grid % w == 0", ""),
+            ("ms", "ms / call", ".1f"),
+            ("us_per_token", "µs / token", ".3f"),
+            ("kib_per_token", "KiB / token", ".1f"),
+            ("speedup_vs_global", "speed-up vs global", ".2f"),
+        ],
+    )
+    checks = []
+    for w in windows:
+        series = sorted((r["grid"], r["us_per_token"]) for r in rows if r["window"] == w)
+        if len(series) >= 2:
+            base = series[0][1]
+            worst = max(abs(t / base - 1) for _, t in series)
+            checks.append(
+                check(
+                    f"window {w}: per-token time flat within ±{WINDOW_FLATNESS_TARGET:.0%} from grid {series[0][0]} "
+                    f"to {series[-1][0]}",
+                    worst <= WINDOW_FLATNESS_TARGET,
+                    f"largest deviation {worst:+.1%}",
+                )
+            )
+        row = by_key.get((f"window {w}", WINDOW_SPEEDUP_GRID))
+        if row is not None and row["speedup_vs_global"] is not None:
+            checks.append(
+                check(
+                    f"window {w}: >= {WINDOW_SPEEDUP_TARGET:.0f}x faster than global at "
+                    f"{WINDOW_SPEEDUP_GRID}x{WINDOW_SPEEDUP_GRID}",
+                    row["speedup_vs_global"] >= WINDOW_SPEEDUP_TARGET,
+                    f"{row['speedup_vs_global']:.2f}x",
+                )
+            )
+    suite["checks"] = checks
+    write_report(args, report)

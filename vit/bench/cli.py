@@ -1,0 +1,111 @@
+"""``python -m vit.bench``: the benchmark's arguments and the loop over the chosen suites."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from vit.bench.harness import BenchError, environment, log, write_report
+
+SUITES = ("model", "attention", "data")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every option of every suite; defaults that depend on the device are ``None`` here (see ``parse_args``)."""
+    import vit.bench
+
+    parser = argparse.ArgumentParser(
+        prog="python -m vit.bench", description=vit.bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--suite", choices=(*SUITES, "all"), default="all", help="what to measure")
+    parser.add_argument("--json", help="write the full report here")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16 = autocast")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--seed", type=int, default=0)
+    model = parser.add_argument_group("model suite")
+    model.add_argument("--models", nargs="+", help="presets (default: vit_small_patch16_224 [and _patch4_32 on CPU])")
+    model.add_argument("--batch-sizes", nargs="+", type=int, help="one for all models or one per model")
+    model.add_argument(
+        "--override", type=json.loads, default={}, help="JSON of model_config overrides: '{\"depth\": 2}'"
+    )
+    model.add_argument("--compile", action="store_true", help="torch.compile both models")
+    model.add_argument("--rounds", type=int, default=None, help="alternating rounds (default: cpu 6, cuda 6)")
+    model.add_argument("--steps", type=int, default=None, help="steps per model per round (default: cpu 1, cuda 10)")
+    model.add_argument("--warmup", type=int, default=None, help="warm-up steps per model (default: cpu 1, cuda 5)")
+    attn = parser.add_argument_group("attention suite")
+    attn.add_argument("--attn-grids", nargs="+", type=int, help="patch grid sides (default: cpu 16..64, cuda 32..128)")
+    attn.add_argument("--window-sizes", nargs="+", type=int, default=[7, 8])
+    attn.add_argument("--attn-dim", type=int, default=384)
+    attn.add_argument("--attn-heads", type=int, default=6)
+    attn.add_argument("--attn-tokens", type=int, default=None, help="tokens per call (default: cpu 4096, cuda 2**17)")
+    attn.add_argument("--attn-reps", type=int, default=None, help="timed calls per layer (default: cpu 9, cuda 10)")
+    data = parser.add_argument_group("data suite")
+    data.add_argument("--data-images", type=int, default=200, help="JPEG files to generate")
+    data.add_argument("--data-samples", type=int, default=300, help="JPEG samples per round (CIFAR: 4x)")
+    data.add_argument("--data-rounds", type=int, default=5)
+    data.add_argument("--jpeg-size", nargs=2, type=int, default=[375, 500], metavar=("HEIGHT", "WIDTH"))
+    data.add_argument("--cifar-mini", help="folder of small photos (train/<class>/*.jpg) for realistic content")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    """Parse ``argv`` and fill the device-dependent defaults; sets torch's thread count when ``--threads`` is given."""
+    args = (parser or build_parser()).parse_args(argv)
+    cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
+    args.device = "cuda" if cuda else "cpu"
+    defaults = {
+        "rounds": 6,
+        "steps": 10 if cuda else 1,
+        "warmup": 5 if cuda else 1,
+        "attn_tokens": 2**17 if cuda else 4096,
+        "attn_reps": 10 if cuda else 9,
+    }
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the chosen suites, print their tables and checks, write the JSON report; returns the report.
+
+    Raises:
+        BenchError: a setting that cannot be measured (no CUDA device, batch sizes that do not match the models).
+    """
+    from vit.bench.attention_suite import run_attention_suite
+    from vit.bench.model_suite import run_model_suite
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--device cuda: no CUDA device is visible; use --device cpu")
+    report: dict[str, Any] = environment(args, device)
+    suites = SUITES if args.suite == "all" else (args.suite,)
+    for suite in suites:
+        log(f"suite {suite}")
+        if suite == "data":  # albumentations, OpenCV and vit.data: imported only when asked for
+            from vit.bench.data_suite import run_data_suite
+
+            run_data_suite(args, device, report)
+        else:
+            {"model": run_model_suite, "attention": run_attention_suite}[suite](args, device, report)
+    report["checks"] = [c for s in suites for c in report.get(s, {}).get("checks", [])]
+    write_report(args, report)
+    return report
+
+
+def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> dict[str, Any]:
+    """The command line: parse, run, and turn a bad setting into one ``error:`` line and exit status 2."""
+    args = parse_args(argv, parser)
+    try:
+        return run(args)
+    except BenchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

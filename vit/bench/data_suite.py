@@ -1,0 +1,224 @@
+"""Data suite: images/s of one loader worker for our pipelines and torchvision v2 equivalents.
+
+The CIFAR preset on 32x32 images, and JPEG decode -> random-resized crop 224 -> flip -> normalise, with the
+normalisation in the worker or, as ``ImageDataModule`` does it, on the device after the copy. Albumentations, OpenCV,
+torchvision and ``vit.data`` are imported here only, inside the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vit.bench.harness import check, device_name, log, print_table, summarize, write_report
+from vit.bench.photos import make_data
+
+DATA_CIFAR_TARGET = 5000.0  # images/s per worker
+DATA_JPEG_TARGET = 600.0
+
+
+def per_sample_rate(fn: Callable[[Any], Any], items: Sequence[Any], samples: int) -> float:
+    """Images/s of ``fn`` applied to ``samples`` items in turn, one at a time in this process."""
+    start = time.perf_counter()
+    for i in range(samples):
+        fn(items[i % len(items)])
+    return samples / (time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def one_worker() -> Iterator[None]:
+    """Run as one data-loading worker does: one torch thread and one OpenCV thread (both restored afterwards)."""
+    import cv2
+
+    threads, cv2_threads = torch.get_num_threads(), cv2.getNumThreads()
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    try:
+        with warnings.catch_warnings():
+            # PIL's arrays are read-only; torch warns when wrapping them, and nothing here writes to them.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            yield
+    finally:
+        torch.set_num_threads(threads)
+        cv2.setNumThreads(cv2_threads)
+
+
+def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
+    import albumentations as A
+    import cv2
+    import numpy as np
+    from PIL import Image
+    from torchvision.io import decode_jpeg, read_file
+    from torchvision.transforms import InterpolationMode, v2
+
+    from vit.data import CIFAR10_MEAN, CIFAR10_STD, IMAGENET_MEAN, IMAGENET_STD, build_transforms, load_rgb
+
+    with one_worker(), tempfile.TemporaryDirectory(prefix="vit-bench-") as tmp:
+        log(f"data: writing {args.data_images} JPEG files of {args.jpeg_size[0]}x{args.jpeg_size[1]}")
+        cifar_dir = Path(args.cifar_mini) if args.cifar_mini else None
+        cifar_images, files, source = make_data(Path(tmp), args.data_images, args.jpeg_size, args.seed, cifar_dir)
+        sizes = [f.stat().st_size for f in files]
+
+        def pil_rgb(path: Path) -> Any:  # what load_rgb did before it decoded JPEGs with torchvision
+            with Image.open(path) as image:
+                return np.asarray(image.convert("RGB"))
+
+        def cv2_rgb(path: Path) -> Any:
+            return cv2.cvtColor(cv2.imdecode(np.fromfile(path, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+
+        def tv_decode(path: Path) -> torch.Tensor:
+            return decode_jpeg(read_file(str(path)))
+
+        def chw(image: Any) -> torch.Tensor:
+            return torch.from_numpy(image).permute(2, 0, 1)
+
+        def ours(preset: str, size: int, mean: Any, std: Any, normalize: bool, jitter: bool = True) -> A.Compose:
+            transform = build_transforms(preset, size, True, mean, std, seed=0, normalize=normalize)  # type: ignore[arg-type]
+            if not jitter:
+                transform = A.Compose([t for t in transform.transforms if not isinstance(t, A.ColorJitter)], seed=0)
+            return transform
+
+        # ImageDataModule's workers stop at uint8 ("device": normalised after the copy to the accelerator);
+        # normalize_on_device=False and torchvision's usual recipe normalise in the worker.
+        cifar_device = ours("cifar", 32, CIFAR10_MEAN, CIFAR10_STD, normalize=False)
+        cifar_worker = ours("cifar", 32, CIFAR10_MEAN, CIFAR10_STD, normalize=True)
+        crop_device = ours("imagenet", 224, IMAGENET_MEAN, IMAGENET_STD, normalize=False, jitter=False)
+        crop_worker = ours("imagenet", 224, IMAGENET_MEAN, IMAGENET_STD, normalize=True, jitter=False)
+        preset_device = ours("imagenet", 224, IMAGENET_MEAN, IMAGENET_STD, normalize=False)
+        tv_cifar = v2.Compose(
+            [
+                v2.Resize((32, 32), antialias=True),
+                v2.Pad(4, padding_mode="reflect"),  # = cv2.BORDER_REFLECT_101
+                v2.RandomCrop(32),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(CIFAR10_MEAN, CIFAR10_STD),
+            ]
+        )
+        tv_ops = [
+            v2.RandomResizedCrop(224, scale=(0.08, 1.0), interpolation=InterpolationMode.BICUBIC, antialias=True),
+            v2.RandomHorizontalFlip(),
+        ]
+        tv_tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+        tv_crop_device = v2.Compose(tv_ops)
+        tv_crop_worker = v2.Compose(tv_ops + tv_tail)
+        tv_preset = v2.Compose(tv_ops + [v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4)], p=0.8)] + tv_tail)
+
+        cifar, crop, decode = (
+            "CIFAR preset (pad-crop, flip, normalise)",
+            "JPEG -> RRC 224 -> flip -> normalise",
+            "JPEG decode only",
+        )
+        jitter = "JPEG -> imagenet train preset (+ colour jitter)"
+        mine, tv, loader = "albumentations (ours)", "torchvision v2", "load_rgb (cv2)"
+        pipelines: list[tuple[str, str, str, str, Callable[[Any], Any], str]] = [
+            # (name, implementation, decoder, where the normalisation runs, fn, input kind)
+            (cifar, mine, "–", "device", lambda im: cifar_device(image=im)["image"], "cifar"),
+            (cifar, mine, "–", "worker", lambda im: cifar_worker(image=im)["image"], "cifar"),
+            (cifar, tv, "–", "worker", lambda im: tv_cifar(chw(im)), "cifar"),
+            (decode, "vit.data", loader, "–", load_rgb, "jpeg"),
+            (decode, "PIL", "Image.convert('RGB')", "–", pil_rgb, "jpeg"),
+            (decode, "OpenCV", "cv2.imdecode", "–", cv2_rgb, "jpeg"),
+            (crop, mine, loader, "device", lambda p: crop_device(image=load_rgb(p))["image"], "jpeg"),
+            (crop, mine, loader, "worker", lambda p: crop_worker(image=load_rgb(p))["image"], "jpeg"),
+            (crop, mine, "PIL", "worker", lambda p: crop_worker(image=pil_rgb(p))["image"], "jpeg"),
+            (crop, tv, "decode_jpeg", "device", lambda p: tv_crop_device(tv_decode(p)), "jpeg"),
+            (crop, tv, "decode_jpeg", "worker", lambda p: tv_crop_worker(tv_decode(p)), "jpeg"),
+            (jitter, mine, loader, "device", lambda p: preset_device(image=load_rgb(p))["image"], "jpeg"),
+            (jitter, tv, "decode_jpeg", "worker", lambda p: tv_preset(tv_decode(p)), "jpeg"),
+        ]
+        # The pipelines must produce what the model (after the device step) eats: (3, size, size), uint8 or float32.
+        for name, family, _, where, fn, kind in pipelines:
+            out = fn(cifar_images[0] if kind == "cifar" else files[0])
+            if name != decode:
+                size = 32 if kind == "cifar" else 224
+                dtype = torch.uint8 if where == "device" else torch.float32
+                if tuple(out.shape) != (3, size, size) or out.dtype != dtype:
+                    raise RuntimeError(f"{family} {name} ({where}): got {tuple(out.shape)} {out.dtype}")
+        rates: list[list[float]] = [[] for _ in pipelines]
+        for r in range(args.data_rounds):
+            order = range(len(pipelines)) if r % 2 == 0 else reversed(range(len(pipelines)))  # drift hits all alike
+            for i in order:
+                *_, fn, kind = pipelines[i]
+                items = cifar_images if kind == "cifar" else files
+                samples = args.data_samples * (4 if kind == "cifar" else 1)
+                rates[i].append(per_sample_rate(fn, items, samples))
+            log(f"data round {r + 1}/{args.data_rounds} done")
+
+    rows = []
+    for (name, family, decoder, where, _, kind), values in zip(pipelines, rates, strict=True):
+        spread = summarize(values)
+        rows.append(
+            {
+                "pipeline": name,
+                "implementation": family,
+                "decoder": decoder,
+                "normalise": where,
+                "input": "32x32 uint8 array"
+                if kind == "cifar"
+                else f"{args.jpeg_size[0]}x{args.jpeg_size[1]} JPEG q90",
+                "images_per_s": spread["median"],
+                "ms_per_image": 1e3 / spread["median"],
+                "spread": spread,
+            }
+        )
+    report["data"] = {
+        "threads": 1,  # torch and OpenCV, whatever the process default in "threads" above
+        "results": rows,
+        "jpeg": {
+            "files": len(sizes),
+            "height_width": list(args.jpeg_size),
+            "quality": 90,
+            "mean_kib": sum(sizes) / len(sizes) / 1024,
+            "content": source + " upscaled with 1/f texture",
+        },
+        "notes": [
+            "one worker = main process, torch.set_num_threads(1), cv2.setNumThreads(1); per-sample loop, files read "
+            "from the page cache",
+            "normalise 'device': the worker's output is the uint8 tensor ImageDataModule's workers return; the data "
+            "module normalises the batch after the copy to the accelerator (on_after_batch_transfer), outside the "
+            "worker. 'worker': A.Normalize / v2.Normalize in the worker (ImageDataModule(normalize_on_device=False))",
+            "PIL draft() is not used: RandomResizedCrop may keep the whole image, so decoding at reduced size "
+            "would lose resolution below the 224 output (draft((224, 224)) cannot reduce 500x375 anyway)",
+            "torchvision RRC uses bicubic with antialias=True (its default antialiasing); albumentations uses "
+            "cv2 INTER_CUBIC",
+        ],
+    }
+    print_table(
+        f"data (one worker: 1 thread, {device_name(torch.device('cpu'))}, median of {args.data_rounds} rounds)",
+        rows,
+        [
+            ("pipeline", "pipeline", ""),
+            ("implementation", "implementation", ""),
+            ("decoder", "decoder", ""),
+            ("normalise", "normalise", ""),
+            ("images_per_s", "images/s", ".0f"),
+            ("ms_per_image", "ms/image", ".3f"),
+        ],
+    )
+    mean_kib = report["data"]["jpeg"]["mean_kib"]
+    print(f"\nJPEG files: {len(sizes)} × {args.jpeg_size[0]}x{args.jpeg_size[1]}, quality 90, mean {mean_kib:.0f} KiB")
+    decode_rate = next(r["images_per_s"] for r in rows if r["pipeline"] == decode and r["implementation"] == "vit.data")
+    print(f"decoding alone (load_rgb) caps one worker at {decode_rate:.0f} images/s on this core")
+    checks = []
+    for row in rows:  # the targets apply to what ImageDataModule's workers run
+        if row["implementation"] != mine or row["normalise"] != "device" or row["pipeline"] == jitter:
+            continue
+        target = DATA_CIFAR_TARGET if row["pipeline"] == cifar else DATA_JPEG_TARGET
+        checks.append(
+            check(
+                f"{row['pipeline']} [{row['decoder']}, normalised on the device] >= {target:.0f} images/s per worker",
+                row["images_per_s"] >= target,
+                f"{row['images_per_s']:.0f} images/s",
+            )
+        )
+    report["data"]["checks"] = checks
+    write_report(args, report)

@@ -1,0 +1,301 @@
+"""Model suite: training and inference throughput of a preset against timm's ``VisionTransformer``.
+
+Both models are built from the same configuration and loaded with the same weights, then measured alternately (ours
+then timm, then timm then ours, ...) for several rounds after warm-up; per-round ratios (ours / timm, above 1 means we
+are faster) and their median; peak tensor memory; FLOPs per image and, on CUDA, MFU (model FLOPs utilisation,
+Chowdhery et al., "PaLM", 2022, appendix B). Imports only torch, timm and ``vit``'s model code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vit.bench.harness import (
+    BenchError,
+    autocast,
+    check,
+    device_name,
+    log,
+    print_table,
+    summarize,
+    timed,
+    write_report,
+)
+from vit.bench.memory import peak_bytes, tensor_bytes
+from vit.models import VisionTransformer, model_config
+
+# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, matched against the CUDA device name in order.
+PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),
+    ("H200", 989.0),
+    ("GH200", 989.0),
+    ("A100", 312.0),
+)
+MODEL_RATIO_TARGET = 1.0
+
+
+def count_flops(config: dict[str, Any]) -> dict[str, float]:
+    """FLOPs per image of one forward pass and of one training step (forward + backward), counted on the CPU.
+
+    ``FlopCounterMode`` counts matrix products (patch projection, linear layers, attention); attention is counted
+    through PyTorch's reference (math) kernel because the counter has no formula for the CPU fused kernel. The
+    count does not depend on the device; elementwise ops (softmax, GELU, LayerNorm) are not counted.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = VisionTransformer(**config)
+    size = model.patch_embed.img_size
+    x = torch.randn(1, model.patch_embed.proj.in_channels, *size)
+    with sdpa_kernel(SDPBackend.MATH):
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(x)
+        forward = counter.get_total_flops()
+        with FlopCounterMode(display=False) as counter:
+            model(x).sum().backward()
+        train = counter.get_total_flops()
+    return {"forward_gflops_per_image": forward / 1e9, "train_gflops_per_image": train / 1e9}
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """Dense bf16 peak of a known CUDA device, else ``None``."""
+    for key, value in PEAK_BF16_TFLOPS:
+        if key in device_name:
+            return value
+    return None
+
+
+def build_timm(config: dict[str, Any]) -> tuple[nn.Module | None, str | None]:
+    """timm's ``VisionTransformer`` with our preset's arguments, or ``None`` and the reason."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    try:
+        return TimmViT(**config), None
+    except TypeError as err:  # e.g. window_size: timm's ViT has no window attention
+        return None, f"timm's VisionTransformer cannot build this configuration ({err})"
+
+
+def alternate(
+    steps: dict[str, Callable[[], Any]], rounds: int, steps_per_round: int, batch: int, device: torch.device, what: str
+) -> dict[str, dict[str, list[float]]]:
+    """Images/s of each callable per wall-clock and per CPU second, measured alternately for ``rounds`` rounds.
+
+    The order flips every round (A B, B A, A B, ...), so neither model always runs first or second: position effects
+    (a warm allocator, a cold cache, load that rises during a round) cancel in the median.
+    """
+    speeds: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": []} for name in steps}
+    for r in range(rounds):
+        order = list(steps.items())
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            wall, cpu = timed(fn, steps_per_round, device)
+            speeds[name]["wall"].append(batch * steps_per_round / wall)
+            speeds[name]["cpu"].append(batch * steps_per_round / max(cpu, 1e-9))
+        ratio = ""
+        if len(steps) == 2:
+            ratio = f" ratio {speeds['ours']['wall'][-1] / speeds['timm']['wall'][-1]:.3f}"
+            if device.type == "cpu":
+                ratio += f" (CPU time {speeds['ours']['cpu'][-1] / speeds['timm']['cpu'][-1]:.3f})"
+        log(
+            f"  {what} round {r + 1}/{rounds}: "
+            + ", ".join(f"{n} {v['wall'][-1]:.1f} img/s" for n, v in speeds.items())
+            + ratio
+        )
+    return speeds
+
+
+def bench_model(name: str, batch: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Train and inference throughput, memory and FLOPs of preset ``name`` (ours, and timm's when it exists)."""
+    config = model_config(name, **args.override)
+    torch.manual_seed(args.seed)
+    models: dict[str, nn.Module] = {"ours": VisionTransformer(**config)}
+    baseline, why_no_timm = build_timm(config)
+    logit_diff = None
+    if baseline is not None:
+        baseline.load_state_dict(models["ours"].state_dict())  # the same weights, strictly
+        models["timm"] = baseline
+        probe = torch.randn(2, 3, *models["ours"].patch_embed.img_size)
+        with torch.no_grad():
+            logits = [m.eval()(probe) for m in models.values()]
+        logit_diff = (logits[0] - logits[1]).abs().max().item()
+    flops = count_flops(config)
+
+    img_size = models["ours"].patch_embed.img_size
+    num_classes = max(1, models["ours"].num_classes)
+    x = torch.randn(batch, 3, *img_size, device=device)
+    y = torch.randint(0, num_classes, (batch,), device=device)
+    result: dict[str, Any] = {
+        "model": name,
+        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()},
+        "batch_size": batch,
+        "params_m": sum(p.numel() for p in models["ours"].parameters()) / 1e6,
+        "logit_max_abs_diff": logit_diff,
+        "timm_note": why_no_timm,
+        **flops,
+    }
+
+    runners: dict[str, nn.Module] = {}
+    optimizers: dict[str, torch.optim.Optimizer] = {}
+    for key, model in models.items():
+        model.to(device)
+        optimizers[key] = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
+        runners[key] = torch.compile(model) if args.compile else model
+
+    def train_step(key: str) -> Callable[[], None]:
+        def step() -> None:
+            with autocast(device, args.precision):
+                loss = F.cross_entropy(runners[key](x), y)
+            loss.backward()
+            optimizers[key].step()
+            optimizers[key].zero_grad(set_to_none=True)
+
+        return step
+
+    def infer_step(key: str) -> Callable[[], None]:
+        def step() -> None:
+            with torch.inference_mode(), autocast(device, args.precision):
+                runners[key](x)
+
+        return step
+
+    memory_note = None
+    if device.type == "cpu" and args.compile:
+        memory_note = "not measured: compiled CPU kernels allocate outside the dispatcher"
+    elif device.type == "cpu":
+        memory_note = "tensor bytes tracked per op (TorchDispatchMode), not process RSS"
+    else:
+        memory_note = "torch.cuda.max_memory_allocated increase during the step"
+    result["memory_note"] = memory_note + "; peaks include parameters and AdamW state"
+
+    for phase, make in (("train", train_step), ("inference", infer_step)):
+        for model in models.values():
+            model.train(phase == "train")
+        steps = {key: make(key) for key in models}
+        log(f"{name} batch {batch}: {phase} warm-up ({args.warmup} steps each{', compiling' if args.compile else ''})")
+        for fn in steps.values():
+            timed(fn, args.warmup, device)
+        speeds = alternate(steps, args.rounds, args.steps, batch, device, phase)
+        phase_result: dict[str, Any] = {}
+        for key, values in speeds.items():
+            phase_result[f"{key}_images_per_s"] = summarize(values["wall"])
+            phase_result[f"{key}_rounds"] = values["wall"]
+        if "timm" in speeds:
+            ratios = [a / b for a, b in zip(speeds["ours"]["wall"], speeds["timm"]["wall"], strict=True)]
+            phase_result["ratios"] = ratios
+            phase_result["median_ratio"] = statistics.median(ratios)
+            phase_result["ratio_spread"] = summarize(ratios)
+            if device.type == "cpu":  # images per CPU second: robust to other processes on a shared machine
+                cpu_ratios = [a / b for a, b in zip(speeds["ours"]["cpu"], speeds["timm"]["cpu"], strict=True)]
+                phase_result["cpu_time_ratios"] = cpu_ratios
+                phase_result["median_cpu_time_ratio"] = statistics.median(cpu_ratios)
+                phase_result["cpu_time_ratio_spread"] = summarize(cpu_ratios)
+        for key, model in models.items():
+            state = tensor_bytes(model.parameters())
+            if phase == "train":
+                state += tensor_bytes(
+                    t for s in optimizers[key].state.values() for t in s.values() if torch.is_tensor(t)
+                )
+            peak = None
+            if memory_note.startswith(("tensor", "torch.cuda")):
+                peak = (peak_bytes(steps[key], device) + state) / 2**20
+            phase_result[f"{key}_peak_memory_mib"] = peak
+        if device.type == "cuda":
+            peak = peak_tflops(device_name(device))
+            per_image = flops["train_gflops_per_image" if phase == "train" else "forward_gflops_per_image"] * 1e9
+            for key in models:
+                speed = phase_result[f"{key}_images_per_s"]["median"]
+                phase_result[f"{key}_tflops"] = per_image * speed / 1e12
+                phase_result[f"{key}_mfu"] = per_image * speed / (peak * 1e12) if peak else None
+            phase_result["peak_bf16_tflops"] = peak
+        result[phase] = phase_result
+    return result
+
+
+def run_model_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
+    models = args.models or (
+        ["vit_small_patch16_224", "vit_small_patch4_32"] if device.type == "cpu" else ["vit_small_patch16_224"]
+    )
+    batches = args.batch_sizes or ([8, 64] if device.type == "cpu" else [256])
+    if len(batches) == 1:
+        batches = batches * len(models)
+    if len(batches) != len(models):
+        raise BenchError(f"--batch-sizes: give one batch size or one per model ({len(models)}), got {batches}")
+    suite = report.setdefault("model", {"results": []})
+    suite["notes"] = [
+        "ratio = our images/s / timm's images/s in the same round; > 1 means ours is faster",
+        "on CPU the ratio is also given per CPU second (time.process_time of this process), which does not count "
+        "waiting for a core held by another process: the steadier number on a shared machine, and with one "
+        "thread the ratio of work done",
+        "train step = forward, cross-entropy, backward, AdamW step, zero_grad(set_to_none=True)",
+        "FLOPs count matrix products only (FlopCounterMode), forward and forward+backward, per image",
+    ]
+    for name, batch in zip(models, batches, strict=True):
+        result = bench_model(name, batch, args, device)
+        suite["results"].append(result)
+        write_report(args, report)
+
+    rows = []
+    for r in suite["results"]:
+        for phase in ("train", "inference"):
+            p = r[phase]
+            spread = p.get("ratio_spread")
+            rows.append(
+                {
+                    "model": r["model"],
+                    "phase": phase,
+                    "batch": r["batch_size"],
+                    "ours": p["ours_images_per_s"]["median"],
+                    "timm": p.get("timm_images_per_s", {}).get("median"),
+                    "ratio": p.get("median_ratio"),
+                    "cpu_ratio": p.get("median_cpu_time_ratio"),
+                    "range": f"{spread['min']:.3f}–{spread['max']:.3f}" if spread else None,
+                    "iqr": f"{spread['q1']:.3f}–{spread['q3']:.3f}" if spread else None,
+                    "mem_ours": p["ours_peak_memory_mib"],
+                    "mem_timm": p.get("timm_peak_memory_mib"),
+                    "gflops": r["train_gflops_per_image" if phase == "train" else "forward_gflops_per_image"],
+                    "mfu": p.get("ours_mfu"),
+                }
+            )
+    print_table(
+        f"model ({device_name(device)}, {args.precision}{', compiled' if args.compile else ''}, "
+        f"{torch.get_num_threads()} threads, {args.rounds} rounds × {args.steps} steps)",
+        rows,
+        [
+            ("model", "model", ""),
+            ("phase", "phase", ""),
+            ("batch", "batch", "d"),
+            ("ours", "ours img/s", ".1f"),
+            ("timm", "timm img/s", ".1f"),
+            ("ratio", "median ratio", ".3f"),
+            ("range", "ratio min–max", ""),
+            ("iqr", "ratio IQR", ""),
+            ("cpu_ratio", "CPU-time ratio", ".3f"),
+            ("mem_ours", "ours peak MiB", ".0f"),
+            ("mem_timm", "timm peak MiB", ".0f"),
+            ("gflops", "GFLOP/img", ".2f"),
+            ("mfu", "ours MFU", ".1%"),
+        ],
+    )
+    checks = []
+    for r in suite["results"]:
+        ratio = r["train"].get("median_ratio")
+        if ratio is not None:
+            checks.append(
+                check(
+                    f"{r['model']} batch {r['batch_size']} train ratio >= {MODEL_RATIO_TARGET}",
+                    ratio >= MODEL_RATIO_TARGET,
+                    f"median {ratio:.3f}",
+                )
+            )
+        if r["logit_max_abs_diff"] is not None:
+            diff = r["logit_max_abs_diff"]
+            checks.append(check(f"{r['model']} logits match timm within 1e-5", diff <= 1e-5, f"max |diff| {diff:.2e}"))
+    suite["checks"] = checks
+    write_report(args, report)
