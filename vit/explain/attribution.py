@@ -70,7 +70,12 @@ def relevance_from_gradients(
     return relevance[:, P:, P:].mean(dim=1)
 
 
-def _as_target(target: Any, logits: torch.Tensor) -> torch.Tensor:
+def resolve_target(target: Any, logits: torch.Tensor) -> torch.Tensor:
+    """Class index per image ``(B,)``: ``target`` checked against ``logits (B, classes)``, or the argmax if None.
+
+    Raises:
+        ValueError: If ``target`` has neither one nor ``B`` entries, or names a class outside the logits.
+    """
     B, num_classes = logits.shape
     if target is None:
         return logits.argmax(dim=-1)
@@ -145,7 +150,7 @@ def attention_attribution(model: nn.Module, images: torch.Tensor, target: Any = 
         with torch.enable_grad():
             # The input requires grad so that every A is in the graph even when the parameters are frozen.
             logits = model(images.detach().requires_grad_(True))
-            target = _as_target(target, logits.detach())
+            target = resolve_target(target, logits.detach())
             score = logits.gather(1, target[:, None]).sum()
             missing = [i for i in range(len(modules)) if i not in attentions]
             if missing:
