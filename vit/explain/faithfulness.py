@@ -60,23 +60,32 @@ def _curves(
     counts: list[int],
     batch_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Deletion and insertion probabilities ``(B, len(counts))``, patches taken in ``order`` ``(B, patches)``."""
+    """Deletion and insertion probabilities ``(B, len(counts))``, patches taken in ``order`` ``(B, patches)``.
+
+    The perturbed copies of about ``batch_size / (2 · len(counts))`` images exist at a time.
+    """
     B, _, H, W = images.shape
     grid_h, grid_w = grid
-    if not counts:
+    steps = len(counts)
+    if not steps:
         return images.new_empty(B, 0), images.new_empty(B, 0)
     rank = torch.empty_like(order)  # rank[b, p]: position of patch p in image b's order
     rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
-    deleted, inserted = [], []
-    for count in counts:
-        removed = (rank < count).view(B, 1, grid_h, grid_w)
-        removed = removed.repeat_interleave(H // grid_h, dim=2).repeat_interleave(W // grid_w, dim=3)
-        deleted.append(torch.where(removed, baseline, images))
-        inserted.append(torch.where(removed, images, baseline))
-    steps = len(counts)
-    stacked = torch.cat([torch.stack(deleted, 1), torch.stack(inserted, 1)], dim=1)  # (B, 2 · steps, C, H, W)
-    probs = _probabilities(model, stacked.flatten(0, 1), target.repeat_interleave(2 * steps), batch_size)
-    probs = probs.view(B, 2 * steps)
+    chunk = max(1, batch_size // (2 * steps))
+    probs = []
+    for start in range(0, B, chunk):
+        part = slice(start, start + chunk)
+        deleted, inserted = [], []
+        for count in counts:
+            removed = (rank[part] < count).view(-1, 1, grid_h, grid_w)
+            removed = removed.repeat_interleave(H // grid_h, dim=2).repeat_interleave(W // grid_w, dim=3)
+            deleted.append(torch.where(removed, baseline[part], images[part]))
+            inserted.append(torch.where(removed, images[part], baseline[part]))
+        stacked = torch.cat([torch.stack(deleted, 1), torch.stack(inserted, 1)], dim=1)  # (b, 2 · steps, C, H, W)
+        probs.append(
+            _probabilities(model, stacked.flatten(0, 1), target[part].repeat_interleave(2 * steps), batch_size)
+        )
+    probs = torch.cat(probs).view(B, 2 * steps)
     return probs[:, :steps], probs[:, steps:]
 
 
