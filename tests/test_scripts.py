@@ -1,30 +1,19 @@
-"""scripts/compare.py from the command line; the W&B sweep's parameters are valid overrides."""
+"""vit.compare (scripts/compare.py) on real offline W&B runs; the W&B sweep's parameters are valid overrides."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
+from PIL import Image
 
 import vit
+from vit.compare import main as compare_main
 
 ROOT = Path(__file__).resolve().parents[1]
-CIFAR_MINI = ROOT.parent / "shared" / "data" / "cifar10-mini" / "test"
 SWEEPS = sorted((ROOT / "configs" / "sweeps").glob("*.yaml"))
-
-
-def load_script(name: str) -> ModuleType:
-    """Import ``scripts/<name>.py`` (in this process: a fresh interpreter would spend its time importing torch)."""
-    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 class Result:
@@ -33,44 +22,141 @@ class Result:
 
 
 @pytest.fixture
-def run_script(capsys):
-    """``run_script("rollout.py", *args)``: the script's ``main(args)`` with its exit status and printed output."""
+def compare(capsys):
+    """``compare(*args)``: ``python -m vit.compare`` in this process, with its exit status and printed output."""
 
-    def run(name: str, *args) -> Result:
+    def run(*args) -> Result:
         capsys.readouterr()
-        code = load_script(name.removesuffix(".py")).main([str(a) for a in args])
+        code = compare_main([str(a) for a in args])
         out = capsys.readouterr()
         return Result(code, out.out, out.err)
 
     return run
 
 
-# ------------------------------------------------------------------------------------------------- compare.py
-def test_compare_script_bad_input(tmp_path, run_script):
-    result = run_script("compare.py", tmp_path / "nowhere")
+# ------------------------------------------------------------------------------------------------- compare
+def test_compare_script_bad_input(tmp_path, compare):
+    result = compare(tmp_path / "nowhere")
     assert result.returncode == 2 and result.stderr.startswith(f"error: {tmp_path / 'nowhere'} does not exist")
-    result = run_script("compare.py", tmp_path)
+    result = compare(tmp_path)
     assert result.returncode == 2 and "is not a W&B run and holds none" in result.stderr
     (tmp_path / "notes.txt").write_text("hello")
-    result = run_script("compare.py", tmp_path / "notes.txt")
+    result = compare(tmp_path / "notes.txt")
     assert result.returncode == 2 and "is not a W&B run: expected a run-*.wandb file" in result.stderr
     run = tmp_path / "wandb" / "offline-run-20260101_000000-abc"
     run.mkdir(parents=True)
     (run / "run-abc.wandb").write_bytes(b"garbage")
-    result = run_script("compare.py", tmp_path / "wandb")
+    result = compare(tmp_path / "wandb")
     assert result.returncode == 2 and result.stderr.startswith(f"error: cannot read W&B run {run / 'run-abc.wandb'}")
-    result = run_script("compare.py")
+    result = compare()
     assert result.returncode == 2 and "nothing to compare" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_compare_script_online_without_login_is_one_message(tmp_path, monkeypatch, run_script):
+def test_compare_script_online_without_login_is_one_message(tmp_path, monkeypatch, compare):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: W&B refuses before any connection
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
-    result = run_script("compare.py", "--project", "someone/vit")
+    result = compare("--project", "someone/vit")
     assert result.returncode == 2
     assert result.stderr.startswith("error: cannot read W&B project someone/vit: UsageError: No API key configured")
+
+
+def _wandb_run(
+    folder: Path,
+    name: str,
+    epochs: range,
+    *,
+    job_type: str = "fit",
+    run_id: str | None = None,
+    window_size: int = 0,
+    exit_code: int = 0,
+    run_folder: bool = True,
+) -> None:
+    """One real offline W&B run through Lightning's WandbLogger: config, per-epoch val/acc and train loss."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    if run_folder:  # what `vit fit` writes beside wandb/: the marks of a run folder
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.yaml").write_text("seed_everything: 0\n")
+    logger = WandbLogger(name=name, save_dir=str(folder), id=run_id, offline=True, job_type=job_type, project="vit")
+    logger.log_hyperparams(
+        {"model": {"model": "vit_tiny_window_patch4_32", "model_overrides": {"window_size": window_size}}}
+    )
+    for epoch in epochs:
+        metrics = {"val/acc": 0.1 * epoch + 0.01 * window_size, "epoch": epoch}
+        if job_type == "fit":
+            metrics["train/loss_epoch"] = 2.0 - 0.1 * epoch
+        logger.log_metrics(metrics, step=epoch)
+    logger.experiment.finish(exit_code=exit_code)
+
+
+@pytest.fixture(scope="module")
+def offline_runs(tmp_path_factory) -> Path:
+    """A ``runs/`` tree of real offline W&B runs: two fits resumed once each (one keeps its W&B id, one its run
+    folder), a validate run, a crashed fit, and a fit outside any run folder."""
+    root = tmp_path_factory.mktemp("compare") / "runs"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_SILENT", "true")
+        mp.chdir(root.parent)
+        # preempted (exit 143) in epoch 2, resumed with the same W&B id: epoch 2 is logged twice
+        _wandb_run(root / "quickstart" / "g", "g", range(3), run_id="g0000001", exit_code=143)
+        _wandb_run(root / "quickstart" / "g", "g", range(2, 5), run_id="g0000001")
+        # resumed into the same run folder under a new W&B id
+        _wandb_run(root / "quickstart" / "w", "w", range(2), window_size=2)
+        _wandb_run(root / "quickstart" / "w", "w", range(2, 4), window_size=2)
+        _wandb_run(root / "quickstart" / "v", "v", range(1), job_type="validate", window_size=2)
+        _wandb_run(root / "quickstart" / "c", "c", range(2), exit_code=1, window_size=4)
+        _wandb_run(root / "loose", "s", range(3), window_size=3, run_folder=False)
+    return root
+
+
+def _rows(stdout: str) -> dict[str, list[str]]:
+    header, _, *rows = stdout.split("\n\n")[0].splitlines()
+    return {row.split()[0]: row.split() for row in [header, *rows]}
+
+
+def test_compare_keeps_finished_fit_runs_and_counts_a_resumed_run_once(offline_runs, compare, monkeypatch):
+    monkeypatch.chdir(offline_runs.parent)
+    result = compare(offline_runs)
+    assert result.returncode == 0, result.stderr
+    rows = _rows(result.stdout)
+    assert rows.pop("run")[:3] == ["run", "attention", "model.model_overrides.window_size"]
+    assert sorted(rows) == ["g", "s", "w"]  # validate run v and crashed run c left out, g and w once each
+    assert rows["g"][1:3] == ["global", "0"] and rows["w"][1:3] == ["window", "2"] and rows["s"][1] == "window"
+    # best val/acc over both parts of a resumed run: g reached epoch 4 (0.4), w epoch 3 (0.3 + 0.02)
+    assert float(rows["g"][3]) == pytest.approx(0.4) and float(rows["w"][3]) == pytest.approx(0.32)
+    assert float(rows["g"][4]) == pytest.approx(1.6)  # the final train loss is the resumed part's last
+    assert "left out 2 run(s): 1 failed, 1 validate; --all shows them" in result.stderr
+    plot = offline_runs / "compare" / "val_acc.png"
+    assert f"wrote {Path('runs') / 'compare' / 'val_acc.png'}" in result.stdout and plot.is_file()
+    with Image.open(plot) as image:
+        assert image.format == "PNG" and image.size == (700, 450)
+
+
+def test_compare_all_shows_validate_and_crashed_runs(offline_runs, compare, tmp_path):
+    result = compare(offline_runs, "--all", "--plot", tmp_path / "all.png")
+    assert result.returncode == 0, result.stderr
+    rows = _rows(result.stdout)
+    assert rows.pop("run")[:4] == ["run", "attention", "job", "state"]
+    assert {name: row[2:4] for name, row in rows.items()} == {
+        "g": ["fit", "finished"],
+        "w": ["fit", "finished"],
+        "s": ["fit", "finished"],
+        "v": ["validate", "finished"],
+        "c": ["fit", "failed"],
+    }
+    assert (tmp_path / "all.png").is_file() and not (offline_runs / "compare" / "all.png").exists()
+
+
+def test_compare_series_keeps_the_resumed_value_of_a_repeated_epoch(offline_runs):
+    from vit.compare import read_offline_runs, series
+
+    runs = {run.name: run for run in read_offline_runs([offline_runs / "quickstart" / "g"])}
+    assert list(runs) == ["g"] and runs["g"].parts == 2
+    xs, ys = series(runs["g"], "val/acc")
+    assert xs == [0, 1, 2, 3, 4] and ys == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
 
 
 # ------------------------------------------------------------------------------------------------------ sweeps
