@@ -245,16 +245,21 @@ def test_normalize_values_passthrough_and_bad_dtype() -> None:
 
 
 # ----------------------------------------------------------------------------------------- datasets on disk
-def test_cifar10_reads_real_pickle_format(cifar10_root: Path) -> None:
-    dm = _datamodule("cifar10", data_dir=str(cifar10_root))
+@pytest.mark.parametrize("decode_once", [True, False])
+def test_cifar10_reads_real_pickle_format(cifar10_root: Path, decode_once: bool) -> None:
+    dm = _datamodule("cifar10", data_dir=str(cifar10_root), decode_once=decode_once)
     assert dm.num_classes == 10 and dm.class_names == CIFAR10_CLASSES
     assert dm.mean == CIFAR10_MEAN and dm.std == CIFAR10_STD
     dm.setup("fit")
     assert len(dm.train_dataset) == 20 and len(dm.val_dataset) == 3
     assert dm.train_dataset.labels.tolist() == [i % 10 for i in range(20)]
     assert dm.val_dataset.labels.tolist() == [9, 8, 7]
-    assert dm.train_dataset.images.shape == (20, 32, 32, 3)
-    assert dm.train_dataset.images[5, 17, 3].tolist() == [5, 10, 15]  # rows are CHW, stored here as HWC
+    if decode_once:  # decoded at img_size 16 (flat colours stay flat), channels first
+        assert dm.train_dataset.images.shape == (20, 3, 16, 16)
+        assert dm.train_dataset.images[5, :, 9, 3].tolist() == [5, 10, 15]
+    else:
+        assert dm.train_dataset.images.shape == (20, 32, 32, 3)
+        assert dm.train_dataset.images[5, 17, 3].tolist() == [5, 10, 15]  # rows are CHW, stored here as HWC
     x, y = next(iter(dm.val_dataloader()))
     assert x.shape == (3, 3, 16, 16) and y.tolist() == [9, 8, 7]
 
@@ -266,7 +271,7 @@ def test_cifar100_reads_real_pickle_format(cifar100_root: Path) -> None:
     dm.setup("fit")
     assert dm.train_dataset.labels.tolist() == [0, 42, 99, 7, 7, 63]
     assert dm.val_dataset.labels.tolist() == [5, 98]
-    assert dm.val_dataset.images[1, 0, 0].tolist() == [51, 102, 153]
+    assert dm.val_dataset.images[1, :, 0, 0].tolist() == [51, 102, 153]
     assert sum(len(y) for _, y in dm.train_dataloader()) == 6
 
 
@@ -337,7 +342,7 @@ def test_load_rgb_decodes_jpeg_exactly_as_pil(tmp_path: Path, kind: str) -> None
 def test_load_rgb_truncated_jpeg_raises_oserror(tmp_path: Path) -> None:
     data = _jpeg_bytes(np.random.default_rng(7))
     (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 2])
-    with pytest.raises(OSError, match=r"^the JPEG data is truncated or corrupt$"):
+    with pytest.raises(OSError, match=r"^cannot read image .*cut\.jpg: the JPEG data is truncated or corrupt$"):
         load_rgb(tmp_path / "cut.jpg")
 
 
@@ -399,24 +404,37 @@ def _add_unreadable(folder: Path, kind: str) -> str:
     return "fake.png"
 
 
+@pytest.mark.parametrize("decode_once", [True, False])
 @pytest.mark.parametrize("kind", ["truncated", "not_an_image"])
-def test_unreadable_file_error_names_the_file(folder_root: Path, kind: str) -> None:
+def test_unreadable_file_error_names_the_file(folder_root: Path, kind: str, decode_once: bool) -> None:
     name = _add_unreadable(folder_root / "val/dog", kind)
-    dm = _datamodule("imagefolder", data_dir=str(folder_root))
-    dm.setup("validate")
-    with pytest.raises(DataError, match=rf"cannot read image .*val/dog/{name}.*--data\.skip_corrupt true"):
-        list(dm.val_dataloader())
+    dm = _datamodule("imagefolder", data_dir=str(folder_root), decode_once=decode_once)
+    with pytest.raises(DataError, match=rf"cannot read image .*val/dog/{name}: .*--data\.skip_corrupt true") as err:
+        dm.setup("validate")  # decoded once: here
+        list(dm.val_dataloader())  # per image: here
+    assert "BytesIO" not in str(err.value)
 
 
 def test_skip_corrupt_drops_files_and_counts_them(folder_root: Path, caplog: pytest.LogCaptureFixture) -> None:
     _add_unreadable(folder_root / "val/dog", "truncated")
     _add_unreadable(folder_root / "val/cat", "not_an_image")
-    dm = _datamodule("imagefolder", data_dir=str(folder_root), skip_corrupt=True, batch_size=4)
+    dm = _datamodule("imagefolder", data_dir=str(folder_root), skip_corrupt=True, batch_size=4, decode_once=False)
     dm.setup("validate")
     assert len(dm.val_dataset) == 12
     with pytest.warns(UserWarning, match=r"skipped 2 unreadable image file\(s\) out of 12"):
         labels = torch.cat([y for _, y in dm.val_dataloader()])
     assert labels.tolist() == [0] * 5 + [1] * 5 and dm.val_dataset.num_skipped == 2
+    assert "broken.jpg" in caplog.text and "fake.png" in caplog.text
+
+
+def test_skip_corrupt_leaves_files_out_of_the_decoded_split(
+    folder_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _add_unreadable(folder_root / "val/dog", "truncated")
+    _add_unreadable(folder_root / "val/cat", "not_an_image")
+    dm = _datamodule("imagefolder", data_dir=str(folder_root), skip_corrupt=True, cache_dir=str(folder_root / "c"))
+    dm.setup("validate")
+    assert len(dm.val_dataset) == 10 and dm.val_dataset.labels.tolist() == [0] * 5 + [1] * 5
     assert "broken.jpg" in caplog.text and "fake.png" in caplog.text
 
 
@@ -435,7 +453,9 @@ class _TinyClassifier(pl.LightningModule):
 
 def test_skip_corrupt_under_a_lightning_trainer(folder_root: Path) -> None:
     _add_unreadable(folder_root / "train/dog", "truncated")
-    dm = _datamodule("imagefolder", data_dir=str(folder_root), skip_corrupt=True, img_size=8, batch_size=11)
+    dm = _datamodule(
+        "imagefolder", data_dir=str(folder_root), skip_corrupt=True, img_size=8, batch_size=11, decode_once=False
+    )
     trainer = pl.Trainer(
         max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False,
@@ -490,9 +510,12 @@ def test_digits_split_sizes_labels_and_pixels() -> None:
     assert len(dm.train_dataset) == 1437 and len(dm.val_dataset) == 360
     counts = np.bincount(dm.val_dataset.labels, minlength=10)
     assert counts.sum() == 360 and counts.min() >= 35 and counts.max() <= 37  # stratified
-    images = dm.train_dataset.images
+    assert dm.train_dataset.images.shape == (1437, 3, 16, 16)  # decoded once, at img_size
+    raw = _datamodule("digits", img_size=16, decode_once=False)
+    raw.setup("fit")
+    images = raw.train_dataset.images
     assert images.shape == (1437, 8, 8, 3) and images.dtype == np.uint8 and images.max() == 255
-    all_pixels = np.concatenate([images, dm.val_dataset.images]) / 255
+    all_pixels = np.concatenate([images, raw.val_dataset.images]) / 255
     assert abs(all_pixels.mean() - DIGITS_MEAN[0]) < 1e-3 and abs(all_pixels.std() - DIGITS_STD[0]) < 1e-3
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (32, 3, 16, 16) and y.dtype == torch.int64
@@ -588,10 +611,12 @@ def test_constructor_is_parsed_by_jsonargparse() -> None:
 
 
 # ---------------------------------------------------------------------------------------- real photographs
-def test_cifar10_mini_real_jpegs() -> None:
+def test_cifar10_mini_real_jpegs(tmp_path: Path) -> None:
     if not CIFAR10_MINI.is_dir():
         pytest.skip(f"{CIFAR10_MINI} is absent (it lives in the shared workspace, not in a clone)")
-    dm = _datamodule("imagefolder", data_dir=str(CIFAR10_MINI), img_size=32, batch_size=16, augment="strong")
+    dm = _datamodule(
+        "imagefolder", data_dir=str(CIFAR10_MINI), img_size=32, batch_size=16, augment="strong", cache_dir=str(tmp_path)
+    )
     assert dm.num_classes == 10 and dm.class_names == CIFAR10_CLASSES
     dm.setup("fit")
     assert len(dm.train_dataset) == 1000 and len(dm.val_dataset) == 300

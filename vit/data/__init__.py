@@ -1,6 +1,8 @@
-"""Data: albumentations transforms, datasets and the ``ImageDataModule``."""
+"""Data: dataset specs, decoded-once tensors with batched augmentation, albumentations transforms, datasets and the
+``ImageDataModule``."""
 
-from vit.data.datamodule import DatasetName, ImageDataModule, SkipReportingDataLoader, seed_worker
+from vit.data.batch_augment import BatchAugment, crop_flip, draw_crop_flip
+from vit.data.datamodule import ImageDataModule
 from vit.data.datasets import (
     CIFAR10_CLASSES,
     IMG_EXTENSIONS,
@@ -12,10 +14,14 @@ from vit.data.datasets import (
     check_image_folder,
     collate_skip_none,
     list_image_files,
+    list_predict_files,
     load_cifar,
     load_digits_split,
     load_rgb,
 )
+from vit.data.decoded import DecodedSplit
+from vit.data.decoded_loader import DecodedLoader
+from vit.data.specs import DATASETS, DatasetName, DatasetSpec
 from vit.data.transforms import (
     EVAL_CROP_FRACTION,
     Augment,
@@ -23,6 +29,7 @@ from vit.data.transforms import (
     build_transforms,
     seed_transform,
 )
+from vit.data.workers import SkipReportingDataLoader, default_num_workers, seed_worker
 from vit.normalize import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -41,6 +48,15 @@ from vit.normalize import (
 
 __all__ = [
     "ArrayDataset",
+    "BatchAugment",
+    "DATASETS",
+    "DatasetSpec",
+    "DecodedLoader",
+    "DecodedSplit",
+    "crop_flip",
+    "default_num_workers",
+    "draw_crop_flip",
+    "list_predict_files",
     "Augment",
     "CIFAR10_CLASSES",
     "CIFAR10_MEAN",

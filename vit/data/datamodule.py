@@ -1,142 +1,47 @@
 """``ImageDataModule``: one LightningDataModule for CIFAR-10/100, ImageNet, any class-folder tree, digits and
-synthetic data, with albumentations augmentation and seeded, repeatable loading."""
+synthetic data, with seeded, resumable loading.
+
+What differs between datasets is one :class:`~vit.data.specs.DatasetSpec` each (``vit.data.specs.DATASETS``), looked
+up once here. Small images (CIFAR, digits, class folders of CIFAR-size images) are decoded once into a uint8 tensor
+(:mod:`vit.data.decoded`) and augmented in batches (:mod:`vit.data.batch_augment`) on the training device;
+ImageNet-size images and ``synthetic`` are decoded and augmented per image with albumentations in worker processes.
+"""
 
 from __future__ import annotations
 
-import atexit
-import random
-import signal
-import weakref
-from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
-import albumentations as A
 import lightning.pytorch as pl
-import numpy as np
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset
 
+from vit.data.batch_augment import BatchAugment
 from vit.data.datasets import (
-    CIFAR10_CLASSES,
-    IMG_EXTENSIONS,
+    ArrayDataset,
     DataError,
     FolderLayout,
     ImageFileDataset,
-    SyntheticDataset,
     check_image_folder,
     collate_skip_none,
-    list_image_files,
-    load_cifar,
-    load_digits_split,
+    list_predict_files,
 )
+from vit.data.decoded import DecodedSplit, DecodeRequest
+from vit.data.decoded_loader import DecodedLoader
 from vit.data.sampler import ResumableDataLoader, ResumableSampler, SeededItems
+from vit.data.specs import DATASETS, SMALL_IMAGE_MAX, DatasetName, DatasetSpec, folder_image_size
 from vit.data.transforms import Augment, Preset, build_transforms, seed_transform
-from vit.normalize import (
-    CIFAR10_MEAN,
-    CIFAR10_STD,
-    CIFAR100_MEAN,
-    CIFAR100_STD,
-    DIGITS_MEAN,
-    DIGITS_STD,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    UNIFORM_MEAN,
-    UNIFORM_STD,
-    Stats,
-    normalize,
-)
-
-DatasetName = Literal["cifar10", "cifar100", "imagenet", "imagefolder", "digits", "synthetic"]
-
-_STATS: dict[str, tuple[Stats, Stats]] = {
-    "cifar10": (CIFAR10_MEAN, CIFAR10_STD),
-    "cifar100": (CIFAR100_MEAN, CIFAR100_STD),
-    "imagenet": (IMAGENET_MEAN, IMAGENET_STD),
-    "imagefolder": (IMAGENET_MEAN, IMAGENET_STD),
-    "digits": (DIGITS_MEAN, DIGITS_STD),
-    "synthetic": (UNIFORM_MEAN, UNIFORM_STD),
-}
-_PRESETS: dict[str, Preset] = {
-    "cifar10": "cifar",
-    "cifar100": "cifar",
-    "imagenet": "imagenet",
-    "imagefolder": "imagenet",
-    "digits": "digits",
-}
-_NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "digits": 10}
-SYNTHETIC_CIFAR_MAX_SIZE = 64  # synthetic images up to this size use the CIFAR-style preset, larger the ImageNet one
-
-
-def seed_worker(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: seed ``random``, numpy and the dataset's albumentations pipeline per worker.
-
-    PyTorch gives worker ``i`` the seed ``base_seed + i``, where ``base_seed`` is drawn from the loader's
-    generator, so the seeds differ between workers and epochs yet repeat for a seeded generator. albumentations
-    keeps its own random state, copied into every worker, so without this each worker would draw the same
-    augmentations.
-
-    Workers also ignore SIGINT and SIGTERM: Ctrl-C and a scheduler's SIGTERM reach the whole process group, and
-    the main process must keep its workers while it finishes the step and writes a checkpoint (they exit with it).
-
-    Args:
-        worker_id: Index of the worker process (unused: ``torch.initial_seed()`` already includes it).
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
-    random.seed(seed)
-    info = get_worker_info()
-    transform = getattr(info.dataset, "transform", None) if info is not None else None
-    if isinstance(transform, A.BaseCompose):
-        seed_transform(transform, seed)
-
-
-_LOADERS_WITH_WORKERS: weakref.WeakSet[DataLoader] = weakref.WeakSet()
-
-
-def _stop_persistent_workers() -> None:
-    """At exit, stop the workers of the loaders still alive, as Lightning does when its loops end.
-
-    The workers ignore SIGTERM (``seed_worker``), and multiprocessing's exit handler, which runs after this one,
-    terminates daemonic children and then joins them: without this, a script that still holds a loader with
-    persistent workers would wait for them forever. ``_shutdown_workers`` sends each worker its stop sentinel.
-    """
-    for loader in list(_LOADERS_WITH_WORKERS):
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
-
-
-class SkipReportingDataLoader(ResumableDataLoader):
-    """A DataLoader over an ``ImageFileDataset`` that warns, once each full pass is loaded, how many files it skipped.
-
-    The report is made when the last batch arrives (batches arrive in order, so every item has been read by then)
-    rather than when the iterator is exhausted: Lightning stops at ``len(loader)`` without asking for more.
-    """
-
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        before = self.dataset.num_skipped
-        last = len(self) - 1
-        for index, batch in enumerate(super().__iter__()):
-            if index == last:
-                skipped = self.dataset.num_skipped - before
-                if skipped:
-                    rank_zero_warn(
-                        f"skipped {skipped} unreadable image file(s) out of {len(self.dataset)} in this pass "
-                        f"({self.dataset.num_skipped} in total); the log above names each file"
-                    )
-            yield batch
+from vit.data.workers import SkipReportingDataLoader, default_num_workers, seed_worker, track_workers
+from vit.normalize import IMAGENET_MEAN, IMAGENET_STD, Stats, normalize
 
 
 class ImageDataModule(pl.LightningDataModule):
-    """Image classification data: loading, albumentations augmentation and seeded DataLoaders.
+    """Image classification data: loading, augmentation and seeded, resumable loaders.
 
-    ``num_classes``, ``class_names``, ``mean`` and ``std`` are known right after construction (folder datasets
-    list their class folders here), so the CLI can link ``data.num_classes`` into the model. Datasets are built
-    in ``setup`` as ``train_dataset`` and ``val_dataset``; validation, test and predict all use the val split
-    (CIFAR's test split, ``val/`` or ``test/`` of a folder tree).
+    ``num_classes`` and ``class_names`` are known right after construction (folder datasets list their class folders
+    here), so the CLI can link ``data.num_classes`` into the model. Datasets are built in ``setup`` as
+    ``train_dataset`` and ``val_dataset``; validation, test and predict use the val split (CIFAR's test split, ``val/``
+    or ``test/`` of a folder tree); ``predict_dir`` predicts any folder of images instead.
 
     Args:
         dataset: ``cifar10``/``cifar100`` (torchvision, python version), ``imagenet`` (``train/<wnid>/``,
@@ -146,21 +51,28 @@ class ImageDataModule(pl.LightningDataModule):
             (default ``data``). Required for ``imagenet`` and ``imagefolder``; unused by ``digits``, ``synthetic``.
         img_size: Height and width of the images fed to the model.
         batch_size: Images per batch, per device.
-        num_workers: DataLoader worker processes; 0 loads in the main process.
+        num_workers: Loader worker processes for per-image loading; ``None``: the machine's CPUs less one, shared
+            between the devices, at most 8. Data decoded once uses none.
         download: Download CIFAR into ``data_dir`` when it is missing.
         augment: Training augmentation: ``none`` (eval pipeline), ``basic`` (crop + flip, or random-resized crop
             + flip + colour jitter for ImageNet-style data) or ``strong`` (adds colour/affine ops and dropout).
-        seed: Seed of the train shuffle, the albumentations pipelines and the worker seeds; the same seed gives
-            the same batches.
+        seed: Seed of the train order and of the augmentation draws; the same seed gives the same batches.
         synthetic_num_classes: Number of classes of the ``synthetic`` dataset.
         synthetic_size: Training images of the ``synthetic`` dataset; its val split has a quarter as many.
-        skip_corrupt: Skip image files that cannot be read (logging each one and a count after every pass) instead
-            of stopping with an error naming the file.
+        skip_corrupt: Skip image files that cannot be read (logging each one and a count) instead of stopping with
+            an error naming the file.
         pin_memory: Pin batches in page-locked memory for faster host-to-GPU copies (ignored without CUDA).
-        normalize_on_device: Workers return uint8 images and ``on_after_batch_transfer`` normalises them once they
-            are on the device, as timm's prefetching loader does: no float work in the workers and a quarter of the
-            bytes to copy. Batches from these loaders reach the model normalised when this data module is given
-            to the Trainer; a loop of your own calls ``normalize(images)``. ``False`` normalises in the workers.
+        normalize_on_device: Loaders return uint8 images and ``on_after_batch_transfer`` normalises them once they
+            are on the device, as timm's prefetching loader does. A loop of your own calls ``normalize(images)``.
+            ``False`` normalises in the workers (per-image path only).
+        decode_once: Decode small-image datasets (CIFAR, digits, folders of images up to 64 px) once into a uint8
+            tensor, cached on disk, kept on the training device when it fits, augmented in batches there.
+            ``False`` uses the per-image albumentations path for them too.
+        cache_dir: Folder for the decoded-once cache; default ``<data folder>/.vit-decoded/``.
+        mean: Per-channel mean in [0, 1] to normalise with; default the dataset's (a folder of CIFAR-size images:
+            computed once from its train split).
+        std: Per-channel standard deviation in [0, 1], like ``mean``.
+        predict_dir: Predict every image file under this folder (recursively, sorted) instead of the val split.
     """
 
     def __init__(
@@ -169,7 +81,7 @@ class ImageDataModule(pl.LightningDataModule):
         data_dir: str | None = None,
         img_size: int = 32,
         batch_size: int = 128,
-        num_workers: int = 4,
+        num_workers: int | None = None,
         download: bool = False,
         augment: Augment = "basic",
         seed: int = 0,
@@ -178,25 +90,33 @@ class ImageDataModule(pl.LightningDataModule):
         skip_corrupt: bool = False,
         pin_memory: bool = True,
         normalize_on_device: bool = True,
+        decode_once: bool = True,
+        cache_dir: str | None = None,
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
+        predict_dir: str | None = None,
     ) -> None:
         super().__init__()
-        if dataset not in _STATS:
-            raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(_STATS)}")
+        if dataset not in DATASETS:
+            raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}")
         for name, value, low in (
             ("img_size", img_size, 1),
             ("batch_size", batch_size, 1),
-            ("num_workers", num_workers, 0),
+            ("num_workers", 0 if num_workers is None else num_workers, 0),
             ("synthetic_num_classes", synthetic_num_classes, 1),
             ("synthetic_size", synthetic_size, 1),
         ):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
+        if (mean is None) != (std is None):
+            raise ValueError("give both mean and std, or neither")
         self.save_hyperparameters()
+        self.spec: DatasetSpec = DATASETS[dataset]
         self.dataset = dataset
         self.data_dir = data_dir
         self.img_size = img_size
         self.batch_size = batch_size
-        self.num_workers = num_workers
+        self._num_workers = num_workers
         self.download = download
         self.augment = augment
         self.seed = seed
@@ -205,73 +125,103 @@ class ImageDataModule(pl.LightningDataModule):
         self.skip_corrupt = skip_corrupt
         self.pin_memory = pin_memory
         self.normalize_on_device = normalize_on_device
+        self.decode_once = decode_once
+        self.cache_dir = cache_dir
+        self.predict_dir = predict_dir
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
-        self._layout: FolderLayout | None = None
-        if dataset in ("imagenet", "imagefolder"):
-            self._layout = check_image_folder(data_dir, dataset)
-            if self._layout.missing_in_val:
+        self.predict_dataset: ImageFileDataset | None = None
+        self._stats: tuple[Stats, Stats] | None = (tuple(mean), tuple(std)) if mean is not None else None  # type: ignore[assignment]
+        self._preset: Preset | None = self.spec.preset
+        self.layout: FolderLayout | None = None
+        self._classes: list[str] | None = None
+        if self.spec.folder is not None:
+            self.layout = check_image_folder(data_dir, self.spec.folder)
+            if self.layout.missing_in_val:
                 rank_zero_warn(
-                    f"class folders in {self._layout.train_dir} but not in {self._layout.val_dir}: "
-                    f"{self._layout.missing_in_val}; they will never be validated"
+                    f"class folders in {self.layout.train_dir} but not in {self.layout.val_dir}: "
+                    f"{self.layout.missing_in_val}; they will never be validated"
                 )
 
     # ----------------------------------------------------------------------------------------- what the data is
     @property
     def num_classes(self) -> int:
         """Number of classes, known before ``setup``."""
-        if self._layout is not None:
-            return len(self._layout.classes)
-        if self.dataset == "synthetic":
-            return self.synthetic_num_classes
-        return _NUM_CLASSES[self.dataset]
+        return self.spec.num_classes or len(self.class_names)
 
     @property
     def class_names(self) -> list[str]:
         """Class names indexed by label (CIFAR-100 reads them from its ``meta`` file on first access)."""
-        if self._layout is not None:
-            return list(self._layout.classes)
-        if self.dataset == "cifar10":
-            return list(CIFAR10_CLASSES)
-        if self.dataset == "cifar100":
-            if self.val_dataset is None:
-                self.setup("validate")
-            return list(self.val_dataset.classes)
-        if self.dataset == "digits":
-            return [str(d) for d in range(10)]
-        return [f"class_{i}" for i in range(self.synthetic_num_classes)]
+        if self._classes is None:
+            self._classes = self.spec.classes(self)
+        return list(self._classes)
+
+    @property
+    def preset(self) -> Preset:
+        """The augmentation family: ``cifar``, ``digits`` or ``imagenet`` (folders and synthetic: by image size)."""
+        if self._preset is None:
+            size = folder_image_size(self.layout) if self.layout is not None else self.img_size
+            self._preset = "cifar" if size <= SMALL_IMAGE_MAX else "imagenet"
+        return self._preset
+
+    @property
+    def decoded(self) -> bool:
+        """Whether the splits are decoded once into tensors and augmented in batches."""
+        return self.decode_once and self.preset in ("cifar", "digits") and self.spec.decodable
 
     @property
     def mean(self) -> Stats:
         """Per-channel mean in [0, 1] the images are normalised with."""
-        return _STATS[self.dataset][0]
+        return self._statistics()[0]
 
     @property
     def std(self) -> Stats:
         """Per-channel standard deviation in [0, 1] the images are normalised with."""
-        return _STATS[self.dataset][1]
+        return self._statistics()[1]
 
-    @property
-    def preset(self) -> Preset:
-        """The augmentation family: ``cifar``, ``digits`` or ``imagenet``."""
-        if self.dataset == "synthetic":
-            return "cifar" if self.img_size <= SYNTHETIC_CIFAR_MAX_SIZE else "imagenet"
-        return _PRESETS[self.dataset]
+    def _statistics(self) -> tuple[Stats, Stats]:
+        if self._stats is None:
+            if self.spec.mean is not None and self.spec.std is not None:
+                self._stats = (self.spec.mean, self.spec.std)
+            elif self.decoded:  # a folder of CIFAR-size images: its own statistics, from its train split
+                self.setup("fit")
+                assert isinstance(self.train_dataset, DecodedSplit)
+                self._stats = self.train_dataset.channel_stats()
+            else:
+                self._stats = (IMAGENET_MEAN, IMAGENET_STD)
+        return self._stats
 
     @property
     def cifar_root(self) -> str:
         """Where CIFAR is read from and downloaded to."""
         return self.data_dir if self.data_dir is not None else "data"
 
+    @property
+    def num_workers(self) -> int:
+        """Loader worker processes of the per-image path (see ``num_workers`` in the class docstring)."""
+        if self._num_workers is not None:
+            return self._num_workers
+        devices = self.trainer.num_devices if self.trainer is not None else 1
+        return default_num_workers(devices)
+
+    @property
+    def predict_paths(self) -> list[str]:
+        """The file behind each predict item, in loader order (``predict_dir``), or ``[]`` for the val split."""
+        if self.predict_dir is None:
+            return []
+        if self.predict_dataset is None:
+            self.setup("predict")
+        assert self.predict_dataset is not None
+        return [self.predict_dataset.path(i) for i in range(len(self.predict_dataset))]
+
     # ------------------------------------------------------------------------------------------- building data
     def prepare_data(self) -> None:
         """Download CIFAR when ``download`` is set (Lightning runs this on one process per node)."""
-        if self.download and self.dataset in ("cifar10", "cifar100"):
-            for train in (True, False):
-                load_cifar(self.dataset, self.cifar_root, train=train, download=True)
+        if self.download and self.spec.download is not None:
+            self.spec.download(self.cifar_root)
 
     def setup(self, stage: str | None = None) -> None:
-        """Build ``train_dataset`` (for ``fit``) and ``val_dataset`` (always); already built ones are kept.
+        """Build ``train_dataset`` (for ``fit``), ``val_dataset`` (always) and ``predict_dataset`` (``predict_dir``).
 
         Args:
             stage: ``fit``, ``validate``, ``test``, ``predict`` or ``None`` (all).
@@ -280,9 +230,12 @@ class ImageDataModule(pl.LightningDataModule):
             self.train_dataset = self._build(train=True)
         if self.val_dataset is None:
             self.val_dataset = self._build(train=False)
+        if self.predict_dataset is None and self.predict_dir is not None and stage in ("predict", None):
+            samples = list_predict_files(self.predict_dir)
+            self.predict_dataset = ImageFileDataset(samples, self.class_names, self._transform(train=False))
 
-    def _build(self, train: bool) -> Dataset:
-        transform = build_transforms(
+    def _transform(self, train: bool) -> Any:
+        return build_transforms(
             self.preset,
             self.img_size,
             train,
@@ -292,34 +245,18 @@ class ImageDataModule(pl.LightningDataModule):
             seed=self.seed if train else None,
             normalize=not self.normalize_on_device,
         )
-        if self.dataset in ("cifar10", "cifar100"):
-            return load_cifar(self.dataset, self.cifar_root, train, download=False, transform=transform)
-        if self.dataset == "digits":
-            return load_digits_split(train, transform)
-        if self.dataset == "synthetic":
-            num_val = max(1, self.synthetic_size // 4)
-            return SyntheticDataset(
-                self.synthetic_size if train else num_val,
-                self.synthetic_num_classes,
-                self.img_size,
-                seed=self.seed,
-                offset=0 if train else self.synthetic_size,
-                transform=transform,
-            )
-        assert self._layout is not None
-        split_dir = self._layout.train_dir if train else self._layout.val_dir
-        samples, ignored = list_image_files(split_dir, self._layout.classes)
-        if ignored:
-            rank_zero_warn(
-                f"ignored {len(ignored)} file(s) without an image extension under {split_dir}: {ignored[:5]}"
-            )
-        if not samples:
-            raise DataError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {split_dir}/<class>/")
-        if train:
-            empty = sorted(set(self._layout.classes) - {self._layout.classes[label] for _, label in samples})
-            if empty:
-                rank_zero_warn(f"class folders without images in {split_dir}: {empty}")
-        return ImageFileDataset(samples, self._layout.classes, transform, skip_corrupt=self.skip_corrupt)
+
+    def _build(self, train: bool) -> Dataset:
+        source = self.spec.source(self, train)
+        if not isinstance(source, DecodeRequest):  # synthetic: generated per item
+            source.transform = self._transform(train)
+            return source
+        if self.decoded:
+            folder = self.cache_dir
+            return source.decode(self.img_size, folder, self.skip_corrupt)
+        if source.images is not None:
+            return ArrayDataset(source.images, source.labels, source.classes, self._transform(train))
+        return ImageFileDataset(source.samples, source.classes, self._transform(train), self.skip_corrupt)
 
     # ------------------------------------------------------------------------------------------- normalising
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
@@ -340,34 +277,46 @@ class ImageDataModule(pl.LightningDataModule):
     def _global_rank(self) -> int:
         return self.trainer.global_rank if self.trainer is not None else 0
 
+    def _sampler(self, dataset: Dataset, train: bool) -> ResumableSampler:
+        # order and augmentations a function of (seed, epoch), one shard per rank, resumable mid-epoch
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        return ResumableSampler(
+            dataset, seed=self.seed, shuffle=train, num_replicas=world_size, rank=self._global_rank()
+        )
+
+    def _decoded_loader(self, split: DecodedSplit, train: bool) -> DecodedLoader:
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        augment = None
+        if train and self.augment != "none":
+            fill = tuple(255.0 * m for m in self.mean)
+            augment = BatchAugment(self.preset, self.img_size, self.augment, fill)
+        finish = None if self.normalize_on_device else self.normalize
+        sampler = self._sampler(split, train)
+        return DecodedLoader(split, self.batch_size, sampler, augment, drop_last=train, device=device, finish=finish)
+
     def _loader(self, dataset: Dataset, train: bool, generator: torch.Generator | None = None) -> DataLoader:
         skipping = self.skip_corrupt and isinstance(dataset, ImageFileDataset)
         loader_cls = SkipReportingDataLoader if skipping else ResumableDataLoader if train else DataLoader
         sampler = None
-        if train:  # order and augmentations a function of (seed, epoch), resumable mid-epoch (vit.data.sampler)
-            world_size = self.trainer.world_size if self.trainer is not None else 1
-            sampler = ResumableSampler(dataset, seed=self.seed, num_replicas=world_size, rank=self._global_rank())
+        if train:
+            sampler = self._sampler(dataset, train=True)
             dataset = SeededItems(dataset)
+        num_workers = self.num_workers
         loader = loader_cls(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
-            num_workers=self.num_workers,
+            num_workers=num_workers,
             collate_fn=collate_skip_none if skipping else None,
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             drop_last=train,
             generator=generator,
             worker_init_fn=seed_worker,
-            persistent_workers=self.num_workers > 0,
+            persistent_workers=num_workers > 0,
         )
-        if self.num_workers > 0:
-            if not _LOADERS_WITH_WORKERS:  # registered after multiprocessing's handler, so it runs before it
-                atexit.unregister(_stop_persistent_workers)
-                atexit.register(_stop_persistent_workers)
-            _LOADERS_WITH_WORKERS.add(loader)
-        return loader
+        return track_workers(loader)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | DecodedLoader:
         """Shuffled, seeded training batches; the last incomplete batch is dropped."""
         if self.train_dataset is None:
             self.setup("fit")
@@ -377,21 +326,30 @@ class ImageDataModule(pl.LightningDataModule):
                 f"the training set has {len(dataset)} images, fewer than batch_size={self.batch_size}, "
                 "so every batch would be dropped; lower --data.batch_size"
             )
+        if isinstance(dataset, DecodedSplit):
+            return self._decoded_loader(dataset, train=True)
         seed = self.seed + self._global_rank()  # distinct augmentation streams per rank, repeatable per run
         if self.num_workers == 0:  # workers reseed their own copy in seed_worker; here the main process draws
             seed_transform(dataset.transform, seed)
         return self._loader(dataset, train=True, generator=torch.Generator().manual_seed(seed))
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | DecodedLoader:
         """Validation batches in a fixed order."""
         if self.val_dataset is None:
             self.setup("validate")
+        if isinstance(self.val_dataset, DecodedSplit):
+            return self._decoded_loader(self.val_dataset, train=False)
         return self._loader(self.val_dataset, train=False)
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> DataLoader | DecodedLoader:
         """The val split (CIFAR and digits have no third split)."""
         return self.val_dataloader()
 
-    def predict_dataloader(self) -> DataLoader:
-        """The val split, in order; batches are ``(images, labels)``."""
-        return self.val_dataloader()
+    def predict_dataloader(self) -> DataLoader | DecodedLoader:
+        """``predict_dir``'s images (labels -1) through the eval transform, in ``predict_paths`` order; else the
+        val split. Batches are ``(images, labels)``."""
+        if self.predict_dir is None:
+            return self.val_dataloader()
+        if self.predict_dataset is None:
+            self.setup("predict")
+        return self._loader(self.predict_dataset, train=False)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset, default_collate
 from torchvision.datasets import CIFAR10, CIFAR100
 
@@ -86,18 +86,23 @@ def load_rgb(path: str | Path) -> np.ndarray:
         path: Image file readable by PIL.
 
     Raises:
-        OSError: The file is truncated, corrupt, or not an image PIL can identify.
+        OSError: ``cannot read image <path>: <reason>`` when the file is missing, truncated, corrupt, or not an image.
     """
-    data = np.fromfile(path, dtype=np.uint8)
-    with Image.open(io.BytesIO(data)) as image:
-        if image.format == "JPEG" and image.mode in ("RGB", "L"):
-            decoded = cv2.imdecode(data, _CV2_JPEG_FLAGS)
-            if decoded is None:
-                raise OSError("the JPEG data is truncated or corrupt")
-            return decoded
-        if image.mode == "P" and "transparency" in image.info:
-            image = image.convert("RGBA")  # PIL warns when a palette with transparency goes straight to RGB
-        return np.asarray(image.convert("RGB"))
+    try:
+        data = np.fromfile(path, dtype=np.uint8)
+        with Image.open(io.BytesIO(data)) as image:
+            if image.format == "JPEG" and image.mode in ("RGB", "L"):
+                decoded = cv2.imdecode(data, _CV2_JPEG_FLAGS)
+                if decoded is None:
+                    raise OSError("the JPEG data is truncated or corrupt")
+                return decoded
+            if image.mode == "P" and "transparency" in image.info:
+                image = image.convert("RGBA")  # PIL warns when a palette with transparency goes straight to RGB
+            return np.asarray(image.convert("RGB"))
+    except UnidentifiedImageError:  # its message names the BytesIO object, not the file
+        raise OSError(f"cannot read image {path}: not an image file (no image format PIL knows)") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise OSError(f"cannot read image {path}: {err}") from err
 
 
 class ImageFileDataset(Dataset):
@@ -149,12 +154,11 @@ class ImageFileDataset(Dataset):
         path = self.path(index)
         try:
             image = load_rgb(path)
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        except OSError as err:
             if not self.skip_corrupt:
                 raise DataError(
-                    f"cannot read image {path}: {err}. Delete or replace the file, "
-                    "or pass --data.skip_corrupt true to skip unreadable files."
-                ) from err
+                    f"{err}. Delete or replace the file, or pass --data.skip_corrupt true to skip unreadable files."
+                ) from None
             self._skipped += 1
             log.warning("skipping unreadable image %s: %s", path, err)
             return None
@@ -369,3 +373,26 @@ def list_image_files(split_dir: Path, classes: list[str]) -> tuple[list[tuple[st
                 else:
                     ignored.append(path)
     return samples, ignored
+
+
+def list_predict_files(folder: str | Path) -> list[tuple[str, int]]:
+    """Every image file under ``folder`` (recursively, sorted, hidden files left out) with label -1 (unknown).
+
+    Args:
+        folder: Any folder of images.
+
+    Raises:
+        DataError: The folder does not exist or holds no image file.
+    """
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise DataError(f"predict_dir {root} does not exist or is not a folder")
+    paths = []
+    for current, dirs, files in os.walk(root, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        paths += [
+            os.path.join(current, f) for f in files if not f.startswith(".") and f.lower().endswith(IMG_EXTENSIONS)
+        ]
+    if not paths:
+        raise DataError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {root}")
+    return [(path, -1) for path in sorted(paths)]

@@ -38,7 +38,7 @@ EVAL_CROP_FRACTION = 0.875  # ImageNet eval: resize the shorter side to img_size
 def _cifar_train(img_size: int, strong: bool, fill: tuple[int, ...]) -> list[A.BasicTransform | A.BaseCompose]:
     pad = max(1, img_size // 8)  # 4 pixels at 32x32, scaled with the image
     ops: list[A.BasicTransform | A.BaseCompose] = [
-        A.Resize(img_size, img_size),
+        A.Resize(img_size, img_size, area_for_downscale="image"),
         A.PadIfNeeded(img_size + 2 * pad, img_size + 2 * pad, border_mode=cv2.BORDER_REFLECT_101),
         A.RandomCrop(img_size, img_size),
         A.HorizontalFlip(p=0.5),
@@ -66,7 +66,7 @@ def _digits_train(img_size: int, strong: bool, fill: tuple[int, ...]) -> list[A.
     # No flip: a mirrored 2 or 7 is not a digit. The background is 0, so the affine fills with 0.
     rotate, shear = (15, 10) if strong else (10, 0)
     ops: list[A.BasicTransform | A.BaseCompose] = [
-        A.Resize(img_size, img_size),
+        A.Resize(img_size, img_size, area_for_downscale="image"),
         A.Affine(
             scale=(0.9, 1.1),
             translate_percent=(-0.1, 0.1),
@@ -104,13 +104,19 @@ def _imagenet_train(img_size: int, strong: bool, fill: tuple[int, ...]) -> list[
 
 
 def _cifar_eval(img_size: int) -> list[A.BasicTransform | A.BaseCompose]:
-    return [A.Resize(img_size, img_size)]
+    # Area averaging when shrinking (anti-aliased: a 64x64 copy of a digit gives the input of its 8x8 original),
+    # bilinear when enlarging; vit.data.decoded resizes with the same op.
+    return [A.Resize(img_size, img_size, area_for_downscale="image")]
 
 
 def _imagenet_eval(img_size: int) -> list[A.BasicTransform | A.BaseCompose]:
     # SmallestMaxSize scales up as well as down, so CenterCrop always has enough pixels.
     resize = math.floor(img_size / EVAL_CROP_FRACTION)
-    return [A.SmallestMaxSize(max_size=resize, interpolation=cv2.INTER_CUBIC), A.CenterCrop(img_size, img_size)]
+    # Area averaging when shrinking (anti-aliased), bicubic when enlarging.
+    return [
+        A.SmallestMaxSize(max_size=resize, interpolation=cv2.INTER_CUBIC, area_for_downscale="image"),
+        A.CenterCrop(img_size, img_size),
+    ]
 
 
 _TRAIN_OPS: dict[str, Callable[[int, bool, tuple[int, ...]], list[A.BasicTransform | A.BaseCompose]]] = {
