@@ -1,0 +1,373 @@
+"""``scripts/explain.py``: rollout and attribution overlays, faithfulness and an HTML report for image files.
+
+    python scripts/explain.py CHECKPOINT IMAGE_OR_FOLDER [...] [--method both] [--faithfulness] [--json out.json]
+                              [--html report.html] [--out explanations]
+
+CHECKPOINT is a Lightning ``.ckpt`` written by ``vit fit`` (model, image size, normalisation and class names come
+from it), or plain weights (``.pth``/``.safetensors``, timm's included) with ``--model PRESET`` (ImageNet
+normalisation, ``--img-size``, class indices as names). Per image it writes ``<out>/<name>_rollout.png`` and/or
+``<name>_attribution.png`` (image | overlay with a colour bar, prediction in the caption) plus a grid of all, and
+prints the predicted class and its probability. ``--faithfulness`` adds deletion/insertion areas
+(:func:`~vit.explain.faithfulness.faithfulness`). Bad input is one ``error:`` line and exit status 2, before
+anything is written; every file is written to a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import get_args
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from ..normalize import IMAGENET_MEAN, IMAGENET_STD, normalize
+from .attribution import attention_attribution
+from .faithfulness import faithfulness
+from .panels import render_grid, render_panel
+from .pipeline import Explanation, explain_images
+from .rollout import HeadFusion
+
+METHODS = ("rollout", "attribution")
+GRID_IMAGES = 32  # the grid PNG shows the first images only
+
+
+class InputError(Exception):
+    """Bad input: a one-line message for the user, exit status 2."""
+
+
+@dataclass
+class Explainer:
+    """A network with the preprocessing it was trained with."""
+
+    model: nn.Module
+    img_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    preset: str
+    class_names: list[str] | None
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def load_explainer(checkpoint: Path, model_name: str | None = None, img_size: int | None = None) -> Explainer:
+    """A Lightning checkpoint of :class:`vit.ImageClassifier`, or plain weights loaded into preset ``model_name``.
+
+    Raises:
+        InputError: If the file is missing or not a checkpoint, holds plain weights without ``model_name``, or
+            does not fit ``model_name``.
+    """
+    from ..models import create_model, load_file, load_pretrained
+
+    if not checkpoint.is_file():
+        raise InputError(f"checkpoint {checkpoint} not found: pass the .ckpt written by `vit fit` (e.g. last.ckpt)")
+    try:
+        raw = load_file(checkpoint)
+    except Exception as err:
+        raise InputError(_first_line(err)) from None
+    if isinstance(raw, dict) and "hyper_parameters" in raw and model_name is None:
+        return _from_lightning(checkpoint, raw)
+    if model_name is None:
+        raise InputError(
+            f"{checkpoint} holds plain weights, not a Lightning checkpoint of vit.ImageClassifier: "
+            "say which model they belong to with --model PRESET (see vit.list_models())"
+        )
+    try:
+        model = create_model(model_name, **({"img_size": img_size} if img_size else {}))
+    except Exception as err:
+        raise InputError(f"--model {model_name}: {_first_line(err)} (see vit.list_models())") from None
+    try:
+        load_pretrained(model, raw)
+    except Exception as err:
+        raise InputError(f"--model {model_name} does not fit {checkpoint}: {_first_line(err)}") from None
+    return Explainer(model.eval(), model.patch_embed.img_size[0], IMAGENET_MEAN, IMAGENET_STD, "imagenet", None)
+
+
+def _from_lightning(checkpoint: Path, raw: dict) -> Explainer:
+    from .. import ImageClassifier
+    from ..data import ImageDataModule
+
+    try:
+        module = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise InputError(f"cannot rebuild the model of {checkpoint}: {_first_line(err)}") from None
+    model = module.eval_model.eval()  # the EMA weights when the run kept an EMA
+    data = dict(raw.get("datamodule_hyper_parameters") or {})
+    data.pop("_class_path", None)
+    data.pop("_instantiator", None)
+    mean, std, preset, names = IMAGENET_MEAN, IMAGENET_STD, "imagenet", None
+    try:  # the data module knows the normalisation and the class names (a folder dataset needs its folder)
+        datamodule = ImageDataModule(**data)
+        mean, std, preset, names = datamodule.mean, datamodule.std, datamodule.preset, datamodule.class_names
+    except Exception as err:
+        print(f"note: the run's data settings are not usable here ({_first_line(err)}); using ImageNet "
+              "normalisation and class indices", file=sys.stderr)  # fmt: skip
+    if names is not None and len(names) != getattr(model, "num_classes", len(names)):
+        names = None
+    return Explainer(model, model.patch_embed.img_size[0], tuple(mean), tuple(std), preset, names)
+
+
+def find_images(inputs: Sequence[str]) -> list[Path]:
+    """Image files named on the command line, and those anywhere inside named folders, sorted per folder."""
+    from ..data import IMG_EXTENSIONS
+
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
+            if not found:
+                raise InputError(f"no image files ({', '.join(IMG_EXTENSIONS)}) in folder {path}")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise InputError(f"image {path} not found")
+    if not files:
+        raise InputError("no images given: pass image files or folders after the checkpoint")
+    return files
+
+
+def output_stems(files: Sequence[Path]) -> list[str]:
+    """One output stem per file: its stem, ``<folder>_<stem>`` where stems repeat, then an index if still equal."""
+    stems = [file.stem for file in files]
+    names = [f"{file.parent.name}_{file.stem}" if stems.count(file.stem) > 1 else file.stem for file in files]
+    return [f"{name}_{i}" if names.count(name) > 1 else name for i, name in enumerate(names)]
+
+
+def load_images(explainer: Explainer, files: Sequence[Path]) -> torch.Tensor:
+    """``(B, 3, img_size, img_size)`` uint8 pixels through the run's eval transform (normalised later, once)."""
+    from ..data import build_transforms, load_rgb
+
+    transform = build_transforms(
+        explainer.preset, explainer.img_size, False, explainer.mean, explainer.std, "none", normalize=False
+    )
+    images = []
+    for file in files:
+        try:
+            images.append(transform(image=load_rgb(file))["image"])
+        except Exception as err:
+            message = _first_line(err)
+            raise InputError(message if str(file) in message else f"cannot read image {file}: {message}") from None
+    return torch.stack(images)
+
+
+def parse_target(text: str | None, explainer: Explainer) -> int | None:
+    """``--target``: a class index or name, checked against the model's classes."""
+    if text is None:
+        return None
+    num_classes = explainer.model.num_classes
+    names = explainer.class_names or []
+    if text in names and not text.lstrip("-").isdigit():
+        return names.index(text)
+    try:
+        index = int(text)
+    except ValueError:
+        raise InputError(f"--target {text!r} is neither a class index nor a class name ({', '.join(names)})") from None
+    if not 0 <= index < num_classes:
+        raise InputError(f"--target {index} out of range: the model has {num_classes} classes (0..{num_classes - 1})")
+    return index
+
+
+@dataclass
+class Results:
+    """Everything the command computed, on the CPU, before anything is written."""
+
+    explanation: Explanation  # all images; ``attentions`` is empty (see ``head_maps``)
+    attribution: torch.Tensor | None  # (B, rows, cols)
+    head_maps: torch.Tensor  # (B, heads, rows, cols): each head's attention to the patches in ``block``
+    block: int
+    faithfulness: dict | None
+
+
+def head_maps(attn: torch.Tensor, num_prefix_tokens: int, pooled_by_token: bool, grid: tuple[int, int]):
+    """Per-head maps ``(B, heads, rows, cols)`` of one block: the class-token row, or the patch rows' mean."""
+    P = num_prefix_tokens
+    rows = attn[:, :, 0, P:] if pooled_by_token else attn[:, :, P:, P:].mean(dim=2)
+    return rows.reshape(*rows.shape[:2], *grid)
+
+
+def compute(explainer: Explainer, pixels: torch.Tensor, args: argparse.Namespace) -> Results:
+    """Explain ``pixels`` (uint8) in batches, then measure faithfulness over all of them."""
+    model = explainer.model
+    target = parse_target(args.target, explainer)
+    depth = len(model.blocks)
+    block = args.report_block if args.report_block >= 0 else depth + args.report_block
+    if not 0 <= block < depth:
+        raise InputError(f"--report-block {args.report_block} out of range: the model has {depth} blocks")
+    pooled_by_token = getattr(model, "global_pool", "token") == "token"
+    parts, attributions, heads = [], [], []
+    for chunk in pixels.split(args.batch_size):
+        part = explain_images(
+            model, chunk, class_names=explainer.class_names, mean=explainer.mean, std=explainer.std,
+            head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, statistics=True,
+        )  # fmt: skip
+        heads.append(head_maps(part.attentions[block], model.num_prefix_tokens, pooled_by_token,
+                               model.patch_embed.grid_size))  # fmt: skip
+        part.attentions = []
+        parts.append(part)
+        if args.method in ("attribution", "both"):
+            inputs = normalize(chunk, explainer.mean, explainer.std)
+            attributions.append(attention_attribution(model, inputs, target=target).float().cpu())
+    sizes = torch.tensor([len(p) for p in parts], dtype=torch.float32)[:, None, None]
+    explanation = Explanation(
+        images=torch.cat([p.images for p in parts]),
+        labels=None,
+        probs=torch.cat([p.probs for p in parts]),
+        preds=torch.cat([p.preds for p in parts]),
+        attentions=[],
+        rollout=torch.cat([p.rollout for p in parts]),
+        entropy=(torch.stack([p.entropy for p in parts]) * sizes).sum(0) / sizes.sum(),
+        distance=(torch.stack([p.distance for p in parts]) * sizes).sum(0) / sizes.sum(),
+        collapse=parts[0].collapse,
+        class_names=explainer.class_names,
+    )
+    attribution = torch.cat(attributions) if attributions else None
+    scores = None
+    if args.faithfulness:
+        maps = {}
+        if args.method in ("rollout", "both"):
+            maps["rollout"] = explanation.rollout
+        if attribution is not None:
+            maps["attribution"] = attribution
+        inputs = normalize(pixels, explainer.mean, explainer.std)
+        scores = faithfulness(model, inputs, maps, target=target, steps=args.steps, baseline=args.baseline,
+                              batch_size=4 * args.batch_size)  # fmt: skip
+    return Results(explanation, attribution, torch.cat(heads), block, scores)
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """A ``uint8`` RGB array as PNG file contents."""
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path`` and rename it: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def faithfulness_table(scores: dict) -> str:
+    """The deletion / insertion areas as an aligned text table."""
+    lines = [
+        f"faithfulness on {scores['num_images']} images ({scores['steps']} steps, {scores['baseline']} baseline): "
+        "lower deletion and higher insertion area are better",
+        f"{'method':<12}  {'deletion AUC':>12}  {'insertion AUC':>13}",
+    ]
+    for name, deletion in scores["deletion_auc"].items():
+        lines.append(f"{name:<12}  {deletion:>12.4f}  {scores['insertion_auc'][name]:>13.4f}")
+    return "\n".join(lines)
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The command's options (``scripts/explain.py``)."""
+    head, tail = __doc__.split("\n\n", 1)
+    parser = argparse.ArgumentParser(prog=prog, description=head, epilog=tail.split("\n\n", 1)[1])
+    parser.add_argument("checkpoint", type=Path, help="Lightning .ckpt of `vit fit`, or weights with --model")
+    parser.add_argument("images", nargs="+", help="image files and/or folders (searched recursively)")
+    parser.add_argument("--model", default=None, help="preset name for plain weights (.pth/.safetensors)")
+    parser.add_argument("--img-size", type=int, default=None, help="input size for plain weights (default: preset's)")
+    parser.add_argument("--method", choices=(*METHODS, "both"), default="both", help="maps to draw (default: both)")
+    parser.add_argument("--target", default=None, help="class (index or name) to attribute; default: the prediction")
+    parser.add_argument("--out", type=Path, default=Path("explanations"), help="overlay folder (default: explanations)")
+    parser.add_argument("--faithfulness", action="store_true", help="measure deletion / insertion areas")
+    parser.add_argument("--steps", type=int, default=10, help="perturbation steps of --faithfulness (default: 10)")
+    parser.add_argument("--baseline", choices=("mean", "blur"), default="mean", help="removed patches become this")
+    parser.add_argument("--json", type=Path, default=None, help="write the faithfulness areas to this JSON file")
+    parser.add_argument("--html", type=Path, default=None, help="write a self-contained HTML report here")
+    parser.add_argument("--report-block", type=int, default=-1, help="block whose per-head maps the report shows")
+    parser.add_argument("--head-fusion", choices=get_args(HeadFusion), default="mean", help="rollout: fuse heads by")
+    parser.add_argument("--discard-ratio", type=float, default=0.0, help="rollout: drop this fraction of weak links")
+    parser.add_argument("--alpha", type=float, default=0.6, help="heatmap opacity in [0, 1]")
+    parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default: 64)")
+    parser.add_argument("--no-overlays", action="store_true", help="write no per-image PNGs (grids and report only)")
+    return parser
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject option values that cannot work (argparse's usage error, exit 2)."""
+    if not 0.0 <= args.discard_ratio < 1.0:
+        parser.error(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
+    if not 0.0 <= args.alpha <= 1.0:
+        parser.error(f"--alpha must be in [0, 1], got {args.alpha}")
+    if args.steps < 1 or args.batch_size < 1:
+        parser.error("--steps and --batch-size must be positive")
+    if args.json is not None and not args.faithfulness:
+        parser.error("--json writes the faithfulness areas: add --faithfulness")
+    for option, path in (("--json", args.json), ("--html", args.html)):
+        if path is not None and path.is_dir():
+            parser.error(f"{option} {path} is a folder: give a file name")
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Run the command; returns the exit status (2 on bad input, with one ``error:`` line on stderr)."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    check_arguments(parser, args)
+    try:
+        files = find_images(args.images)
+        explainer = load_explainer(args.checkpoint, args.model, args.img_size)
+        pixels = load_images(explainer, files)
+        results = compute(explainer, pixels, args)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    write_outputs(args, files, results)
+    explanation = results.explanation
+    confidence = explanation.probs.gather(1, explanation.preds[:, None])[:, 0].tolist()
+    width = max(len(str(file)) for file in files)
+    for file, pred, p in zip(files, explanation.preds.tolist(), confidence, strict=True):
+        print(f"{str(file):<{width}}  {explanation.class_name(pred)}  {p:.3f}")
+    if results.faithfulness is not None:
+        print(faithfulness_table(results.faithfulness))
+    written = [f"{'grids' if args.no_overlays else 'overlays'} in {args.out}/"]
+    written += [f"{option} {path}" for option, path in (("JSON", args.json), ("report", args.html)) if path]
+    print(f"explained {len(files)} images: {', '.join(written)}", file=sys.stderr)
+    return 0
+
+
+def write_outputs(args: argparse.Namespace, files: Sequence[Path], results: Results) -> None:
+    """Overlays, grids, the JSON areas and the HTML report, each written whole (temporary file, then rename)."""
+    explanation = results.explanation
+    maps = {"rollout": explanation.rollout, "attribution": results.attribution}
+    methods = [m for m in METHODS if args.method in (m, "both")]
+    captions = explanation.captions()
+    for method in methods:
+        if not args.no_overlays:
+            for stem, image, grid_map, caption in zip(
+                output_stems(files), explanation.images, maps[method], captions, strict=True
+            ):
+                panel = render_panel(image, grid_map, f"{caption} · {method}", alpha=args.alpha, size=224)
+                write_atomic(args.out / f"{stem}_{method}.png", png_bytes(panel))
+        shown = slice(0, GRID_IMAGES)
+        first = replace(explanation, images=explanation.images[shown], probs=explanation.probs[shown],
+                        preds=explanation.preds[shown], rollout=explanation.rollout[shown])  # fmt: skip
+        grid = render_grid(first, maps[method][shown], ncols=min(4, len(files)), title=method, alpha=args.alpha)
+        write_atomic(args.out / f"{method}_grid.png", png_bytes(grid))
+    if args.json is not None and results.faithfulness is not None:
+        scores = results.faithfulness
+        summary = {key: scores[key] for key in ("deletion_auc", "insertion_auc", "num_images", "steps", "baseline")}
+        summary |= {key: scores[key] for key in ("fractions", "deletion_curve", "insertion_curve")}
+        write_atomic(args.json, (json.dumps(summary, indent=2) + "\n").encode())
+    if args.html is not None:
+        from .report import render_report
+
+        html = render_report(files, results, title=f"{args.checkpoint.name}: {len(files)} images", alpha=args.alpha)
+        write_atomic(args.html, html.encode())

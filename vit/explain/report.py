@@ -1,0 +1,174 @@
+"""A self-contained HTML explanation report: one file, every picture embedded as base64 PNG, no network.
+
+Per image: the image, its attention rollout (Abnar & Zuidema, ACL 2020) and its class-specific attribution (Chefer
+et al., ICCV 2021) over it, with the prediction and its probability; per-block mean attention distance and entropy
+(Dosovitskiy et al., ICLR 2021, Fig. 7); the per-head maps of one block; the deletion / insertion areas and curves
+(:mod:`vit.explain.faithfulness`).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .overlay import overlay_heatmap
+from .panels import upscale
+from .plots import distance_plot, figure_to_array
+
+if TYPE_CHECKING:
+    from .command import Results
+
+SIZE = 160  # display size of each picture, pixels
+HEAD_IMAGES = 8  # images whose per-head maps are shown
+
+STYLE = """
+body { font-family: sans-serif; margin: 24px; color: #222; background: #fff; }
+h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 28px; border-bottom: 1px solid #ccc; }
+.panel { display: inline-block; margin: 6px; padding: 6px; border: 1px solid #ddd; vertical-align: top; }
+figure { display: inline-block; margin: 2px; text-align: center; vertical-align: top; }
+figcaption { font-size: 12px; color: #555; }
+.caption { font-size: 13px; margin: 2px 0 4px; }
+table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 4px 10px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+.note { font-size: 12px; color: #666; max-width: 900px; }
+"""
+
+
+def png_data_uri(image: np.ndarray) -> str:
+    """A ``uint8`` RGB array as a ``data:image/png;base64,...`` URI."""
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _img(image: np.ndarray, alt: str, label: str) -> str:
+    return (
+        f'<figure><img src="{png_data_uri(image)}" alt="{html.escape(alt)}"><figcaption>{label}</figcaption></figure>'
+    )
+
+
+def entropy_plot(entropy: torch.Tensor, max_entropy: float | None = None) -> np.ndarray:
+    """Mean attention entropy (nats) of every head against depth, as a ``uint8`` RGB image."""
+    from matplotlib.figure import Figure
+
+    entropy = entropy.detach().float().cpu()
+    blocks, heads = entropy.shape
+    depth = torch.arange(blocks)
+    figure = Figure(figsize=(5.0, 3.5), dpi=100)
+    ax = figure.add_subplot()
+    for head in range(heads):
+        ax.scatter(depth, entropy[:, head], s=14, alpha=0.8, label=f"head {head}" if heads <= 12 else None)
+    ax.plot(depth, entropy.mean(dim=1), color="black", linewidth=1, label="mean")
+    if max_entropy is not None:
+        ax.axhline(max_entropy, color="grey", linestyle="--", linewidth=1, label="uniform")
+    ax.set(xlabel="block", ylabel="attention entropy (nats)", xticks=depth.tolist(), title="attention entropy")
+    ax.set_ylim(0, 1.08 * float(entropy.max()) + 1e-3)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2, loc="lower right")
+    figure.tight_layout()
+    return figure_to_array(figure)
+
+
+def curves_plot(scores: dict) -> np.ndarray:
+    """Deletion and insertion curves of every method side by side, as a ``uint8`` RGB image."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8.0, 3.2), dpi=100)
+    for i, kind in enumerate(("deletion", "insertion")):
+        ax = figure.add_subplot(1, 2, i + 1)
+        for name, curve in scores[f"{kind}_curve"].items():
+            auc = scores[f"{kind}_auc"][name]
+            ax.plot(scores["fractions"], curve, marker="o", markersize=3, label=f"{name} ({auc:.3f})")
+        ax.set(xlabel="fraction of patches " + ("removed" if kind == "deletion" else "revealed"), title=kind)
+        ax.set(ylabel="target probability", xlim=(0, 1), ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    figure.tight_layout()
+    return figure_to_array(figure)
+
+
+def faithfulness_html(scores: dict) -> str:
+    """The areas as an HTML table, with the curves below it."""
+    rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{deletion:.4f}</td><td>{scores['insertion_auc'][name]:.4f}</td></tr>"
+        for name, deletion in scores["deletion_auc"].items()
+    )
+    return (
+        f'<p class="note">{scores["num_images"]} images, {scores["steps"]} steps, removed patches set to the '
+        f"{html.escape(scores['baseline'])} baseline, target = the prediction on the intact image. Lower deletion "
+        "and higher insertion areas mean the map points at what the model uses; random = 5 random orders.</p>"
+        f'<table id="faithfulness"><tr><th>method</th><th>deletion AUC</th><th>insertion AUC</th></tr>{rows}</table>'
+        + _img(curves_plot(scores), "deletion and insertion curves", "")
+    )
+
+
+def render_report(files: Sequence[Path], results: Results, title: str = "explanations", alpha: float = 0.6) -> str:
+    """The whole report as one HTML string (see the module docstring)."""
+    explanation = results.explanation
+    captions = explanation.captions()
+    sections = [f"<h1>{html.escape(title)}</h1>", "<h2>Images</h2>"]
+    sections.append(
+        '<p class="note">Heatmaps use the inferno colour map, each scaled to its own minimum (dark) and maximum '
+        "(bright). Rollout: where attention flows, for no class in particular. Attribution: attention weighted by "
+        "its gradient for the predicted class (Chefer et al., ICCV 2021).</p>"
+    )
+    for i, file in enumerate(files):
+        picture = upscale(_uint8(explanation.images[i]), SIZE)
+        figures = [_img(picture, f"image {file.name}", "image")]
+        maps = {"rollout": explanation.rollout[i]}
+        if results.attribution is not None:
+            maps["attribution"] = results.attribution[i]
+        for name, grid_map in maps.items():
+            figures.append(_img(overlay_heatmap(picture, grid_map, alpha=alpha, cmap="inferno"), name, name))
+        sections.append(
+            f'<div class="panel"><div class="caption"><b>{html.escape(file_name(file))}</b> · '
+            f"{html.escape(captions[i])}</div>{''.join(figures)}</div>"
+        )
+
+    if explanation.distance is not None and explanation.entropy is not None:
+        sections.append("<h2>Attention statistics per block</h2>")
+        sections.append(
+            _img(distance_plot(explanation.distance, "mean attention distance", explanation.max_distance), "", "")
+            + _img(entropy_plot(explanation.entropy), "", "")
+        )
+
+    heads = results.head_maps
+    sections.append(f"<h2>Per-head attention of block {results.block}</h2>")
+    sections.append(
+        '<p class="note">Each head\'s attention from the class token (or, without one, averaged over the patch '
+        f"tokens) to every patch; first {min(HEAD_IMAGES, len(files))} images.</p>"
+    )
+    for i in range(min(HEAD_IMAGES, len(files))):
+        picture = upscale(_uint8(explanation.images[i]), SIZE // 2)
+        figures = [
+            _img(overlay_heatmap(picture, heads[i, h], alpha=0.75, cmap="inferno"), f"head {h}", f"head {h}")
+            for h in range(heads.shape[1])
+        ]
+        sections.append(f'<div class="heads"><div class="caption">{html.escape(file_name(files[i]))}</div>'
+                        f"{''.join(figures)}</div>")  # fmt: skip
+
+    if results.faithfulness is not None:
+        sections.append("<h2>Faithfulness</h2>" + faithfulness_html(results.faithfulness))
+    body = "\n".join(sections)
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n"
+    )
+
+
+def file_name(file: Path) -> str:
+    return f"{file.parent.name}/{file.name}" if file.parent.name else file.name
+
+
+def _uint8(image: torch.Tensor) -> np.ndarray:
+    """Display pixels ``(C, H, W)`` in ``[0, 1]`` as ``uint8`` ``(H, W, 3)``."""
+    array = (image.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
+    return np.repeat(array, 3, axis=2) if array.shape[2] == 1 else array
