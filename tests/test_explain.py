@@ -444,9 +444,11 @@ def test_builtin_jet_matches_matplotlib():
     matplotlib = pytest.importorskip("matplotlib")
     values = np.linspace(0.0, 1.0, 2001)
     reference = matplotlib.colormaps["jet"](values, bytes=True)[:, :3].astype(int)
-    assert np.abs(apply_colormap(values).astype(int) - reference).max() <= 1
-    assert apply_colormap(np.array(0.0)).tolist() == [0, 0, 128]  # dark blue
-    assert apply_colormap(np.array(1.0)).tolist() == [128, 0, 0]  # dark red
+    assert np.abs(apply_colormap(values, "jet").astype(int) - reference).max() <= 1
+    assert apply_colormap(np.array(0.0), "jet").tolist() == [0, 0, 128]  # dark blue
+    assert apply_colormap(np.array(1.0), "jet").tolist() == [128, 0, 0]  # dark red
+    inferno = matplotlib.colormaps["inferno"](values, bytes=True)[:, :3].astype(int)
+    assert np.abs(apply_colormap(values).astype(int) - inferno).max() <= 1  # the default
     viridis = matplotlib.colormaps["viridis"](values, bytes=True)[:, :3].astype(int)
     assert np.abs(apply_colormap(values, "viridis").astype(int) - viridis).max() <= 1
     with pytest.raises(ValueError, match="colormap"):
@@ -458,11 +460,12 @@ def test_overlay_extremes_and_formats():
     image = rng.integers(0, 256, (24, 40, 3), dtype=np.uint8)
     grid = torch.zeros(3, 5)
     grid[0, 4] = 7.0  # max at the top-right patch, raw scale irrelevant (min-max normalised)
-    blended = overlay_heatmap(image, grid, alpha=0.5)
+    blended = overlay_heatmap(image, grid, alpha=0.5, cmap="jet")
     assert blended.dtype == np.uint8 and blended.shape == (24, 40, 3)
     np.testing.assert_array_equal(overlay_heatmap(image, grid, alpha=0.0), image)
-    heat = overlay_heatmap(image, grid, alpha=1.0)
+    heat = overlay_heatmap(image, grid, alpha=1.0, cmap="jet")
     assert heat[0, -1].tolist() == [128, 0, 0] and heat[-1, 0].tolist() == [0, 0, 128]
+    assert overlay_heatmap(image, grid, alpha=1.0)[-1, 0].tolist() == [0, 0, 4]  # inferno's black by default
     expected = np.rint(0.5 * image.astype(float) + 0.5 * heat.astype(float))
     assert np.abs(blended.astype(float) - expected).max() <= 1
     # A float CHW tensor in [0, 1] gives the same as its uint8 HWC version.

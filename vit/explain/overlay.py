@@ -1,8 +1,10 @@
 """Heatmap overlays of patch-grid maps (rollout, statistics) on images, and captioned image grids.
 
-Everything returns ``uint8`` RGB arrays ``(H, W, 3)`` that W&B, PIL and matplotlib display directly. The
-``"jet"`` colormap is built in (matplotlib's segment data, sampled the same way); any other matplotlib colormap
-name works when matplotlib is installed (imported only then).
+Everything returns ``uint8`` RGB arrays ``(H, W, 3)`` that W&B, PIL and matplotlib display directly. Colours come
+from a perceptually uniform matplotlib colormap, ``"inferno"`` by default (any matplotlib name works); ``"jet"`` is
+built in (matplotlib's segment data, sampled the same way) for comparison with older figures, not recommended: its
+bright bands suggest structure the map does not have. Readable panels (image beside overlay, colour bar, caption)
+are :mod:`vit.explain.panels`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def _jet_lut() -> np.ndarray:
     return np.stack([np.interp(x, *zip(*channel, strict=True)) for channel in _JET], axis=1)  # (256, 3)
 
 
-def apply_colormap(values: np.ndarray | torch.Tensor, cmap: str = "jet") -> np.ndarray:
+def apply_colormap(values: np.ndarray | torch.Tensor, cmap: str = "inferno") -> np.ndarray:
     """Map values in ``[0, 1]`` (clipped) to ``uint8`` RGB, appending a channel axis of size 3.
 
     Args:
@@ -100,7 +102,7 @@ def overlay_heatmap(
     image: np.ndarray | torch.Tensor,
     grid_map: np.ndarray | torch.Tensor,
     alpha: float = 0.5,
-    cmap: str = "jet",
+    cmap: str = "inferno",
 ) -> np.ndarray:
     """Blend a colour-mapped patch-grid map over an image.
 
