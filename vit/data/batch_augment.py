@@ -105,29 +105,53 @@ def _affine_grid(
     a = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], -2)  # (B, 2, 2)
     sh = torch.stack([torch.stack([torch.ones_like(shx), shx], -1), torch.stack([shy, torch.ones_like(shy)], -1)], -2)
     forward = a @ sh * s[:, None, None]
-    inverse = torch.linalg.inv(forward)
+    det = forward[:, 0, 0] * forward[:, 1, 1] - forward[:, 0, 1] * forward[:, 1, 0]
+    inverse = torch.stack(
+        [
+            torch.stack([forward[:, 1, 1], -forward[:, 0, 1]], -1),
+            torch.stack([-forward[:, 1, 0], forward[:, 0, 0]], -1),
+        ],
+        -2,
+    ) / det.view(-1, 1, 1)
     theta = torch.cat([inverse, -(inverse @ t.T[:, :, None])], dim=2)  # (B, 2, 3)
-    return F.affine_grid(theta, [batch, 1, *size], align_corners=False)
+    return affine_grid(theta, size)
+
+
+def affine_grid(theta: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """``F.affine_grid(theta, (B, C, *size), align_corners=False)`` written out: 4x faster on a CPU core.
+
+    Args:
+        theta: (B, 2, 3) maps from output to input coordinates in [-1, 1].
+        size: Output height and width.
+    """
+    H, W = size
+    device = theta.device
+    ys = ((torch.arange(H, device=device) * 2 + 1) / H - 1).view(1, H, 1)
+    xs = ((torch.arange(W, device=device) * 2 + 1) / W - 1).view(1, 1, W)
+    gx = theta[:, 0, 0, None, None] * xs + theta[:, 0, 1, None, None] * ys + theta[:, 0, 2, None, None]
+    gy = theta[:, 1, 0, None, None] * xs + theta[:, 1, 1, None, None] * ys + theta[:, 1, 2, None, None]
+    return torch.stack([gx, gy], -1)  # (B, H, W, 2)
 
 
 def _color_jitter(x: torch.Tensor, generator: torch.Generator, strength: float, hue: float) -> torch.Tensor:
-    # brightness, contrast, saturation factors in [1 - strength, 1 + strength], hue shift in [-hue, hue] turns
-    B = x.shape[0]
-    b, c, s = (_uniform(B, 1 - strength, 1 + strength, generator, x.device).view(B, 1, 1, 1) for _ in range(3))
+    # Brightness, contrast, saturation factors in [1 - strength, 1 + strength] and a hue shift in [-hue, hue] turns,
+    # applied in that order as one affine colour map per image (one clamp at the end, not one per op).
+    B, C, H, W = x.shape
+    b, c, s = (_uniform(B, 1 - strength, 1 + strength, generator, x.device) for _ in range(3))
     h = _uniform(B, -hue, hue, generator, x.device) * (2 * math.pi)
-    gray_w = torch.tensor(_GRAY, device=x.device).view(1, 3, 1, 1)
-    x = (x * b).clamp(0, 255)
-    mean = (x * gray_w).sum(1, keepdim=True).mean((2, 3), keepdim=True)
-    x = ((x - mean) * c + mean).clamp(0, 255)
-    gray = (x * gray_w).sum(1, keepdim=True)
-    x = ((x - gray) * s + gray).clamp(0, 255)
-    # hue: rotate the chroma plane of YIQ by the angle h
+    luma = torch.tensor(_GRAY, device=x.device)
+    mean = (x.mean((2, 3)) @ luma) * b  # (B,) mean gray level after the brightness change
+    eye = torch.eye(3, device=x.device)
+    saturation = s.view(B, 1, 1) * eye + (1 - s).view(B, 1, 1) * luma.view(1, 1, 3)  # blend with the gray image
     to_yiq = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]], device=x.device)
-    yiq = torch.einsum("ij,bjhw->bihw", to_yiq, x)
-    cos, sin = torch.cos(h).view(B, 1, 1), torch.sin(h).view(B, 1, 1)
-    i, q = yiq[:, 1], yiq[:, 2]
-    yiq = torch.stack([yiq[:, 0], cos * i - sin * q, sin * i + cos * q], 1)
-    return torch.einsum("ij,bjhw->bihw", torch.linalg.inv(to_yiq), yiq).clamp(0, 255)
+    cos, sin = torch.cos(h), torch.sin(h)
+    rotation = torch.zeros(B, 3, 3, device=x.device)
+    rotation[:, 0, 0] = 1
+    rotation[:, 1, 1], rotation[:, 1, 2], rotation[:, 2, 1], rotation[:, 2, 2] = cos, -sin, sin, cos
+    colour = torch.linalg.inv(to_yiq) @ rotation @ to_yiq @ saturation  # (B, 3, 3)
+    offset = colour.sum(2) * ((1 - c) * mean).view(B, 1)  # the contrast blend's constant, through the colour map
+    y = torch.baddbmm(offset.view(B, 3, 1), colour * (b * c).view(B, 1, 1), x.reshape(B, C, H * W))
+    return y.view(B, C, H, W).clamp_(0, 255)
 
 
 def _cutout(
