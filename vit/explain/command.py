@@ -343,6 +343,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     return 0
 
 
+def rollout_main(argv: Sequence[str] | None = None) -> int:
+    """``scripts/rollout.py``, the old name: :func:`main` with ``--method rollout --out rollout`` by default."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return main(["--method", "rollout", "--out", "rollout", *argv], prog="rollout.py")
+
+
 def write_outputs(args: argparse.Namespace, files: Sequence[Path], results: Results) -> None:
     """Overlays, grids, the JSON areas and the HTML report, each written whole (temporary file, then rename)."""
     explanation = results.explanation

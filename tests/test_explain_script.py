@@ -1,0 +1,225 @@
+"""scripts/explain.py (vit.explain.command): overlays, predictions, faithfulness JSON, HTML report, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vit import ImageClassifier, ImageDataModule
+from vit.data import build_transforms, load_rgb
+from vit.explain.attribution import attention_attribution
+from vit.explain.command import main
+from vit.explain.faithfulness import faithfulness
+from vit.explain.rollout import rollout_map
+
+ROOT = Path(__file__).resolve().parents[1]
+CIFAR_MINI = ROOT.parent / "shared" / "data" / "cifar10-mini" / "test"
+
+
+class Result:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def explain(capsys):
+    """``explain(*args)``: the command's ``main(args)`` in this process, with its exit status and output."""
+
+    def run(*args) -> Result:
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A Lightning checkpoint of a tiny digits model after a few steps."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    torch.manual_seed(0)
+    data = ImageDataModule(dataset="digits", img_size=32, batch_size=16, num_workers=0)
+    trainer = pl.Trainer(
+        default_root_dir=folder,
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=3,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    module = ImageClassifier(
+        "vit_tiny_patch4_32", num_classes=10, img_size=32, model_overrides={"depth": 2, "embed_dim": 32, "num_heads": 2}
+    )
+    trainer.fit(module, data)
+    trainer.save_checkpoint(folder / "tiny.ckpt")
+    return folder / "tiny.ckpt"
+
+
+def image_files(folder: Path) -> list[Path]:
+    """Three real CIFAR-10 photographs when ../shared has them, else three PNGs drawn here."""
+    if CIFAR_MINI.is_dir():
+        return [sorted((CIFAR_MINI / name).glob("*.jpg"))[0] for name in ("cat", "ship", "truck")]
+    rng = np.random.default_rng(0)
+    files = []
+    for i in range(3):
+        files.append(folder / f"drawn_{i}.png")
+        Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(files[-1])
+    return files
+
+
+def model_inputs(checkpoint: Path, files: list[Path]):
+    """The model and its normalised inputs, built here the way a user would."""
+    module = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu")
+    data = ImageDataModule(dataset="digits", img_size=32)
+    transform = build_transforms(data.preset, 32, False, data.mean, data.std, "none")
+    return module.eval_model.eval(), torch.stack([transform(image=load_rgb(f))["image"] for f in files]), data
+
+
+def stem(file: Path) -> str:
+    return f"{file.parent.name}_{file.stem}" if CIFAR_MINI.is_dir() else file.stem  # cat/0970.jpg, ship/0970.jpg
+
+
+def test_overlays_predictions_and_faithfulness_json(checkpoint, tmp_path, explain):
+    files = image_files(tmp_path)
+    out, areas = tmp_path / "out", tmp_path / "areas.json"
+    result = explain(checkpoint, *files, "--out", out, "--faithfulness", "--steps", "4", "--json", areas)
+    assert result.returncode == 0, result.stderr
+
+    model, batch, data = model_inputs(checkpoint, files)
+    probs = model(batch).softmax(-1)
+    lines = result.stdout.strip().splitlines()
+    for line, file, p in zip(lines[:3], files, probs, strict=True):
+        path, name, prob = line.split()
+        assert path == str(file) and name == data.class_names[int(p.argmax())]
+        assert float(prob) == pytest.approx(p.max().item(), abs=1e-3)
+        for method in ("rollout", "attribution"):
+            with Image.open(out / f"{stem(file)}_{method}.png") as panel:
+                assert panel.mode == "RGB" and panel.width > 2 * 224  # image | overlay | colour bar
+    for method in ("rollout", "attribution"):
+        assert (out / f"{method}_grid.png").is_file()
+    assert not list(tmp_path.rglob("*.tmp"))
+
+    # The JSON holds what faithfulness() gives on the same maps, computed here independently of the command.
+    written = json.loads(areas.read_text())
+    maps = {"rollout": rollout_map(model, batch), "attribution": attention_attribution(model, batch)}
+    expected = faithfulness(model, batch, maps, steps=4)
+    assert written["num_images"] == 3 and set(written["deletion_auc"]) == {"rollout", "attribution", "random"}
+    for kind in ("deletion_auc", "insertion_auc"):
+        for method, value in expected[kind].items():
+            assert written[kind][method] == pytest.approx(value, abs=1e-5), (kind, method)
+    assert lines[3].startswith("faithfulness on 3 images (4 steps, mean baseline)")
+    assert lines[-1].split()[0] == "random" and float(lines[-1].split()[1]) == pytest.approx(
+        expected["deletion_auc"]["random"], abs=1e-4
+    )
+
+
+def test_method_and_target(checkpoint, tmp_path, explain):
+    files = image_files(tmp_path)[:2]
+    result = explain(checkpoint, *files, "--out", tmp_path / "a", "--method", "attribution", "--target", "3")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(
+        [f"{stem(f)}_attribution.png" for f in files] + ["attribution_grid.png"]
+    )
+
+
+def test_plain_weights_need_a_fitting_model(checkpoint, tmp_path, explain):
+    image = image_files(tmp_path)[0]
+    weights = tmp_path / "weights.pth"
+    torch.save(ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu").model.state_dict(), weights)
+    result = explain(weights, image, "--out", tmp_path / "o")
+    assert result.returncode == 2 and "--model PRESET" in result.stderr
+    result = explain(checkpoint, image, "--out", tmp_path / "o", "--model", "vit_tiny_patch4_32")
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: --model vit_tiny_patch4_32 does not fit {checkpoint}: ")
+    assert not (tmp_path / "o").exists()
+
+
+def one_error_line(result: Result, start: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(start), result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_bad_input_one_line_exit_2_nothing_written(checkpoint, tmp_path, explain):
+    image = image_files(tmp_path)[0]
+    out, report, areas = tmp_path / "out", tmp_path / "report.html", tmp_path / "areas.json"
+    outputs = ("--out", out, "--html", report, "--faithfulness", "--json", areas)
+    one_error_line(explain(tmp_path / "missing.ckpt", image, *outputs), "error: checkpoint ")
+    (tmp_path / "notes.ckpt").write_text("hello\n")
+    one_error_line(explain(tmp_path / "notes.ckpt", image, *outputs), "error: ")
+    assert "not a PyTorch checkpoint" in explain(tmp_path / "notes.ckpt", image).stderr
+    (tmp_path / "broken.png").write_text("not an image")
+    result = explain(checkpoint, image, tmp_path / "broken.png", *outputs)
+    one_error_line(result, "error: ")
+    assert str(tmp_path / "broken.png") in result.stderr and "BytesIO" not in result.stderr
+    (tmp_path / "empty").mkdir()
+    one_error_line(explain(checkpoint, tmp_path / "empty", *outputs), "error: no image files (.jpg")
+    one_error_line(
+        explain(checkpoint, image, *outputs, "--target", "10"),
+        "error: --target 10 out of range: the model has 10 classes (0..9)",
+    )
+    one_error_line(explain(checkpoint, image, *outputs, "--target", "cat"), "error: --target 'cat' is neither")
+    one_error_line(explain(checkpoint, image, *outputs, "--report-block", "5"), "error: --report-block 5 out of")
+    assert not out.exists() and not report.exists() and not areas.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.png", "empty", "notes.ckpt"] + (
+        [] if CIFAR_MINI.is_dir() else ["drawn_0.png", "drawn_1.png", "drawn_2.png"]
+    )
+
+
+@pytest.mark.slow
+def test_script_file_is_wired(tmp_path):
+    """The script itself (a fresh interpreter): bad input gives one line and exit status 2."""
+    image = tmp_path / "x.png"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(image)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "explain.py"), str(tmp_path / "none.ckpt"), str(image)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and done.stderr.startswith(f"error: checkpoint {tmp_path / 'none.ckpt'} not found")
+    assert done.stderr.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------------------------ HTML report
+def browser() -> str | None:
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+
+
+@pytest.mark.slow
+def test_html_report_renders_in_a_browser(checkpoint, tmp_path, explain):
+    files = image_files(tmp_path)
+    report = tmp_path / "report.html"
+    result = explain(checkpoint, *files, "--out", tmp_path / "o", "--html", report, "--faithfulness", "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    text = report.read_text()
+    assert text.count('<div class="panel">') == 3 and 'id="faithfulness"' in text
+    assert "http://" not in text and "https://" not in text  # self-contained: nothing fetched
+    images = text.count("<img ")
+    assert images == text.count('<img src="data:image/png;base64,') and images >= 3 * 3 + 2 + 3 * 2 + 1
+
+    chromium = browser()
+    if chromium is None:
+        pytest.skip("no chromium on this machine (.ci/run installs Debian's chromium)")
+    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    dom = subprocess.run([*flags, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.stdout.count('<div class="panel">') == 3  # the browser parsed one panel per image
+    shot = tmp_path / "shot.png"
+    subprocess.run([*flags, "--window-size=1200,1600", f"--screenshot={shot}", report.as_uri()], timeout=120,
+                   capture_output=True)  # fmt: skip
+    pixels = np.asarray(Image.open(shot).convert("RGB"), dtype=np.float64)
+    assert pixels.std() > 20  # not a blank page
+    assert (pixels.sum(axis=2) < 600).mean() > 0.1  # a tenth of the page is drawn (not white)
