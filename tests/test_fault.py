@@ -1,4 +1,5 @@
-"""Fault tolerance (vit/fault.py, vit/data/sampler.py), each fault injected for real: runs stopped and resumed
+"""Fault tolerance (vit/callbacks/resume.py, nonfinite.py, vit/checkpoint_io.py, vit/models/checkpoint_errors.py,
+vit/data/sampler.py), each fault injected for real: runs stopped and resumed
 bit-identically, SIGKILL, SIGTERM and SIGINT, a crash in the middle of a checkpoint write, a truncated file, a loss
 or gradient made non-finite, a pickle carrying code, a checkpoint of another architecture, an unreachable W&B server.
 
@@ -29,19 +30,14 @@ import torch
 from lightning.pytorch import Callback
 
 from vit import ImageClassifier, ImageDataModule
-from vit.cli import cli_main
-from vit.fault import (
-    EXIT_BAD_CHECKPOINT,
-    EXIT_NON_FINITE,
-    AtomicCheckpointIO,
-    CorruptCheckpointError,
-    NonFiniteError,
-    NonFiniteGuard,
-    rng_state,
-    set_rng_state,
-    wandb_reachable,
-)
+from vit.callbacks.nonfinite import NonFiniteError, NonFiniteGuard
+from vit.callbacks.resume import rng_state, set_rng_state
+from vit.checkpoint_io import AtomicCheckpointIO
+from vit.cli import EXIT_BAD_INPUT as EXIT_BAD_CHECKPOINT
+from vit.cli import EXIT_NON_FINITE, cli_main
+from vit.loggers import wandb_reachable
 from vit.models import UnsafeCheckpointError
+from vit.models.checkpoint_errors import CorruptCheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -326,11 +322,12 @@ def test_truncated_checkpoint_is_named_on_resume(tmp_path, capsys):
     AtomicCheckpointIO().save_checkpoint({"global_step": 1, "w": torch.ones(1000)}, good)
     cut = tmp_path / "cut.ckpt"
     cut.write_bytes(good.read_bytes()[:-300])
-    with pytest.raises(CorruptCheckpointError, match="cut.ckpt is truncated or corrupt"):
+    with pytest.raises(CorruptCheckpointError, match="cut.ckpt is not a PyTorch checkpoint .a zip archive cut short"):
         AtomicCheckpointIO().load_checkpoint(cut)
     code, err = run_stopped([*fit_args(tmp_path), f"--ckpt_path={cut}"], capsys)
     assert code == EXIT_BAD_CHECKPOINT
-    assert err.strip().splitlines()[-1].startswith(f"error: {cut} is truncated or corrupt")
+    assert err.strip().splitlines()[-1].startswith(f"error: {cut} is not a PyTorch checkpoint")
+    assert "Traceback" not in err
 
 
 # ---------------------------------------------------------------------------------------------- numerical faults

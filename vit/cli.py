@@ -4,51 +4,81 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassi
 :class:`vit.ImageDataModule`. On top of Lightning's CLI it
 
 - looks a bare ``--config`` name up in ``configs/`` (``--config vit_small`` finds ``configs/vit_small.yaml``);
+- gives every ``fit`` its own folder ``runs/<config>/<run name>/`` (checkpoints, ``config.yaml``, W&B files,
+  rollout PNGs), named like its W&B run, so runs never overwrite each other; ``--ckpt_path last`` resumes the most
+  recent run of the config in its own folder; ``validate``/``test``/``predict`` write below the checkpoint's run;
 - writes ``num_classes`` and ``img_size`` once, in ``data``, and links them into ``model``;
-- always adds a ``checkpoint`` (:class:`~lightning.pytorch.callbacks.ModelCheckpoint`) keeping the best
-  ``val/acc`` and ``last.ckpt``, so ``--ckpt_path last`` resumes;
-- switches :class:`~lightning.pytorch.loggers.WandbLogger` to offline mode when no W&B credentials are configured,
-  so a run never waits on the network, and says how to upload it later; names W&B runs and logs the whole nested
-  config to them (:mod:`vit.loggers`);
-- sets PyTorch's CPU thread count from ``torch_num_threads``;
-- makes runs resumable bit for bit and preemptible (:mod:`vit.fault`): ``last.ckpt`` at every epoch end, every
-  ``resume.every_n_train_steps`` steps and on SIGTERM/SIGINT (exit status 143/130), atomic checkpoint files read with
-  ``weights_only=True``, a stop at the first non-finite loss (exit status 3), and one message for an unsafe,
-  truncated or mismatched checkpoint (exit status 2);
-- turns data errors (missing dataset, wrong folder layout) and impossible model settings (unknown preset or
-  override) into one message and exit status 2.
+- adds a ``checkpoint`` (:class:`~lightning.pytorch.callbacks.ModelCheckpoint`, best ``val/acc``), ``resume``
+  (:mod:`vit.callbacks.resume`: ``last.ckpt`` at epoch ends, every N steps and on SIGTERM/SIGINT, bit-exact resume),
+  ``nonfinite`` (:mod:`vit.callbacks.nonfinite`), ``run_summary`` (the end-of-fit report) and ``predictions``
+  (``predictions.csv`` of ``vit predict``);
+- writes checkpoints atomically and reads them with ``weights_only=True`` (:mod:`vit.checkpoint_io`);
+- logs to W&B offline when there are no credentials or no server, names runs and logs the nested config
+  (:mod:`vit.loggers`);
+- turns every bad input into one ``error:`` line and an exit status from :data:`EXIT_STATUSES`, without usage
+  dump or traceback.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import DefaultHelpFormatter, Namespace
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from .callbacks import RunSummary
+from .callbacks.nonfinite import NonFiniteError, NonFiniteGuard
+from .callbacks.predictions import PredictionWriter
+from .callbacks.resume import ResumeCheckpoint
+from .callbacks.run_summary import RunSummary
+from .checkpoint_io import with_atomic_checkpoint_io
 from .data import DataError, ImageDataModule
-from .fault import (
-    NonFiniteGuard,
-    ResumeCheckpoint,
-    checkpoint_errors,
-    exit_on_fault,
-    wandb_reachable,
-    with_atomic_checkpoint_io,
-)
 from .lit_module import ConfigError, ImageClassifier
-from .loggers import is_wandb_logger, log_config, name_wandb_runs
+from .loggers import (
+    _get,
+    config_name,
+    configured_wandb_loggers,
+    default_run_name,
+    log_config,
+    name_wandb_runs,
+    offline_without_server,
+    wandb_run_id,
+)
+from .models.checkpoint_errors import CHECKPOINT_ERRORS, check_is_checkpoint, checkpoint_errors
+
+# ------------------------------------------------------------------------------------------- exit statuses
+EXIT_BAD_INPUT = 2
+"""Bad input: an argument, config file, data set or checkpoint that cannot work (one ``error:`` line)."""
+EXIT_NON_FINITE = 3
+"""Training stopped at a non-finite loss or gradient (the weights are still finite, the last checkpoint kept)."""
+EXIT_STATUSES: dict[type[BaseException], int] = {
+    DataError: EXIT_BAD_INPUT,
+    ConfigError: EXIT_BAD_INPUT,
+    **dict.fromkeys(CHECKPOINT_ERRORS, EXIT_BAD_INPUT),
+    NonFiniteError: EXIT_NON_FINITE,
+}
+"""The one table of exit statuses: each error becomes ``error: <message>`` on stderr and this status. Besides these,
+``0`` is success (also ``--help``), a bad argument or config file exits with :data:`EXIT_BAD_INPUT`
+(:class:`VitArgumentParser`), and a run stopped by SIGTERM/SIGINT after writing its checkpoint exits with
+``128 + signal`` (143, 130; :class:`vit.callbacks.resume.Preempted`)."""
 
 CONFIG_DIRS = (Path("configs"), Path(__file__).resolve().parents[1] / "configs")
 """Where a bare ``--config`` name is looked up: ``./configs`` first, then the repository's ``configs/``."""
+
+
+def fail(message: str, status: int = EXIT_BAD_INPUT) -> NoReturn:
+    """Print ``error: <message>`` (one line) on stderr and exit with ``status``."""
+    sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
+    sys.stderr.flush()
+    raise SystemExit(status)
 
 
 def resolve_config_args(args: list[str]) -> list[str]:
@@ -78,33 +108,121 @@ def _find_config(name: str) -> str:
             if candidate.is_file():
                 return str(candidate)
     known = sorted({p.name for folder in CONFIG_DIRS if folder.is_dir() for p in folder.glob("*.yaml")})
-    sys.stderr.write(
-        f"error: config file {name!r} not found: it is not a path, nor a file in configs/. "
-        f"Known configs: {', '.join(known) or 'none'}\n"
+    fail(
+        f"config file {name!r} not found: it is not a path, nor a file in configs/. "
+        f"Known configs: {', '.join(known) or 'none'}"
     )
-    raise SystemExit(2)
 
 
-def wandb_credentials_configured() -> bool:
-    """Whether W&B could log in without asking: ``WANDB_API_KEY``, an identity token file or a ``.netrc`` entry for
-    the W&B host (``wandb login`` writes one). Nothing is sent over the network."""
-    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
-        return True
-    try:  # read .netrc without creating wandb's settings singleton, which would freeze WANDB_* variables now
-        from wandb.sdk.lib import urls, wbauth
+# ------------------------------------------------------------------------------------------ parse errors
+class VitHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help without the lists of "known subclasses" (every ``nn.Module``, callback, logger and plugin
+    class imported: 100 KB), so ``--help`` lists every option in under 40 KB. ``--<key>.help CLASS`` still shows a
+    class's own options, e.g. ``--trainer.callbacks.help ModelCheckpoint``."""
 
-        return bool(wbauth.read_netrc_auth(host=os.environ.get("WANDB_BASE_URL") or urls.DEFAULT_BASE_URL))
-    except Exception:  # another wandb version: fall back on its (deprecated) public accessor
-        try:
-            import wandb
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        kwargs.setdefault("max_help_position", 8)  # help text on its own line, indented 8, not 24 columns
+        super().__init__(prog, **kwargs)
 
-            return bool(wandb.api.api_key)
-        except Exception:
-            return False
+    def _get_help_string(self, action: Any) -> str:  # argparse's documented hook for help text
+        return re.sub(r", known subclasses: [^)]*", "", super()._get_help_string(action))
+
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+PARSER_KWARGS: dict[str, Any] = {
+    "description": "Train, evaluate and apply Vision Transformers (vit).",
+    "formatter_class": VitHelpFormatter,
+    # A short usage line each: jsonargparse's lists every option (8 KB) before the help lists them again.
+    **{
+        sub: {"usage": f"vit {sub} [--config CONFIG] [--section.key VALUE ...]", "formatter_class": VitHelpFormatter}
+        for sub in SUBCOMMANDS
+    },
+}
+
+
+class VitArgumentParser(LightningArgumentParser):
+    """Lightning's parser, whose errors are one line (jsonargparse prints the whole usage, ~100 lines, first),
+    naming the config file that holds the culprit key when one does."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:
+            super().error(message, ex)
+        fail(describe_parse_error(message, sys.argv[1:] if _ARGS is None else _ARGS))
+
+
+_ARGS: list[str] | None = None  # the arguments cli_main parses, for naming the file of a bad key
+
+
+def describe_parse_error(message: str, args: list[str]) -> str:
+    """jsonargparse's error as one sentence, naming the YAML file the culprit key came from (the last
+    ``--config`` file that sets it) and where to look for the valid options.
+
+    Args:
+        message: jsonargparse's message, e.g. ``Parser key "model.lr":\\n  Expected a <class 'float'>. Got value: x``.
+        args: The command-line arguments (to find the ``--config`` files).
+    """
+    text = " ".join(message.split())
+    key = None
+    if 'key "' in text:
+        key = text.split('key "', 1)[1].split('"', 1)[0]
+    elif "unrecognized arguments:" in text:
+        key = text.split("unrecognized arguments:", 1)[1].split()[0].lstrip("-").split("=")[0]
+    files = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in ("--config", "-c")]
+    files += [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
+    source = ""
+    for file in reversed(files):
+        if key and _yaml_has_key(file, key):
+            source = f" (in {file})"
+            break
+    hint = " Run with --help to list the options." if "unrecognized" in text or "not expected" in text else ""
+    return f"{text}{source}{hint}"
+
+
+def _yaml_has_key(file: str, key: str) -> bool:
+    try:
+        node: Any = yaml.safe_load(Path(file).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, dict) and "init_args" in node and part in (node["init_args"] or {}):
+            node = node["init_args"][part]
+        else:
+            return i == len(parts) - 1 and False
+    return True
+
+
+# ------------------------------------------------------------------------------------------------ run folders
+def find_last_checkpoint(runs_dir: str | Path, config: str) -> Path | None:
+    """The ``last.ckpt`` written most recently by any run of ``config``: ``<runs_dir>/<config>/*/checkpoints/``.
+
+    Args:
+        runs_dir: The folder of all runs (``runs``).
+        config: The config name.
+    """
+    candidates = list(Path(runs_dir, config).glob("*/checkpoints/last.ckpt"))
+    return max(candidates, key=lambda p: p.stat().st_mtime_ns) if candidates else None
+
+
+def run_folder_of(checkpoint: str | Path) -> Path | None:
+    """The run folder holding ``checkpoint`` (``<run>/checkpoints/<file>``), or ``None``."""
+    path = Path(checkpoint)
+    return path.parent.parent if path.parent.name == "checkpoints" else None
+
+
+def unique_folder(folder: Path) -> Path:
+    """``folder``, or ``folder-2``, ``folder-3``... whichever does not exist yet."""
+    candidate, n = folder, 1
+    while candidate.exists():
+        n += 1
+        candidate = folder.with_name(f"{folder.name}-{n}")
+    return candidate
 
 
 class LogConfig(SaveConfigCallback):
-    """Lightning's config saving (``config.yaml`` in the log folder), plus the whole nested run config sent to the
+    """Lightning's config saving (``config.yaml`` in the run folder), plus the whole nested run config sent to the
     loggers (:func:`vit.loggers.log_config`): Lightning itself logs only the model's and data's arguments.
 
     Only rank zero calls :meth:`save_config`.
@@ -130,11 +248,11 @@ class VitCLI(LightningCLI):
             }
         )
         # last.ckpt at epoch ends, every N steps and on SIGTERM/SIGINT, with the random state (listed after
-        # `checkpoint`: it writes after it); a stop at the first NaN/Inf loss or gradient (vit.fault).
+        # `checkpoint`: it writes after it); a stop at the first NaN/Inf loss or gradient.
         parser.add_lightning_class_args(ResumeCheckpoint, "resume")
         parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")
-        # Parameters, FLOPs per image and training throughput of every run, in the W&B summary (vit.callbacks).
         parser.add_lightning_class_args(RunSummary, "run_summary")
+        parser.add_lightning_class_args(PredictionWriter, "predictions")
         # LogConfig sends every logger the whole nested config; Lightning's own flat copy of the model's and data's
         # arguments would overwrite its `model` section in W&B (Lightning #19728).
         parser.set_defaults({"trainer.enable_autolog_hparams": False})
@@ -144,26 +262,100 @@ class VitCLI(LightningCLI):
             default=None,
             help="CPU threads for PyTorch's operators (torch.set_num_threads); null keeps PyTorch's default.",
         )
+        parser.add_argument(
+            "--runs_dir",
+            type=str,
+            default="runs",
+            help="Every run writes to <runs_dir>/<config>/<run name>/ unless trainer.default_root_dir is set.",
+        )
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.img_size", "model.img_size", apply_on="parse")
 
+    # Private override: LightningCLI._parse_ckpt_path reads --ckpt_path with a bare torch.load (to take the model's
+    # hyper-parameters from it) before any public hook runs, so a text file raises a KeyError from inside torch. Here
+    # a file that is not a checkpoint is named in one line first, and `last` becomes the newest last.ckpt of the
+    # config's runs (after Lightning's parsing, which skips `last`, as before: the model is the config's).
+    # tests/test_cli.py::test_lightning_still_reads_ckpt_path_before_the_hooks fails if Lightning changes this.
+    def _parse_ckpt_path(self) -> None:
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        self.resumed_run: Path | None = None
+        if config.get("ckpt_path") and config.ckpt_path != "last":
+            check_is_checkpoint(config.ckpt_path)
+        with checkpoint_errors(config.get("ckpt_path")):  # an unsafe pickle: refused, named
+            super()._parse_ckpt_path()
+        if config.get("ckpt_path") == "last":
+            config.ckpt_path = self._resolve_last(config)
+            if config.ckpt_path:
+                check_is_checkpoint(config.ckpt_path)
+
+    def _resolve_last(self, config: Namespace) -> str | None:
+        if _get(config, "checkpoint.dirpath") or _get(config, "trainer.default_root_dir"):
+            folder = _get(config, "checkpoint.dirpath") or Path(config.trainer.default_root_dir, "checkpoints")
+            path: Path | None = Path(folder, "last.ckpt")
+            path = path if path.is_file() else None
+        else:
+            path = find_last_checkpoint(config.runs_dir, config_name(config))
+            self.resumed_run = run_folder_of(path) if path is not None else None
+        if path is None:
+            sys.stderr.write("--ckpt_path last: no last.ckpt of this config yet, starting a new run\n")
+            return None
+        sys.stderr.write(f"--ckpt_path last: resuming {path}\n")
+        return str(path)
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("torch_num_threads"):
+            torch.set_num_threads(config.torch_num_threads)
+        self.run_dir = self._choose_run_folder(config)
+        offline_without_server(config)
+
+    def _choose_run_folder(self, config: Namespace) -> Path:
+        """Set ``trainer.default_root_dir``, ``checkpoint.dirpath`` and the W&B loggers' ``save_dir`` to this run's
+        own folder (see the module docstring) and return it."""
+        resumed = getattr(self, "resumed_run", None)
+        run_id = None
+        if config.trainer.get("default_root_dir"):  # the user chose the folder
+            folder = Path(config.trainer.default_root_dir)
+            name = default_run_name(config)
+        elif resumed is not None:  # --ckpt_path last: keep writing into that run's folder and W&B run
+            folder, name, run_id = resumed, resumed.name, wandb_run_id(resumed)
+        else:
+            given = next((w.init_args.get("name") for w in configured_wandb_loggers(config)), None)
+            name = given or default_run_name(config)
+            ckpt_run = run_folder_of(config.ckpt_path) if config.get("ckpt_path") else None
+            if self.subcommand == "fit" or ckpt_run is None:
+                base = Path(config.runs_dir, config_name(config))
+                folder = unique_folder(base / (name if self.subcommand == "fit" else f"{self.subcommand}-{name}"))
+            else:  # evaluating or applying a run's checkpoint: below that run, never over its files
+                folder = unique_folder(ckpt_run / f"{self.subcommand}-{datetime.now():%m%d-%H%M%S}")
+            name = folder.name if self.subcommand == "fit" else name
+        config.trainer.default_root_dir = str(folder)
+        if config.get("checkpoint") is not None and not config.checkpoint.get("dirpath"):
+            config.checkpoint.dirpath = str(folder / "checkpoints")
+        if self.subcommand == "predict":
+            config.trainer.logger = False  # a prediction logs no metrics: no W&B run to mix with the fits
+        name_wandb_runs(config, name, folder, run_id)
+        for logger in configured_wandb_loggers(config):
+            if self.subcommand != "fit" and not logger.init_args.get("job_type"):
+                logger.init_args.job_type = self.subcommand  # compare.py keeps fits apart from evaluations
+        return folder
+
+    # Private helpers used: LightningCLI._get and ._parser give the subcommand's config and its callback keys, and
+    # ._instantiate_trainer adds them (public instantiate_trainer cannot leave callbacks out). Works around: the
+    # Trainer refuses checkpoint callbacks under enable_checkpointing=False.
+    # tests/test_cli.py::test_checkpointing_can_be_switched_off fails if either side changes.
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """As Lightning's, leaving out the ``checkpoint`` and ``resume`` callbacks under
-        ``--trainer.enable_checkpointing false`` (the Trainer refuses checkpoint callbacks then), and with checkpoint
-        files written atomically and read with ``weights_only=True`` (:class:`vit.fault.AtomicCheckpointIO`)."""
+        """As Lightning's, leaving out the checkpoint callbacks under ``--trainer.enable_checkpointing false``, with
+        checkpoint files written atomically and read with ``weights_only=True`` (:mod:`vit.checkpoint_io`)."""
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         config["plugins"] = with_atomic_checkpoint_io(config.get("plugins"))
         callbacks = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
         if config.get("enable_checkpointing") is False:
             callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
         return self._instantiate_trainer(config, callbacks)
-
-    def _parse_ckpt_path(self) -> None:
-        # Lightning reads the hyper-parameters of --ckpt_path (weights_only=True) before building the model: name an
-        # unsafe or truncated file instead of raising torch's error.
-        subcommand = self.config.get("subcommand")
-        with checkpoint_errors(self.config[subcommand].get("ckpt_path") if subcommand else None):
-            super()._parse_ckpt_path()
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         # As Lightning's, without its warning about passing args while sys.argv is set: cli_main passes the
@@ -172,35 +364,6 @@ class VitCLI(LightningCLI):
             self.config = parser.parse_object(args)
         else:
             self.config = parser.parse_args(args)
-
-    def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand] if self.subcommand else self.config
-        if config.get("torch_num_threads"):
-            torch.set_num_threads(config.torch_num_threads)
-        name_wandb_runs(config)  # readable name, group and tags, unless the config sets them
-        self._wandb_offline_without_credentials(config)
-
-    @staticmethod
-    def _wandb_offline_without_credentials(config: Namespace) -> None:
-        loggers = config.trainer.logger
-        loggers = loggers if isinstance(loggers, list) else [loggers]
-        wandb = [logger for logger in loggers if is_wandb_logger(logger)]
-        if not wandb or os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
-            return
-        reason = "no credentials configured (WANDB_API_KEY, ~/.netrc)"
-        if wandb_credentials_configured():
-            if wandb_reachable(timeout=3.0):  # else wandb.init retries for 90 s, then fails the run
-                return
-            reason = f"server {os.environ.get('WANDB_BASE_URL') or 'https://api.wandb.ai'} unreachable within 3 s"
-        for logger in wandb:
-            logger.init_args.offline = True
-            logger.init_args.mode = "offline"  # explicit: WandbLogger's WANDB_MODE may come after wandb read it
-            logger.init_args.log_model = False  # uploads need a connection; offline WandbLogger refuses it
-            where = Path(logger.init_args.get("save_dir") or ".") / "wandb"
-            rank_zero_info(
-                f"W&B: {reason}, logging offline to {where}/. "
-                f"Upload later with `wandb login` then `wandb sync {where}/offline-run-*`."
-            )
 
 
 def cli_main(args: ArgsType = None) -> VitCLI | None:
@@ -211,34 +374,37 @@ def cli_main(args: ArgsType = None) -> VitCLI | None:
             subcommand); ``None`` reads ``sys.argv[1:]``.
 
     Returns:
-        The :class:`VitCLI` (its ``trainer``, ``model``, ``datamodule``) when ``args`` is given; ``None`` when it
-        reads ``sys.argv``, because the ``vit`` console script exits with this function's return value.
+        The :class:`VitCLI` (its ``trainer``, ``model``, ``datamodule``, ``run_dir``) when ``args`` is given;
+        ``None`` when it reads ``sys.argv``, because the ``vit`` console script exits with this function's return
+        value.
 
     Raises:
-        SystemExit: With status 2 after printing the message for bad arguments, a missing config file, a model
-            setting that cannot work (unknown preset or override), a data error (missing dataset, wrong folder
-            layout) or a checkpoint that is unsafe, truncated or of another architecture; with status 3 after a
-            non-finite loss or gradient; with status 143/130 after a SIGTERM/SIGINT checkpoint; with status 0 after
-            ``--help``/``--print_config``.
+        SystemExit: With a status of :data:`EXIT_STATUSES` after printing one ``error:`` line; with 128 + signal
+            after a SIGTERM/SIGINT checkpoint; with 0 after ``--help``/``--print_config``.
     """
+    global _ARGS
     argv = sys.argv[1:] if args is None else args
     if isinstance(argv, (list, tuple)):
         argv = resolve_config_args([str(a) for a in argv])
+        _ARGS = list(argv)
+    os.environ.setdefault("WANDB_SILENT", "true")  # W&B's banner; the run summary names its folder and sync command
     try:
-        with exit_on_fault():  # unsafe/corrupt/mismatched checkpoint: status 2; non-finite loss: status 3
-            cli = VitCLI(
-                ImageClassifier,
-                ImageDataModule,
-                args=argv,
-                seed_everything_default=0,
-                save_config_callback=LogConfig,
-                save_config_kwargs={"overwrite": True},
-                auto_configure_optimizers=False,
-                parser_kwargs={"description": "Train, evaluate and apply Vision Transformers (vit)."},
-            )
-    except (DataError, ConfigError) as err:
-        sys.stderr.write(f"error: {err}\n")
-        raise SystemExit(2) from None
+        cli = VitCLI(
+            ImageClassifier,
+            ImageDataModule,
+            args=argv,
+            seed_everything_default=0,
+            save_config_callback=LogConfig,
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,
+            parser_class=VitArgumentParser,
+            parser_kwargs=PARSER_KWARGS,
+        )
+    except tuple(EXIT_STATUSES) as err:
+        status = next(code for kind, code in EXIT_STATUSES.items() if isinstance(err, kind))
+        fail(str(err), status)
+    finally:
+        _ARGS = None
     return cli if args is not None else None
 
 

@@ -27,8 +27,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from .fault import check_checkpoint_fits
-from .models import create_model, load_pretrained
+from .models import VisionTransformer, create_model, load_pretrained
+from .models.checkpoint_errors import check_checkpoint_fits
 
 
 class ConfigError(ValueError):
@@ -62,8 +62,9 @@ class ImageClassifier(LightningModule):
     A model passed as an ``nn.Module`` object from Python is not recorded: pass it again to ``load_from_checkpoint``.
 
     Args:
-        model: A preset name of :func:`vit.create_model` (``vit.list_models()``), or a network (``class_path``
-            in YAML) with timm's interface (``reset_classifier``, ``no_weight_decay``, ``group_matcher``).
+        model: A preset name of :func:`vit.create_model` (``vit.list_models()``), or a network: on the command line
+            a :class:`vit.VisionTransformer` (``class_path`` in YAML); from Python any ``nn.Module`` with timm's
+            interface (``reset_classifier``, ``no_weight_decay``, ``group_matcher``).
         num_classes: Number of classes; the CLI links it from ``data.num_classes``. ``None`` keeps the model's.
             A network whose class count differs gets a new head (``reset_classifier``).
         img_size: Input image size; the CLI links it from ``data.img_size``. For a preset it replaces the
@@ -102,7 +103,7 @@ class ImageClassifier(LightningModule):
 
     def __init__(
         self,
-        model: str | nn.Module = "vit_tiny_patch4_32",
+        model: str | VisionTransformer = "vit_tiny_patch4_32",
         num_classes: int | None = None,
         img_size: int | None = None,
         model_overrides: dict[str, Any] | None = None,
@@ -160,7 +161,15 @@ class ImageClassifier(LightningModule):
         self.train_metrics = self._metrics("train")
         self.val_metrics = self._metrics("val")
         self.test_metrics = self._metrics("test")
+        # An input for Lightning's model summary, so it shows input/output sizes and real FLOPs instead of
+        # "0 Total Flops" (not with compile: a batch of 1 would be compiled for nothing).
+        patch_embed = getattr(self.model, "patch_embed", None)
+        if patch_embed is not None and not compile:
+            self.example_input_array = torch.zeros(1, patch_embed.proj.in_channels, *patch_embed.img_size)
         self._batch_start: float | None = None
+        self._timed_images = 0  # training throughput over the fit: images and seconds between batch starts
+        self._timed_seconds = 0.0
+        self._last_batch_size = 0
 
     @staticmethod
     def _build_model(
@@ -211,12 +220,22 @@ class ImageClassifier(LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture with one message listing its missing, unexpected and
-        mis-shaped keys (:func:`vit.fault.check_checkpoint_fits`), for a resumed run as for ``load_from_checkpoint``."""
+        mis-shaped keys (:func:`~vit.models.checkpoint_errors.check_checkpoint_fits`), for a resumed run as for
+        ``load_from_checkpoint``."""
         if self.strict_loading:
             trainer = self._trainer  # None outside a Trainer (load_from_checkpoint)
             check_checkpoint_fits(self, checkpoint, source=trainer.ckpt_path if trainer is not None else None)
 
     # ----------------------------------------------------------------------------------------------- training
+    @property
+    def throughput(self) -> float:
+        """Training images per second (all devices) over the fit so far, the mean of ``train/img_per_sec``
+        weighted by time (each epoch's first batch and validation excluded); ``nan`` before two batches ran."""
+        return self._timed_images / self._timed_seconds if self._timed_seconds > 0 else float("nan")
+
+    def on_fit_start(self) -> None:
+        self._timed_images, self._timed_seconds = 0, 0.0
+
     def on_train_epoch_start(self) -> None:
         self._batch_start = None  # validation ran in between: restart the throughput clock
 
@@ -225,9 +244,13 @@ class ImageClassifier(LightningModule):
         self.log("train/lr", max(g["lr"] for g in self.trainer.optimizers[0].param_groups), on_step=True)
         now = time.perf_counter()
         if self._batch_start is not None:
-            images = batch[0].shape[0] * self.trainer.world_size
+            # The one owner of training throughput (the run summary copies its mean): images of the previous step.
+            images = self._last_batch_size * self.trainer.world_size
+            self._timed_images += images
+            self._timed_seconds += now - self._batch_start
             self.log("train/img_per_sec", images / (now - self._batch_start), on_step=True, prog_bar=True)
         self._batch_start = now
+        self._last_batch_size = batch[0].shape[0]
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch

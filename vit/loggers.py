@@ -7,22 +7,28 @@ The CLI instead sends the complete resolved configuration, nested by section (``
 ``<config>-<model>-<dataset>-<MMDD-HHMMSS>``, their config name as ``group``, and tags for the attention kind
 (``global``/``window``) and the dataset; ``val/acc`` is summarised by its maximum, ``val/loss`` by its minimum.
 
-Only :func:`log_config` touches W&B, and only through ``logger.experiment`` of a logger the trainer already has:
-nothing here opens a connection (offline runs stay offline).
+This module is the project's one home of W&B: the offline switch (no credentials, or a server that does not answer
+within seconds), run names and tags, config logging, and the sinks callbacks use (:func:`log_images`,
+:func:`log_summary`); callbacks never import wandb or ``WandbLogger`` themselves. Only :func:`wandb_reachable` opens a
+connection (a TCP probe); everything else goes through ``logger.experiment`` of a logger the trainer already has.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import numpy as np
 from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from .models import model_config
 
@@ -32,7 +38,10 @@ WANDB_LOGGER_CLASSES = ("lightning.pytorch.loggers.WandbLogger", "lightning.pyto
 SUMMARY_METRICS = {"val/acc": "max", "val/acc_top5": "max", "val/loss": "min"}
 """How W&B summarises these metrics in the runs table (``wandb.define_metric(name, summary=...)``)."""
 
-AttentionKind = Literal["global", "window"]
+DEFAULT_WANDB_URL = "https://api.wandb.ai"
+"""The W&B server when ``WANDB_BASE_URL`` is not set (the only place it is written)."""
+
+AttentionKind = Literal["global", "window", "sliding"]
 
 
 def _get(namespace: Any, key: str, default: Any = None) -> Any:
@@ -70,31 +79,42 @@ def model_name(config: Namespace | Mapping[str, Any]) -> str:
 
 
 def attention_kind(config: Namespace | Mapping[str, Any]) -> AttentionKind:
-    """``window`` when the model has local-window blocks (``window_size > 0``, from the preset and
-    ``model.model_overrides``, or a ``class_path`` network's ``init_args``), else ``global``."""
+    """The attention a run's model uses: ``global`` when ``window_size`` is 0, else ``window`` (block windows) or
+    ``sliding`` (``window_type: sliding``), read from the preset and ``model.model_overrides``, or from a
+    ``class_path`` network's ``init_args``."""
     model = _get(config, "model.model")
     overrides = dict(_get(config, "model.model_overrides") or {})
     if isinstance(model, str):
         try:
-            window_size = model_config(model, **overrides).get("window_size", 0)
-        except ValueError:  # unknown preset: the model itself reports it when built
-            window_size = overrides.get("window_size", 0)
+            settings = {**model_config(model, **overrides)}
+        except (ValueError, TypeError):  # unknown preset or override: the model itself reports it when built
+            settings = overrides
     else:
-        window_size = _get(model, "init_args.window_size", 0)
-    return "window" if window_size else "global"
+        settings = dict(_get(model, "init_args") or {})
+    if not settings.get("window_size"):
+        return "global"
+    return "sliding" if settings.get("window_type") == "sliding" else "window"
 
 
-def run_name(config: str, model: str, dataset: str, when: datetime | None = None) -> str:
-    """Readable run name ``<config>-<model>-<dataset>-<MMDD-HHMMSS>``.
+def run_name(config: str, model: str, attention: str, dataset: str, when: datetime | None = None) -> str:
+    """Readable run name ``<config>-<model>-<attention>-<dataset>-<MMDD-HHMMSS>``: the W&B run name and the name of
+    the run's folder ``runs/<config>/<run name>/``.
 
     Args:
         config: Config name (:func:`config_name`).
         model: Model name (:func:`model_name`).
+        attention: :func:`attention_kind`.
         dataset: ``data.dataset``.
         when: Start time; now by default.
     """
     when = when or datetime.now()
-    return f"{config}-{model}-{dataset}-{when:%m%d-%H%M%S}"
+    return f"{config}-{model}-{attention}-{dataset}-{when:%m%d-%H%M%S}"
+
+
+def default_run_name(config: Namespace, when: datetime | None = None) -> str:
+    """:func:`run_name` of a parsed CLI config."""
+    dataset = str(_get(config, "data.dataset", "data"))
+    return run_name(config_name(config), model_name(config), attention_kind(config), dataset, when)
 
 
 def is_wandb_logger(logger: Any) -> bool:
@@ -102,34 +122,132 @@ def is_wandb_logger(logger: Any) -> bool:
     return isinstance(logger, Namespace) and logger.get("class_path") in WANDB_LOGGER_CLASSES
 
 
-def name_wandb_runs(config: Namespace, when: datetime | None = None) -> None:
-    """Fill in ``name``, ``group`` and ``tags`` of every W&B logger of a parsed CLI config, before instantiation.
+def configured_wandb_loggers(config: Namespace) -> list[Namespace]:
+    """The ``trainer.logger`` entries of a parsed CLI config that are W&B loggers."""
+    loggers = _get(config, "trainer.logger")
+    loggers = loggers if isinstance(loggers, list) else [loggers]
+    return [logger for logger in loggers if is_wandb_logger(logger)]
 
-    Values the user set are kept; the attention kind and dataset tags are added to the user's tags.
+
+def name_wandb_runs(config: Namespace, name: str, save_dir: str | Path, run_id: str | None = None) -> None:
+    """Fill in ``name``, ``group``, ``tags``, ``save_dir`` (and ``id`` to continue a run) of every W&B logger of a
+    parsed CLI config, before instantiation. Values the user set are kept; the attention kind and dataset tags are
+    added to the user's tags.
 
     Args:
         config: The parsed config of the subcommand (``trainer``, ``model``, ``data``, ``config``).
-        when: Start time for the name; now by default.
+        name: The run name (:func:`default_run_name`, or the resumed run's).
+        save_dir: The run folder: W&B writes its files to ``<save_dir>/wandb``.
+        run_id: The W&B id of the run being resumed, so its history continues in the same run.
     """
-    loggers = _get(config, "trainer.logger")
-    loggers = loggers if isinstance(loggers, list) else [loggers]
     dataset = str(_get(config, "data.dataset", "data"))
-    name = config_name(config)
-    for logger in loggers:
-        if not is_wandb_logger(logger):
-            continue
+    for logger in configured_wandb_loggers(config):
         args = logger.init_args
-        if not args.get("name"):
-            args.name = run_name(name, model_name(config), dataset, when)
-        if not args.get("group"):
-            args.group = name
+        args.name = args.get("name") or name
+        args.group = args.get("group") or config_name(config)
+        if args.get("save_dir") in (None, "", "."):  # WandbLogger's default "." is the working directory
+            args.save_dir = str(save_dir)
+        if run_id and not args.get("id") and not args.get("version"):
+            args.id = run_id
+            args.resume = "allow"
         tags = list(args.get("tags") or [])
         args.tags = tags + [tag for tag in (attention_kind(config), dataset) if tag not in tags]
+
+
+def wandb_run_id(run_dir: str | Path) -> str | None:
+    """The id of the most recent W&B run under ``<run_dir>/wandb`` (``offline-run-<time>-<id>``), or ``None``."""
+    runs = sorted(Path(run_dir, "wandb").glob("*run-*-*"), key=lambda p: p.name.split("-", 2)[-1])
+    return runs[-1].name.rsplit("-", 1)[-1] if runs else None
+
+
+def wandb_credentials_configured() -> bool:
+    """Whether W&B could log in without asking: ``WANDB_API_KEY``, an identity token file or a ``.netrc`` entry for
+    the W&B host (``wandb login`` writes one). Nothing is sent over the network."""
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    try:  # read .netrc without creating wandb's settings singleton, which would freeze WANDB_* variables now
+        from wandb.sdk.lib import wbauth
+
+        return bool(wbauth.read_netrc_auth(host=os.environ.get("WANDB_BASE_URL") or DEFAULT_WANDB_URL))
+    except Exception:  # another wandb version: fall back on its (deprecated) public accessor
+        try:
+            import wandb
+
+            return bool(wandb.api.api_key)
+        except Exception:
+            return False
+
+
+def wandb_reachable(base_url: str | None = None, timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the W&B server opens within ``timeout`` seconds (name lookup included).
+
+    Args:
+        base_url: The server; default ``WANDB_BASE_URL`` or :data:`DEFAULT_WANDB_URL`.
+        timeout: Seconds to wait at most.
+    """
+    url = urlparse(base_url or os.environ.get("WANDB_BASE_URL") or DEFAULT_WANDB_URL)
+    host = url.hostname
+    if not host:
+        return False
+    port = url.port or (443 if url.scheme == "https" else 80)
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)  # getaddrinfo has no timeout of its own
+    thread.start()
+    thread.join(timeout)
+    return bool(result and result[0])
+
+
+def offline_without_server(config: Namespace) -> None:
+    """Switch every W&B logger of a parsed CLI config to offline mode when no credentials are configured or the
+    server does not answer within 3 s (else ``wandb.init`` retries for 90 s, then fails the run), and say so.
+
+    Args:
+        config: The parsed config of the subcommand, after :func:`name_wandb_runs`.
+    """
+    loggers = configured_wandb_loggers(config)
+    if not loggers:
+        return
+    mode = os.environ.get("WANDB_MODE")
+    if mode not in ("offline", "disabled", "dryrun"):
+        reason = "no credentials configured (WANDB_API_KEY, ~/.netrc)"
+        if wandb_credentials_configured():
+            if wandb_reachable(timeout=3.0):
+                return
+            reason = f"server {os.environ.get('WANDB_BASE_URL') or DEFAULT_WANDB_URL} unreachable within 3 s"
+        rank_zero_info(f"W&B: {reason}, logging offline; the end of the run prints the `wandb sync` command.")
+    for logger in loggers:
+        if mode in ("disabled",):
+            continue
+        logger.init_args.offline = True
+        logger.init_args.mode = "offline"  # explicit: WandbLogger's WANDB_MODE may come after wandb read it
+        logger.init_args.log_model = False  # uploads need a connection; offline WandbLogger refuses it
+        logger.init_args.anonymous = None  # W&B warns that "anonymous" has no effect offline
 
 
 def wandb_loggers(trainer: Trainer) -> list[WandbLogger]:
     """The trainer's W&B loggers."""
     return [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
+
+
+def wandb_run_folders(trainer: Trainer) -> list[tuple[Path, bool]]:
+    """``(folder, offline)`` of each W&B run the trainer logged to (``.../wandb/offline-run-<time>-<id>``); the
+    ``wandb sync`` command uploads an offline one."""
+    folders = []
+    for logger in wandb_loggers(trainer):
+        try:
+            run = logger.experiment
+            folders.append((Path(run.dir).parent, bool(getattr(run.settings, "_offline", False) or run.offline)))
+        except Exception:  # a disabled or failed run has no folder
+            continue
+    return folders
 
 
 def log_images(

@@ -1,17 +1,23 @@
-"""What a run costs: parameter count, forward FLOPs per image and training throughput, in the logger's summary."""
+"""What a run achieved and where it went: the end-of-fit report, and the model's size in the W&B run summary.
+
+Training throughput has one owner, the LightningModule (``train/img_per_sec``, every step; its mean over the fit is
+:attr:`vit.ImageClassifier.throughput`); this callback only copies that mean into the summary and the report.
+"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from typing import Any
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from .rollout import _eval_mode, _warn_on_failure
+from ..loggers import log_summary, wandb_run_folders
+from .resume import last_checkpoint_path
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:
@@ -23,13 +29,23 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
     }
 
 
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[None]:
+    flags = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in flags.items():
+            module.training = training
+
+
 def forward_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
     """FLOPs of one eval-mode forward pass of one input of shape ``input_shape`` (without batch dimension).
 
-    Counted with :class:`torch.utils.flop_counter.FlopCounterMode`, where a multiply-add is 2 FLOPs (so GMACs =
+    Counted with :class:`torch.utils.flop_counter.FlopCounterMode`, where a multiply-add is 2 FLOPs (GMACs =
     GFLOPs / 2, the unit timm and most papers quote). Attention runs on PyTorch's math backend meanwhile, because
-    the fused CPU kernel is not counted. ``model.forward`` is called directly, so a compiled model is not
-    recompiled for this batch size; the model's ``training`` flags are restored.
+    the fused CPU kernel is not counted. The model's ``training`` flags are restored.
 
     Args:
         model: The network.
@@ -45,45 +61,31 @@ def forward_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
     return int(counter.get_total_flops())
 
 
-def _batch_size(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_size(batch[0])
-    if isinstance(batch, dict) and batch:
-        return _batch_size(next(iter(batch.values())))
-    raise TypeError(f"cannot tell the batch size of a {type(batch).__name__}")
-
-
 class RunSummary(Callback):
-    """Record what a run costs: parameters, forward FLOPs per image and training throughput.
+    """Put the model's size in the W&B run summary at fit start, and print what the fit achieved at its end.
 
-    At fit start (global rank zero) it counts the parameters of ``pl_module.model`` and the FLOPs of one forward
-    pass of one image (:func:`forward_flops`: FLOPs, a multiply-add counting 2). During training it times the
-    training batches of every epoch (its first ``warmup_batches`` excluded: compilation, autotuning, worker
-    start-up) and reports images per second over all devices, validation excluded.
-
-    With a W&B logger the values go into the run summary (``model/params``, ``model/trainable_params``,
-    ``model/gflops``, ``model/gmacs``, ``train/throughput``), so they are columns of the runs table; every logger
-    also receives them as metrics.
+    Summary columns (W&B runs table): ``model/params``, ``model/trainable_params``, ``model/gflops``,
+    ``model/gmacs`` (one forward pass of one image), ``train/img_per_sec`` (the mean over the fit). The report at the
+    end of a fit names the best ``val/acc`` and its epoch, the final ``val/acc``, the best and last checkpoints, the
+    W&B run folder with its ``wandb sync`` command and the rollout PNG folder.
 
     Args:
-        warmup_batches: Training batches at the start of each epoch left out of the throughput.
         flops: Count the forward FLOPs (one extra forward pass of one image at fit start).
     """
 
-    def __init__(self, warmup_batches: int = 2, flops: bool = True) -> None:
+    def __init__(self, flops: bool = True) -> None:
         super().__init__()
-        if warmup_batches < 0:
-            raise ValueError(f"warmup_batches must be >= 0, got {warmup_batches}")
-        self.warmup_batches = warmup_batches
         self.flops = flops
-        self.images = 0
-        self.seconds = 0.0
-        self._epoch_start: float | None = None
-        self._epoch_images = 0
+        self.val_acc: dict[int, float] = {}  # epoch -> val/acc, for the report
 
-    def model_statistics(self, pl_module: LightningModule, trainer: Trainer | None = None) -> dict[str, float]:
+    def state_dict(self) -> dict[str, dict[int, float]]:
+        """The ``val/acc`` of every epoch so far: a resumed run's report covers the epochs before the resume."""
+        return {"val_acc": dict(self.val_acc)}
+
+    def load_state_dict(self, state_dict: dict[str, dict[int, float]]) -> None:
+        self.val_acc = {int(epoch): float(acc) for epoch, acc in (state_dict.get("val_acc") or {}).items()}
+
+    def model_statistics(self, pl_module: LightningModule) -> dict[str, float]:
         """Parameter counts and (if enabled) GFLOPs/GMACs of ``pl_module.model`` for one image."""
         model = pl_module.model if isinstance(getattr(pl_module, "model", None), nn.Module) else pl_module
         stats: dict[str, float] = dict(count_parameters(model))
@@ -96,51 +98,44 @@ class RunSummary(Callback):
         return stats
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.images, self.seconds = 0, 0.0
+        if trainer.is_global_zero:
+            log_summary(trainer, {f"model/{k}": v for k, v in self.model_statistics(pl_module).items()})
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        acc = trainer.callback_metrics.get("val/acc")
+        if not trainer.sanity_checking and acc is not None:
+            self.val_acc[trainer.current_epoch] = float(acc)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        stats = {f"model/{name}": value for name, value in self.model_statistics(pl_module).items()}
-        self._report(trainer, stats, step=trainer.global_step)
+        throughput = getattr(pl_module, "throughput", float("nan"))
+        if throughput == throughput:  # not nan
+            log_summary(trainer, {"train/img_per_sec": throughput})
+        sys.stdout.write(self.report(trainer, throughput) + "\n")
+        sys.stdout.flush()
 
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._epoch_start, self._epoch_images = None, 0
-
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if batch_idx == self.warmup_batches:
-            self._epoch_start = self._now(pl_module)
-
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if self._epoch_start is not None and batch_idx >= self.warmup_batches:
-            self._epoch_images += _batch_size(batch) * trainer.world_size
-
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._epoch_start is None or self._epoch_images == 0:
-            return
-        end = self._now(pl_module)  # waits for the device, so the last batch is included
-        self.images += self._epoch_images
-        self.seconds += max(end - self._epoch_start, 1e-9)
-        self._epoch_start = None
-        if trainer.is_global_zero:
-            self._report(trainer, {"train/throughput": self.throughput}, step=trainer.global_step)
-
-    @property
-    def throughput(self) -> float:
-        """Training images per second so far (all devices), ``nan`` before the first measured epoch."""
-        return self.images / self.seconds if self.seconds > 0 else float("nan")
-
-    @staticmethod
-    def _now(pl_module: LightningModule) -> float:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
-        return time.perf_counter()
-
-    @staticmethod
-    def _report(trainer: Trainer, values: dict[str, float], step: int) -> None:
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):  # summary columns of the runs table, not charts
-                action = lambda logger=logger: logger.experiment.summary.update(values)  # noqa: E731
-            else:
-                action = lambda logger=logger: logger.log_metrics(values, step=step)  # noqa: E731
-            _warn_on_failure(f"run summary to {type(logger).__name__}", trainer.current_epoch, action)
+    def report(self, trainer: Trainer, throughput: float = float("nan")) -> str:
+        """The end-of-fit text: accuracies, checkpoints, W&B folder and sync command, rollout folder."""
+        lines = [f"Run folder: {trainer.default_root_dir}"]
+        if self.val_acc:
+            best_epoch = max(self.val_acc, key=lambda epoch: (self.val_acc[epoch], -epoch))
+            final_epoch = max(self.val_acc)
+            lines.append(
+                f"val/acc: best {self.val_acc[best_epoch]:.4f} at epoch {best_epoch}, "
+                f"final {self.val_acc[final_epoch]:.4f} at epoch {final_epoch}"
+            )
+        if throughput == throughput:
+            lines.append(f"training throughput: {throughput:.0f} img/s")
+        checkpoint = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
+        if checkpoint is not None and checkpoint.best_model_path:
+            lines.append(f"best checkpoint: {checkpoint.best_model_path}")
+        last = last_checkpoint_path(trainer)
+        if last.is_file():
+            lines.append(f"last checkpoint: {last}  (resume: --ckpt_path last)")
+        for folder, offline in wandb_run_folders(trainer):
+            lines.append(f"W&B run: {folder}" + (f"  (upload: wandb sync {folder})" if offline else ""))
+        rollout = Path(trainer.default_root_dir) / "rollout"
+        if rollout.is_dir():
+            lines.append(f"rollout PNGs: {rollout}")
+        return "\n".join(lines)

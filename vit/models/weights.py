@@ -7,7 +7,6 @@ arbitrary code to load is refused.
 from __future__ import annotations
 
 import logging
-import pickle
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -15,42 +14,40 @@ import torch
 from torch import nn
 
 from ..layers import resample_pos_embed
+from .checkpoint_errors import (
+    CorruptCheckpointError,
+    IncompatibleCheckpointError,
+    MissingCheckpointError,
+    UnsafeCheckpointError,
+    describe_mismatch,
+    read_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
 _WRAPPER_KEYS = ("state_dict", "model", "state_dict_ema", "model_ema")
 
 
-class UnsafeCheckpointError(RuntimeError):
-    """A checkpoint file that cannot be loaded without running arbitrary code."""
-
-
-class IncompatibleCheckpointError(RuntimeError):
-    """A checkpoint whose keys or shapes do not fit the model."""
-
-
 def load_file(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Read a ``.safetensors`` file or a torch pickle with ``weights_only=True``.
+    """Read a ``.safetensors`` file or a torch pickle with ``weights_only=True`` (:func:`read_checkpoint`).
 
     Raises:
-        FileNotFoundError: If ``path`` does not exist.
+        MissingCheckpointError: If ``path`` does not exist (a ``FileNotFoundError``).
+        CorruptCheckpointError: If the file is not a PyTorch checkpoint (text, random bytes, empty, truncated).
         UnsafeCheckpointError: If the pickle needs arbitrary code (it is never executed).
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint file not found: {path}")
     if path.suffix == ".safetensors":
+        if not path.is_file():
+            raise MissingCheckpointError(f"checkpoint file not found: {path}")
+        from safetensors import SafetensorError
         from safetensors.torch import load_file as load_safetensors
 
-        return load_safetensors(str(path), device=str(map_location))
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise UnsafeCheckpointError(
-            f"refusing to load {path}: it is a pickle that needs arbitrary code to load ({err}). "
-            "Only tensors and plain containers are accepted; if you trust the file, re-save its state dict "
-            "with torch.save(model.state_dict(), ...) or convert it to .safetensors."
-        ) from err
+        try:
+            return load_safetensors(str(path), device=str(map_location))
+        except SafetensorError as err:
+            raise CorruptCheckpointError(f"{path} is not a safetensors file ({err})") from None
+    return read_checkpoint(path, map_location=map_location)
 
 
 def extract_state_dict(checkpoint: Mapping) -> dict[str, torch.Tensor]:
@@ -71,24 +68,6 @@ def extract_state_dict(checkpoint: Mapping) -> dict[str, torch.Tensor]:
             inner = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
             state = inner or state
     return state
-
-
-def describe_mismatch(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> str:
-    """A readable list of missing, unexpected and mis-shaped keys; empty when the state dict fits."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(own))
-    misshaped = [
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in sorted(set(own) & set(state_dict))
-        if own[k].shape != state_dict[k].shape
-    ]
-    parts = []
-    for title, items in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped)):
-        if items:
-            shown = ", ".join(items[:20]) + (f", ... ({len(items) - 20} more)" if len(items) > 20 else "")
-            parts.append(f"{len(items)} {title} key(s): {shown}")
-    return "; ".join(parts)
 
 
 def load_pretrained(
@@ -148,3 +127,16 @@ def load_pretrained(
     state = {k: v for k, v in state.items() if k in own_shapes and v.shape == own_shapes[k]}
     model.load_state_dict(state, strict=False)
     return model
+
+
+__all__ = [
+    "CorruptCheckpointError",
+    "IncompatibleCheckpointError",
+    "MissingCheckpointError",
+    "UnsafeCheckpointError",
+    "describe_mismatch",
+    "extract_state_dict",
+    "load_file",
+    "load_pretrained",
+    "read_checkpoint",
+]
