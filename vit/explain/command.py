@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import numpy as np
 import torch
@@ -54,6 +54,7 @@ class Explainer:
     std: tuple[float, ...]
     preset: str
     class_names: list[str] | None
+    data: Any = None  # the run's ImageDataModule (Lightning checkpoints whose data settings work here)
 
 
 def _first_line(err: BaseException) -> str:
@@ -105,7 +106,8 @@ def _from_lightning(checkpoint: Path, raw: dict) -> Explainer:
     data = dict(raw.get("datamodule_hyper_parameters") or {})
     data.pop("_class_path", None)
     data.pop("_instantiator", None)
-    mean, std, preset, names = IMAGENET_MEAN, IMAGENET_STD, "imagenet", None
+    data["num_workers"] = 0  # a few hundred images: worker processes would cost more than they save
+    mean, std, preset, names, datamodule = IMAGENET_MEAN, IMAGENET_STD, "imagenet", None, None
     try:  # the data module knows the normalisation and the class names (a folder dataset needs its folder)
         datamodule = ImageDataModule(**data)
         mean, std, preset, names = datamodule.mean, datamodule.std, datamodule.preset, datamodule.class_names
@@ -114,7 +116,25 @@ def _from_lightning(checkpoint: Path, raw: dict) -> Explainer:
               "normalisation and class indices", file=sys.stderr)  # fmt: skip
     if names is not None and len(names) != getattr(model, "num_classes", len(names)):
         names = None
-    return Explainer(model, model.patch_embed.img_size[0], tuple(mean), tuple(std), preset, names)
+    return Explainer(model, model.patch_embed.img_size[0], tuple(mean), tuple(std), preset, names, datamodule)
+
+
+def load_split(explainer: Explainer, limit: int | None = None) -> tuple[list[Path], torch.Tensor, torch.Tensor]:
+    """The run's validation split through its eval transform: names ``val/00000``, images, labels.
+
+    Raises:
+        InputError: If the checkpoint's data settings are not usable on this machine.
+    """
+    if explainer.data is None:
+        raise InputError("--split val needs a Lightning checkpoint whose data settings work here; pass image files")
+    images, labels = [], []
+    for batch in explainer.data.val_dataloader():
+        images.append(batch[0].cpu())
+        labels.append(batch[1].cpu())
+        if limit is not None and sum(len(b) for b in images) >= limit:
+            break
+    images, labels = torch.cat(images)[:limit], torch.cat(labels)[:limit]
+    return [Path("val") / f"{i:05d}" for i in range(len(images))], images, labels
 
 
 def find_images(inputs: Sequence[str]) -> list[Path]:
@@ -197,8 +217,10 @@ def head_maps(attn: torch.Tensor, num_prefix_tokens: int, pooled_by_token: bool,
     return rows.reshape(*rows.shape[:2], *grid)
 
 
-def compute(explainer: Explainer, pixels: torch.Tensor, args: argparse.Namespace) -> Results:
-    """Explain ``pixels`` (uint8) in batches, then measure faithfulness over all of them."""
+def compute(
+    explainer: Explainer, pixels: torch.Tensor, args: argparse.Namespace, labels: torch.Tensor | None = None
+) -> Results:
+    """Explain ``pixels`` (uint8, or normalised floats) in batches, then measure faithfulness over all of them."""
     model = explainer.model
     target = parse_target(args.target, explainer)
     depth = len(model.blocks)
@@ -207,10 +229,12 @@ def compute(explainer: Explainer, pixels: torch.Tensor, args: argparse.Namespace
         raise InputError(f"--report-block {args.report_block} out of range: the model has {depth} blocks")
     pooled_by_token = getattr(model, "global_pool", "token") == "token"
     parts, attributions, heads = [], [], []
-    for chunk in pixels.split(args.batch_size):
+    chunks = pixels.split(args.batch_size)
+    label_chunks = labels.split(args.batch_size) if labels is not None else [None] * len(chunks)
+    for chunk, chunk_labels in zip(chunks, label_chunks, strict=True):
         part = explain_images(
-            model, chunk, class_names=explainer.class_names, mean=explainer.mean, std=explainer.std,
-            head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, statistics=True,
+            model, chunk, labels=chunk_labels, class_names=explainer.class_names, mean=explainer.mean,
+            std=explainer.std, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, statistics=True,
         )  # fmt: skip
         heads.append(head_maps(part.attentions[block], model.num_prefix_tokens, pooled_by_token,
                                model.patch_embed.grid_size))  # fmt: skip
@@ -222,7 +246,7 @@ def compute(explainer: Explainer, pixels: torch.Tensor, args: argparse.Namespace
     sizes = torch.tensor([len(p) for p in parts], dtype=torch.float32)[:, None, None]
     explanation = Explanation(
         images=torch.cat([p.images for p in parts]),
-        labels=None,
+        labels=labels,
         probs=torch.cat([p.probs for p in parts]),
         preds=torch.cat([p.preds for p in parts]),
         attentions=[],
@@ -281,7 +305,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     head, tail = __doc__.split("\n\n", 1)
     parser = argparse.ArgumentParser(prog=prog, description=head, epilog=tail.split("\n\n", 1)[1])
     parser.add_argument("checkpoint", type=Path, help="Lightning .ckpt of `vit fit`, or weights with --model")
-    parser.add_argument("images", nargs="+", help="image files and/or folders (searched recursively)")
+    parser.add_argument("images", nargs="*", help="image files and/or folders (searched recursively)")
+    parser.add_argument("--split", choices=("val",), default=None, help="explain the run's validation split instead")
+    parser.add_argument("--limit", type=int, default=None, help="with --split: the first N images only")
     parser.add_argument("--model", default=None, help="preset name for plain weights (.pth/.safetensors)")
     parser.add_argument("--img-size", type=int, default=None, help="input size for plain weights (default: preset's)")
     parser.add_argument("--method", choices=(*METHODS, "both"), default="both", help="maps to draw (default: both)")
@@ -309,6 +335,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--alpha must be in [0, 1], got {args.alpha}")
     if args.steps < 1 or args.batch_size < 1:
         parser.error("--steps and --batch-size must be positive")
+    if bool(args.images) == bool(args.split):
+        parser.error("give image files or folders, or --split val (not both)")
     if args.json is not None and not args.faithfulness:
         parser.error("--json writes the faithfulness areas: add --faithfulness")
     for option, path in (("--json", args.json), ("--html", args.html)):
@@ -322,10 +350,14 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     check_arguments(parser, args)
     try:
-        files = find_images(args.images)
+        files = find_images(args.images) if args.images else []
         explainer = load_explainer(args.checkpoint, args.model, args.img_size)
-        pixels = load_images(explainer, files)
-        results = compute(explainer, pixels, args)
+        labels = None
+        if args.split:
+            files, pixels, labels = load_split(explainer, args.limit)
+        else:
+            pixels = load_images(explainer, files)
+        results = compute(explainer, pixels, args, labels)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
