@@ -2,6 +2,12 @@
 
 from .attention import Attention, attention_softmax
 from .block import Block
+from .neighborhood_attention import (
+    NeighborhoodAttention,
+    neighborhood_attention_mask,
+    neighborhood_mask_mod,
+    neighborhood_starts,
+)
 from .patch_embed import PatchEmbed
 from .pos_embed import build_sincos_2d_pos_embed, resample_pos_embed
 from .utils import to_2tuple
@@ -10,10 +16,14 @@ from .window_attention import WindowAttention, window_attention_mask, window_ban
 __all__ = [
     "Attention",
     "Block",
+    "NeighborhoodAttention",
     "PatchEmbed",
     "WindowAttention",
     "attention_softmax",
     "build_sincos_2d_pos_embed",
+    "neighborhood_attention_mask",
+    "neighborhood_mask_mod",
+    "neighborhood_starts",
     "resample_pos_embed",
     "to_2tuple",
     "window_attention_mask",

@@ -31,6 +31,29 @@ _PRESETS: dict[str, dict[str, Any]] = {
         shift_windows=True,
         global_attn_indexes=(2, 5, 8, 11),
     ),
+    # Sliding-window (neighbourhood) variants: each patch attends to the k x k patches around it (NAT), and the
+    # global blocks of the window presets close each group of three.
+    "vit_small_sliding_patch16_224": dict(
+        patch_size=16,
+        embed_dim=384,
+        depth=12,
+        num_heads=6,
+        window_size=7,
+        window_type="sliding",
+        global_attn_indexes=(2, 5, 8, 11),
+    ),
+    # 8 x 8 grid, 5 x 5 neighbourhoods: 25 patches per query, close to the 16 of a 4 x 4 block window, but no edge.
+    "vit_tiny_sliding_patch4_32": dict(
+        img_size=32,
+        patch_size=4,
+        embed_dim=192,
+        depth=12,
+        num_heads=3,
+        num_classes=10,
+        window_size=5,
+        window_type="sliding",
+        global_attn_indexes=(2, 5, 8, 11),
+    ),
 }
 
 

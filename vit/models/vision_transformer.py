@@ -3,7 +3,8 @@
 Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale" (ICLR 2021);
 training-friendly defaults from Touvron et al., "Training data-efficient image transformers" (DeiT, ICML 2021);
 register tokens from Darcet et al., "Vision Transformers Need Registers" (ICLR 2024); local-window blocks
-interleaved with global ones from Li et al., ViTDet (ECCV 2022).
+interleaved with global ones from Li et al., ViTDet (ECCV 2022); sliding windows from Hassani et al.,
+"Neighborhood Attention Transformer" (CVPR 2023) and its dilated form, DiNAT (Hassani & Shi, 2022).
 
 Parameter names and shapes follow timm's ``VisionTransformer``, so timm checkpoints load with a plain
 ``load_state_dict``.
@@ -19,11 +20,11 @@ import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
-from ..layers import Attention, Block, PatchEmbed, WindowAttention, build_sincos_2d_pos_embed
+from ..layers import Attention, Block, NeighborhoodAttention, PatchEmbed, WindowAttention, build_sincos_2d_pos_embed
 
 
 class VisionTransformer(nn.Module):
-    """Vision Transformer with optional class/register tokens and local-window blocks.
+    """Vision Transformer with optional class/register tokens and local-window or sliding-window blocks.
 
     Initialisation follows ViT/DeiT: every linear layer (and the patch projection, a linear map over
     flattened patches) gets a truncated normal with std 0.02 and zero bias; learned position embeddings
@@ -55,8 +56,12 @@ class VisionTransformer(nn.Module):
         drop_path_rate: Stochastic-depth rate of the last block, increasing linearly from 0 over depth.
         window_size: 0 for global attention everywhere; ``w > 0`` makes every block not listed in
             ``global_attn_indexes`` attend within ``w × w`` windows of the patch grid (plus the prefix tokens).
+        window_type: ``"block"``: fixed, non-overlapping windows (Swin / ViTDet); ``"sliding"``: the ``w × w``
+            neighbourhood of each patch, shifted inward at the border (NAT); ``w`` must then be odd.
+        window_dilation: Stride between the neighbours of a sliding window (DiNAT); ``w · dilation`` must fit in
+            the grid. Sliding windows only.
         global_attn_indexes: Indexes of the blocks that stay global when ``window_size > 0``.
-        shift_windows: Shift the window grid by ``w // 2`` in every second window block (Swin).
+        shift_windows: Shift the window grid by ``w // 2`` in every second window block (Swin); block windows only.
         fused_attn: Use PyTorch's fused attention kernels; ``False`` selects the explicit path.
         norm_layer: Normalisation layer class; default ``LayerNorm(eps=1e-6)`` as in timm and big_vision.
 
@@ -89,6 +94,8 @@ class VisionTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         window_size: int = 0,
+        window_type: Literal["block", "sliding"] = "block",
+        window_dilation: int = 1,
         global_attn_indexes: Sequence[int] = (),
         shift_windows: bool = False,
         fused_attn: bool = True,
@@ -110,6 +117,14 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"depth must be positive, got {depth}")
         if window_size < 0:
             raise ValueError(f"window_size must be >= 0 (0 = global attention), got {window_size}")
+        if window_type not in ("block", "sliding"):
+            raise ValueError(f"window_type must be 'block' or 'sliding', got {window_type!r}")
+        if window_type == "sliding" and shift_windows:
+            raise ValueError("shift_windows applies to window_type='block' only: a sliding window needs no shift")
+        if window_dilation <= 0:
+            raise ValueError(f"window_dilation must be positive, got {window_dilation}")
+        if window_type == "block" and window_dilation != 1:
+            raise ValueError(f"window_dilation {window_dilation} needs window_type='sliding'")
         bad = [i for i in global_attn_indexes if not 0 <= i < depth]
         if bad:
             raise ValueError(f"global_attn_indexes {bad} out of range for depth {depth} (valid: 0..{depth - 1})")
@@ -122,11 +137,15 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = int(class_token) + reg_tokens
         self.no_embed_class = no_embed_class or pos_embed == "sincos"
         self.window_size = window_size
+        self.window_type = window_type
+        self.window_dilation = window_dilation
         self.global_attn_indexes = tuple(global_attn_indexes)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         grid_size = self.patch_embed.grid_size
+        if window_size and window_type == "sliding":
+            _check_sliding(grid_size, window_size, window_dilation)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
         embed_len = self.patch_embed.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
@@ -143,7 +162,15 @@ class VisionTransformer(nn.Module):
         window_blocks = 0
         for i in range(depth):
             attn_layer: type[nn.Module] = Attention
-            if window_size and i not in self.global_attn_indexes:
+            if window_size and window_type == "sliding" and i not in self.global_attn_indexes:
+                attn_layer = partial(
+                    NeighborhoodAttention,
+                    grid_size=grid_size,
+                    kernel_size=window_size,
+                    dilation=window_dilation,
+                    num_prefix_tokens=self.num_prefix_tokens,
+                )
+            elif window_size and i not in self.global_attn_indexes:
                 shift = window_size // 2 if shift_windows and window_blocks % 2 == 1 else 0
                 attn_layer = partial(
                     WindowAttention,
@@ -255,6 +282,18 @@ class VisionTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Images ``(B, C, H, W)`` to logits ``(B, num_classes)``."""
         return self.forward_head(self.forward_features(x))
+
+
+def _check_sliding(grid_size: tuple[int, int], window_size: int, dilation: int) -> None:
+    """Sliding-window arguments, checked with the model's argument names."""
+    if window_size % 2 == 0:
+        raise ValueError(f"window_size must be odd for window_type='sliding' (centred on its patch), got {window_size}")
+    if window_size * dilation > min(grid_size):
+        rows, cols = grid_size
+        raise ValueError(
+            f"window_size {window_size} x window_dilation {dilation} = {window_size * dilation} is larger than the "
+            f"patch grid {rows}x{cols}: use window_size * window_dilation <= {min(grid_size)}"
+        )
 
 
 def _init_vit_weights(module: nn.Module) -> None:

@@ -1,0 +1,263 @@
+"""Sliding-window (neighbourhood) self-attention over the patch grid, with global prefix tokens.
+
+Each patch attends to the ``k × k`` patches around it (Hassani et al., "Neighborhood Attention Transformer",
+CVPR 2023): near the border the window shifts inward, so every patch query sees exactly ``k × k`` patches. With
+dilation ``d`` (Hassani & Shi, "Dilated Neighborhood Attention Transformer", 2022) the neighbours sit at stride
+``d`` inside the query's own residue class (rows ``i ≡ r (mod d)``), with the same border rule inside that class.
+Prefix tokens (class / register) attend to every token and every token attends to them.
+
+Two exact, linear-cost paths, neither of which builds an ``N × N`` mask or score matrix:
+
+* CPU (and any device): the queries are cut into ``t × t`` tiles (inside one residue class); each tile attends to
+  its halo of at most ``(t + k - 1)²`` keys plus the prefix keys, with a boolean mask per tile (it depends only on
+  where the tile sits relative to the border), all tiles batched through one
+  :func:`torch.nn.functional.scaled_dot_product_attention` call. Trains on the CPU.
+* CUDA: :func:`torch.nn.attention.flex_attention` with a ``BlockMask`` built once per (grid, k, d, prefix, device)
+  and shared by every block with that geometry; the tiled path is the fallback (e.g. with attention dropout).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import Attention
+from .utils import to_2tuple
+
+try:
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - torch without FlexAttention: the tiled path everywhere
+    flex_attention = None
+
+_BLOCK_MASKS: dict[tuple, BlockMask] = {}  # (rows, cols, k, d, prefix, device) -> BlockMask, shared by blocks
+_compiled_flex = None
+
+
+def check_neighborhood(grid_size: int | tuple[int, int], kernel_size: int, dilation: int = 1) -> tuple[int, int]:
+    """Validate a neighbourhood geometry and return the grid as ``(rows, cols)``.
+
+    Raises:
+        ValueError: Naming ``kernel_size`` (not positive or even), ``dilation`` (not positive), or both numbers
+            when ``kernel_size · dilation`` exceeds a grid side.
+    """
+    rows, cols = to_2tuple(grid_size)
+    if kernel_size <= 0 or kernel_size % 2 == 0:
+        raise ValueError(
+            f"kernel_size must be a positive odd number (a window centred on its patch), got {kernel_size}"
+        )
+    if dilation <= 0:
+        raise ValueError(f"dilation must be positive, got {dilation}")
+    if kernel_size * dilation > min(rows, cols):
+        raise ValueError(
+            f"kernel_size {kernel_size} x dilation {dilation} = {kernel_size * dilation} is larger than the patch "
+            f"grid {rows}x{cols}: use kernel_size * dilation <= {min(rows, cols)}"
+        )
+    return rows, cols
+
+
+def neighborhood_starts(length: int, kernel_size: int, dilation: int = 1) -> torch.Tensor:
+    """First neighbour of every position along one axis, ``(length,)``; neighbours are ``start + d·j``, ``j < k``.
+
+    Inside the residue class of position ``i`` (``length_r`` positions ``r, r + d, ...``), the window of ``k``
+    class positions is centred on ``i`` and clamped into the class: ``clamp(i // d - k // 2, 0, length_r - k)``.
+    """
+    i = torch.arange(length)
+    residue = i % dilation
+    class_length = (length - residue + dilation - 1) // dilation
+    start = torch.minimum((i // dilation - kernel_size // 2).clamp_min(0), class_length - kernel_size)
+    return residue + dilation * start
+
+
+def _axis_pattern(length: int, kernel_size: int, dilation: int) -> torch.Tensor:
+    """``(length, length)`` boolean: entry ``[i, j]`` is True when ``j`` is a neighbour of ``i`` along the axis."""
+    start = neighborhood_starts(length, kernel_size, dilation)[:, None]
+    offset = torch.arange(length)[None, :] - start
+    return (offset >= 0) & (offset < kernel_size * dilation) & (offset % dilation == 0)
+
+
+def neighborhood_attention_mask(
+    grid_size: int | tuple[int, int], kernel_size: int, dilation: int = 1, num_prefix_tokens: int = 0
+) -> torch.Tensor:
+    """Dense boolean pattern ``(N, N)`` (True = may attend) of a sliding-window block over the full sequence.
+
+    Prefix rows and columns are all True; patch ``(r, c)`` attends to patch ``(r', c')`` when ``r'`` is a row
+    neighbour of ``r`` and ``c'`` a column neighbour of ``c`` (see :func:`neighborhood_starts`).
+    """
+    rows, cols = check_neighborhood(grid_size, kernel_size, dilation)
+    row, col = _axis_pattern(rows, kernel_size, dilation), _axis_pattern(cols, kernel_size, dilation)
+    n, P = num_prefix_tokens + rows * cols, num_prefix_tokens
+    mask = torch.ones(n, n, dtype=torch.bool)
+    mask[P:, P:] = (row[:, None, :, None] & col[None, :, None, :]).reshape(rows * cols, rows * cols)
+    return mask
+
+
+def neighborhood_mask_mod(
+    grid_size: int | tuple[int, int], kernel_size: int, dilation: int = 1, num_prefix_tokens: int = 0
+):
+    """FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` of the same pattern as :func:`neighborhood_attention_mask`."""
+    rows, cols = check_neighborhood(grid_size, kernel_size, dilation)
+    k, d, P = kernel_size, dilation, num_prefix_tokens
+
+    def axis_neighbour(q: torch.Tensor, kv: torch.Tensor, length: int) -> torch.Tensor:
+        residue = q % d
+        class_length = (length - residue + d - 1) // d
+        start = torch.minimum((q // d - k // 2).clamp_min(0), class_length - k)  # in class coordinates
+        offset = kv // d - start
+        return (kv % d == residue) & (offset >= 0) & (offset < k)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        q, kv = q_idx - P, kv_idx - P  # patch indices (negative for prefix tokens)
+        patches = axis_neighbour(q // cols, kv // cols, rows) & axis_neighbour(q % cols, kv % cols, cols)
+        return (q_idx < P) | (kv_idx < P) | patches
+
+    return mask_mod
+
+
+def _axis_tiles(length: int, kernel_size: int, dilation: int, tile: int) -> list[tuple[torch.Tensor, ...]]:
+    """Query tiles along one axis: ``(queries (t,), keys (h,), mask (t, h))`` per tile, in axis positions.
+
+    Tiles run inside one residue class; the last tile of a class is moved back to end at the class's end (it
+    overlaps its neighbour, so every tile has ``t`` queries). A tile's keys are ``h = t + k - 1`` consecutive class
+    positions that contain every query's window; a class shorter than that repeats its last key, masked out.
+    """
+    k, d = kernel_size, dilation
+    starts = neighborhood_starts(length, k, d)
+    t = min(tile, length // d)
+    h = min(t + k - 1, -(-length // d))
+    tiles = []
+    for residue in range(d):
+        class_length = (length - residue + d - 1) // d
+        firsts = list(range(0, class_length - t + 1, t))
+        if firsts[-1] + t < class_length:
+            firsts.append(class_length - t)
+        for first in firsts:
+            queries = residue + d * (first + torch.arange(t))
+            key_first = min(max(first - k // 2, 0), max(class_length - h, 0))
+            key_class = key_first + torch.arange(h)
+            keys = residue + d * key_class.clamp_max(class_length - 1)
+            offset = (keys[None, :] - starts[queries][:, None]) // d
+            mask = (key_class < class_length)[None, :] & (offset >= 0) & (offset < k)
+            tiles.append((queries, keys, mask))
+    return tiles
+
+
+class NeighborhoodAttention(Attention):
+    """Multi-head attention of every patch to its ``k × k`` neighbourhood, plus global prefix tokens.
+
+    Has exactly the parameters of :class:`Attention` (``qkv``, ``proj``, optional ``q_norm``/``k_norm``), so a
+    global checkpoint (ours or timm's) loads strictly.
+
+    Args:
+        dim: Token width.
+        num_heads: Number of heads; must divide ``dim``.
+        grid_size: Patch grid ``(rows, cols)``.
+        kernel_size: Window side ``k`` in patches; odd, with ``k · dilation`` at most the smaller grid side.
+        dilation: Stride ``d`` between neighbours (DiNAT); 1 for a dense window.
+        num_prefix_tokens: Number of class and register tokens at the start of the sequence.
+        tile_size: Query tile side ``t`` of the tiled path (the default was the fastest measured on a CPU).
+        **kwargs: Passed to :class:`Attention` (``qkv_bias``, ``qk_norm``, ``attn_drop``, ``proj_drop``,
+            ``norm_layer``, ``fused_attn``).
+
+    Raises:
+        ValueError: If ``kernel_size`` is even or not positive, ``dilation`` is not positive, or ``k · d`` exceeds a
+            grid side.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        grid_size: int | tuple[int, int],
+        kernel_size: int,
+        dilation: int = 1,
+        num_prefix_tokens: int = 1,
+        tile_size: int = 8,
+        **kwargs,
+    ) -> None:
+        super().__init__(dim, num_heads, **kwargs)
+        rows, cols = self.grid_size = check_neighborhood(grid_size, kernel_size, dilation)
+        if tile_size <= 0:
+            raise ValueError(f"tile_size must be positive, got {tile_size}")
+        self.kernel_size = kernel_size
+        self.dilation = dilation
+        self.num_prefix_tokens = P = num_prefix_tokens
+
+        # 2-D tiles are pairs (row tile, column tile): queries (T, tq), keys (T, P + tk), mask (T, tq, P + tk).
+        row_tiles = _axis_tiles(rows, kernel_size, dilation, tile_size)
+        col_tiles = _axis_tiles(cols, kernel_size, dilation, tile_size)
+        queries, keys, masks = [], [], []
+        for row_q, row_k, row_m in row_tiles:
+            for col_q, col_k, col_m in col_tiles:
+                queries.append((row_q[:, None] * cols + col_q[None, :]).flatten())
+                keys.append(torch.cat([torch.arange(P), P + (row_k[:, None] * cols + col_k[None, :]).flatten()]))
+                patch_mask = (row_m[:, None, :, None] & col_m[None, :, None, :]).flatten(2).flatten(0, 1)
+                masks.append(torch.cat([torch.ones(len(patch_mask), P, dtype=torch.bool), patch_mask], dim=1))
+        self.num_tiles, self.tile_queries = len(queries), queries[0].numel()
+        query_index = torch.stack(queries)
+        # Row of the flattened tile outputs (T * tq) holding each patch (a later, overlapping tile wins).
+        owner = torch.empty(rows * cols, dtype=torch.long)
+        owner[query_index.flatten()] = torch.arange(query_index.numel())
+        self.register_buffer("query_index", P + query_index.flatten(), persistent=False)
+        self.register_buffer("key_index", torch.stack(keys).flatten(), persistent=False)
+        # Additive (0 / -inf): adding is faster than masked_fill on the CPU, in both the fused and explicit paths.
+        tile_mask = torch.zeros(len(masks), 1, *masks[0].shape).masked_fill_(~torch.stack(masks)[:, None], -torch.inf)
+        self.register_buffer("tile_mask", tile_mask, persistent=False)  # (T, 1, tq, P + tk)
+        self.register_buffer("owner", owner, persistent=False)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Attend within neighbourhoods; ``x`` is ``(B, prefix + rows * cols, C)``."""
+        if attn_mask is not None:
+            raise ValueError("NeighborhoodAttention builds its own pattern; attn_mask is not supported")
+        use_flex = x.is_cuda and flex_attention is not None and not (self.training and self.attn_drop.p > 0)
+        return self.forward_flex(x) if use_flex else self.forward_tiled(x)
+
+    def forward_tiled(self, x: torch.Tensor) -> torch.Tensor:
+        """The tiled path (any device): each query tile attends to its halo and the prefix keys."""
+        B, N, C = x.shape
+        P, h, hd, T, tq = self.num_prefix_tokens, self.num_heads, self.head_dim, self.num_tiles, self.tile_queries
+        qkv = self.qkv(x).view(B, N, 3, h, hd)
+        q = qkv[:, :, 0].index_select(1, self.query_index).view(B * T, tq, h, hd).transpose(1, 2)
+        kv = qkv[:, :, 1:].index_select(1, self.key_index).view(B * T, -1, 2, h, hd)
+        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (B * T, heads, P + tk, head_dim)
+        # 4-D with the mask repeated per image: the CPU's fused kernel is slower on 5-D inputs (measured).
+        mask = self.tile_mask.expand(B, -1, -1, -1, -1).flatten(0, 1)  # (B * T, 1, tq, P + tk)
+        out = self.attend(self.q_norm(q), self.k_norm(k), v, mask)  # (B * T, heads, tq, head_dim)
+        out = out.transpose(1, 2).reshape(B, T * tq, C).index_select(1, self.owner)  # (B, rows * cols, C)
+        if P:
+            # Prefix queries attend to every token: cost O(P · N).
+            q_p = self.q_norm(qkv[:, :P, 0].transpose(1, 2))  # (B, heads, P, head_dim)
+            k_all, v_all = qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)  # (B, heads, N, head_dim)
+            out_p = self.attend(q_p, self.k_norm(k_all), v_all).transpose(1, 2).reshape(B, P, C)
+            out = torch.cat([out_p, out], dim=1)
+        return self.proj_drop(self.proj(out))
+
+    def block_mask(self, device: torch.device) -> BlockMask:
+        """The FlexAttention ``BlockMask`` of this geometry on ``device``, built once and shared across blocks."""
+        rows, cols = self.grid_size
+        key = (rows, cols, self.kernel_size, self.dilation, self.num_prefix_tokens, str(device))
+        if key not in _BLOCK_MASKS:
+            n = self.num_prefix_tokens + rows * cols
+            mask_mod = neighborhood_mask_mod(self.grid_size, self.kernel_size, self.dilation, self.num_prefix_tokens)
+            _BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, n, n, device=device)
+        return _BLOCK_MASKS[key]
+
+    def forward_flex(self, x: torch.Tensor) -> torch.Tensor:
+        """The FlexAttention path (CUDA; on the CPU it runs for tests, forward only)."""
+        global _compiled_flex
+        B, N, C = x.shape
+        q, k, v = self.split_qkv(self.qkv(x))  # (B, heads, N, head_dim)
+        attend = flex_attention
+        if x.is_cuda and not torch.compiler.is_compiling():
+            _compiled_flex = _compiled_flex or torch.compile(flex_attention)  # the fused kernel needs compile
+            attend = _compiled_flex
+        out = attend(q, k, v, block_mask=self.block_mask(x.device), scale=self.scale)  # (B, heads, N, head_dim)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
+
+    def dense_mask(self) -> torch.Tensor:
+        """The block's allowed pattern over the full sequence, ``(N, N)`` boolean, on the block's device."""
+        mask = neighborhood_attention_mask(self.grid_size, self.kernel_size, self.dilation, self.num_prefix_tokens)
+        return mask.to(self.owner.device)
+
+    def attention_weights(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Dense ``(B, heads, N, N)`` weights: zero outside the neighbourhood pattern, rows summing to 1. Slow."""
+        return super().attention_weights(x, self.dense_mask())
