@@ -39,7 +39,8 @@ def inspect(run_dir: Path, *flags: str) -> str:
 
 @pytest.fixture(scope="module")
 def offline_runs(tmp_path_factory) -> dict[str, Path]:
-    """Two short offline quickstart fits (tiny model, 2 epochs of 3 batches), in this process; their run folders."""
+    """Two short offline quickstart fits (tiny model, 2 epochs of 3 batches), in this process, each in its own run
+    folder ``<root>/quickstart/<run name>/`` chosen by the CLI; their W&B run folders."""
     from vit.cli import cli_main
 
     root = tmp_path_factory.mktemp("runs")
@@ -49,20 +50,14 @@ def offline_runs(tmp_path_factory) -> dict[str, Path]:
         mp.setenv("WANDB_DIR", str(root))
         mp.chdir(root)
         for name, extra in VARIANTS.items():
-            folder = root / name
             cli = cli_main(
-                [
-                    "fit",
-                    "--config",
-                    str(ROOT / "configs" / "quickstart.yaml"),
-                    f"--trainer.default_root_dir={folder}",
-                    f"--trainer.logger.init_args.save_dir={folder}",
-                    f"--checkpoint.dirpath={folder / 'checkpoints'}",
-                    *TINY,
-                    *extra,
-                ]
+                ["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), f"--runs_dir={root}", *TINY, *extra]
             )
             cli.trainer.logger.experiment.finish()  # close the run file, as the end of the process would
+            folder = Path(cli.trainer.default_root_dir)
+            assert folder.parent == root / "quickstart" and folder.name == cli.trainer.logger.experiment.name
+            assert f"-{name}-digits-" in folder.name  # the attention actually used
+            assert (folder / "checkpoints" / "last.ckpt").is_file() and (folder / "config.yaml").is_file()
             (run,) = (folder / "wandb").glob("offline-run-*")
             runs[name] = run
     return runs
@@ -130,7 +125,7 @@ def test_run_config_is_nested_and_runs_are_named_grouped_and_tagged(window_run):
     assert any(cb["class_path"].endswith("AttentionRolloutLogger") for cb in config["trainer"]["callbacks"])
     assert "lr" not in config and "dataset" not in config  # no flat copies of the module's hyper-parameters
 
-    assert state["name"].startswith("quickstart-vit_tiny_window_patch4_32-digits-")
+    assert state["name"].startswith("quickstart-vit_tiny_window_patch4_32-window-digits-")
     assert set(state["tags"]) >= {"window", "digits"}
     (run,) = [r["run"] for r in records if r["type"] == "run"]
     assert run["run_group"] == "quickstart"
@@ -142,7 +137,7 @@ def test_run_config_is_nested_and_runs_are_named_grouped_and_tagged(window_run):
     accuracies = [row["val/acc"] for row in history if "val/acc" in row]
     assert summary["val/acc"] == {"max": max(accuracies)}
     assert summary["model/params"] > 0 and summary["model/gflops"] == pytest.approx(2 * summary["model/gmacs"])
-    assert summary["train/throughput"] > 0
+    assert summary["train/img_per_sec"] > 0  # the mean of the module's train/img_per_sec over the fit
 
 
 def load_compare():
@@ -174,7 +169,8 @@ def test_compare_lists_both_runs_and_their_differences(offline_runs, tmp_path, c
     assert len(rows) == 2
     by_lr = {row.split()[1]: row.split() for row in rows}
     assert by_lr["0.002"][2] == "2" and by_lr["0.001"][2] == "0"
-    assert all(row[0].startswith("quickstart-vit_tiny_window_patch4_32-digits-") for row in by_lr.values())
+    assert by_lr["0.002"][0].startswith("quickstart-vit_tiny_window_patch4_32-window-digits-")
+    assert by_lr["0.001"][0].startswith("quickstart-vit_tiny_window_patch4_32-global-digits-")
     with Image.open(plot) as image:
         image.verify()
         assert image.format == "PNG" and image.size == (700, 450)

@@ -154,44 +154,73 @@ _ARGS: list[str] | None = None  # the arguments cli_main parses, for naming the 
 
 
 def describe_parse_error(message: str, args: list[str]) -> str:
-    """jsonargparse's error as one sentence, naming the YAML file the culprit key came from (the last
-    ``--config`` file that sets it) and where to look for the valid options.
+    """jsonargparse's error as one sentence naming the key, the value, and where the value came from: the command
+    line, or the YAML file (the last ``--config`` file that sets the key, unless the command line sets it later).
 
     Args:
-        message: jsonargparse's message, e.g. ``Parser key "model.lr":\\n  Expected a <class 'float'>. Got value: x``.
-        args: The command-line arguments (to find the ``--config`` files).
+        message: jsonargparse's message, e.g. ``Parser key "model.lr":\n  Expected a <class 'float'>. Got value: x``.
+        args: The command-line arguments (to find the ``--config`` files and the options given).
     """
-    text = " ".join(message.split())
-    key = None
-    if 'key "' in text:
-        key = text.split('key "', 1)[1].split('"', 1)[0]
-    elif "unrecognized arguments:" in text:
-        key = text.split("unrecognized arguments:", 1)[1].split()[0].lstrip("-").split("=")[0]
-    files = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in ("--config", "-c")]
-    files += [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
-    source = ""
-    for file in reversed(files):
-        if key and _yaml_has_key(file, key):
-            source = f" (in {file})"
-            break
-    hint = " Run with --help to list the options." if "unrecognized" in text or "not expected" in text else ""
-    return f"{text}{source}{hint}"
+    text = re.sub(r"<class '([\w.]+)'>", r"\1", " ".join(message.split())).replace("NoneType", "null")
+    text = re.sub(r"typing\.Literal\[([^\]]*)\]", r"one of \1", text)
+    unknown = re.search(r"unrecognized arguments: --([\w.]+)(?:=(\S+)|\s+(\S+))?", text) or re.search(
+        r"does not accept (?:option|key) '([\w.]+)'", text
+    )
+    typed = re.search(r'Parser key "([^"]+)": (.*)', text)
+    if unknown:
+        key = unknown.group(1)
+        kind = "unknown option"
+    elif typed:
+        key = typed.group(1)
+        kind = "bad value for"
+    else:
+        return text
+    source, value = _value_source(key, args)
+    if value is None and unknown and unknown.lastindex and unknown.lastindex > 1:
+        value = unknown.group(unknown.lastindex)
+    where = {None: "", "command line": " on the command line"}.get(source, f" in {source}")
+    if kind == "unknown option":
+        sub = args[0] if args and args[0] in SUBCOMMANDS else "<subcommand>"
+        return f"unknown option {key}{where} (value {value!r}); `vit {sub} --help` lists the options"
+    union = re.search(r"Subtypes: \[([^\]]*)\].*Given value: (.*)$", typed.group(2))
+    expected = re.search(r"Expected a (.+?)\. Got value: (.*)$", typed.group(2))
+    if union:
+        detail = f"expected one of {union.group(1)}, got {union.group(2)!r}"
+    elif expected:
+        detail = f"expected {expected.group(1)}, got {expected.group(2)!r}"
+    else:
+        detail = typed.group(2) + (f" (value {value!r})" if value is not None else "")
+    return f"bad value for {key}{where}: {detail}"
 
 
-def _yaml_has_key(file: str, key: str) -> bool:
+def _value_source(key: str, args: list[str]) -> tuple[str | None, Any]:
+    """``("command line" | <yaml file> | None, value)``: where the last setting of ``key`` came from."""
+    source, value = None, None
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") and i + 1 < len(args) or arg.startswith("--config="):
+            file = args[i + 1] if "=" not in arg else arg.split("=", 1)[1]
+            found, found_value = _yaml_value(file, key)
+            if found:
+                source, value = file, found_value
+        elif arg == f"--{key}" or arg.startswith(f"--{key}="):
+            source = "command line"
+            value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else None)
+    return source, value
+
+
+def _yaml_value(file: str, key: str) -> tuple[bool, Any]:
     try:
         node: Any = yaml.safe_load(Path(file).read_text())
     except (OSError, yaml.YAMLError):
-        return False
-    parts = key.split(".")
-    for i, part in enumerate(parts):
+        return False, None
+    for part in key.split("."):
         if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, dict) and "init_args" in node and part in (node["init_args"] or {}):
+        elif isinstance(node, dict) and part in (node.get("init_args") or {}):
             node = node["init_args"][part]
         else:
-            return i == len(parts) - 1 and False
-    return True
+            return False, None
+    return True, node
 
 
 # ------------------------------------------------------------------------------------------------ run folders
@@ -212,13 +241,21 @@ def run_folder_of(checkpoint: str | Path) -> Path | None:
     return path.parent.parent if path.parent.name == "checkpoints" else None
 
 
-def unique_folder(folder: Path) -> Path:
-    """``folder``, or ``folder-2``, ``folder-3``... whichever does not exist yet."""
+RUN_DIR_ENV = "VIT_RUN_DIR"
+"""Environment variable through which the DDP processes Lightning starts find rank 0's run folder."""
+
+
+def claim_folder(folder: Path) -> Path:
+    """Create and return ``folder``, or ``folder-2``, ``folder-3``... the first that did not exist (atomically: two
+    runs started in the same second get two folders)."""
     candidate, n = folder, 1
-    while candidate.exists():
-        n += 1
-        candidate = folder.with_name(f"{folder.name}-{n}")
-    return candidate
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = folder.with_name(f"{folder.name}-{n}")
 
 
 class LogConfig(SaveConfigCallback):
@@ -317,7 +354,11 @@ class VitCLI(LightningCLI):
         own folder (see the module docstring) and return it."""
         resumed = getattr(self, "resumed_run", None)
         run_id = None
-        if config.trainer.get("default_root_dir"):  # the user chose the folder
+        inherited = os.environ.get(RUN_DIR_ENV) if int(os.environ.get("LOCAL_RANK", "0")) > 0 else None
+        if inherited:  # a DDP process started by rank 0: the same run, the same folder
+            folder = Path(inherited)
+            name = folder.name
+        elif config.trainer.get("default_root_dir"):  # the user chose the folder
             folder = Path(config.trainer.default_root_dir)
             name = default_run_name(config)
         elif resumed is not None:  # --ckpt_path last: keep writing into that run's folder and W&B run
@@ -328,10 +369,11 @@ class VitCLI(LightningCLI):
             ckpt_run = run_folder_of(config.ckpt_path) if config.get("ckpt_path") else None
             if self.subcommand == "fit" or ckpt_run is None:
                 base = Path(config.runs_dir, config_name(config))
-                folder = unique_folder(base / (name if self.subcommand == "fit" else f"{self.subcommand}-{name}"))
+                folder = claim_folder(base / (name if self.subcommand == "fit" else f"{self.subcommand}-{name}"))
             else:  # evaluating or applying a run's checkpoint: below that run, never over its files
-                folder = unique_folder(ckpt_run / f"{self.subcommand}-{datetime.now():%m%d-%H%M%S}")
+                folder = claim_folder(ckpt_run / f"{self.subcommand}-{datetime.now():%m%d-%H%M%S}")
             name = folder.name if self.subcommand == "fit" else name
+        os.environ[RUN_DIR_ENV] = str(folder)  # DDP processes that Lightning starts later inherit it
         config.trainer.default_root_dir = str(folder)
         if config.get("checkpoint") is not None and not config.checkpoint.get("dirpath"):
             config.checkpoint.dirpath = str(folder / "checkpoints")
