@@ -128,24 +128,76 @@ def test_model_suite_reports_a_window_preset_without_timm():
 def test_attention_suite_rows():
     report = main(
         ["--suite", "attention", "--device", "cpu", "--attn-grids", "6", "9", "--window-sizes", "3", "4"]
-        + ["--attn-dim", "32", "--attn-heads", "2", "--attn-tokens", "200", "--attn-reps", "2"]
+        + ["--sliding-sizes", "3", "7", "--attn-dim", "32", "--attn-heads", "2", "--attn-tokens", "200"]
+        + ["--attn-reps", "2"]
     )
     rows = report["attention"]["results"]
-    # grid 6: global, w3, w4; grid 9: global, w3, w4
-    assert [(r["grid"], r["layer"], r["divisible"]) for r in rows] == [
-        (6, "global", None),
-        (6, "window 3", True),
-        (6, "window 4", False),
-        (9, "global", None),
-        (9, "window 3", True),
-        (9, "window 4", False),
+    # grid 6: global, w3, w4, s3 (s7 does not fit); grid 9: global, w3, w4, s3, s7
+    assert [(r["grid"], r["layer"], r["divisible"], r["window"], r["kernel"]) for r in rows] == [
+        (6, "global", None, None, None),
+        (6, "window 3", True, 3, None),
+        (6, "window 4", False, 4, None),
+        (6, "sliding 3", None, None, 3),
+        (9, "global", None, None, None),
+        (9, "window 3", True, 3, None),
+        (9, "window 4", False, 4, None),
+        (9, "sliding 3", None, None, 3),
+        (9, "sliding 7", None, None, 7),
     ]
     for r in rows:
         assert r["tokens"] == 1 + r["grid"] ** 2 and r["batch"] == max(1, 200 // r["tokens"])
         assert r["us_per_token"] == pytest.approx(r["ms"] * 1e3 / (r["batch"] * r["tokens"]))
-        assert r["kib_per_token"] > 0
+        assert r["us_per_token"] == pytest.approx(statistics.median(r["ms_rounds"]) * 1e3 / (r["batch"] * r["tokens"]))
+        assert r["kib_per_token"] > 0 and r["us_per_token_cpu_time"] > 0
     assert all(r["speedup_vs_global"] == 1.0 for r in rows if r["layer"] == "global")
-    assert {c["name"].split(":")[0] for c in report["attention"]["checks"]} == {"window 3", "window 4"}
+    checks = report["attention"]["checks"]
+    # flatness for each local layer on two grids or more (sliding 7 only fits grid 9); no 64x64 grid: no speed-up
+    assert [c["name"].split(":")[0] for c in checks] == ["window 3", "window 4", "sliding 3"]
+    clock = "CPU time" if torch.get_num_threads() == 1 else "wall clock"
+    assert all(c["detail"].endswith(f"({clock})") for c in checks)
+
+
+def test_attention_checks_read_the_per_token_series(monkeypatch):
+    """The PASS/FAIL lines against hand-made timings: flat within ±15 %, and 5x faster than global at 64x64."""
+    from vit.bench import attention_suite
+
+    per_token = {"global": {16: 1.0, 64: 10.0}, "window 7": {16: 1.0, 64: 1.1}, "sliding 7": {16: 1.0, 64: 2.1}}
+
+    def fake_cases(grid, args, device, windows, kernels=()):
+        names = ["global"] + [f"window {w}" for w in windows] + [f"sliding {k}" for k in kernels]
+        return [
+            {
+                "grid": grid,
+                "tokens": 1,
+                "batch": 1,
+                "layer": n,
+                "window": None,
+                "kernel": None,
+                "divisible": None,
+                "run": (lambda n=n: per_token[n][grid]),
+            }
+            for n in names
+        ]
+
+    monkeypatch.setattr(attention_suite, "attention_cases", fake_cases)
+    monkeypatch.setattr(attention_suite, "timed", lambda fn, steps, device: (fn() * 1e-6, fn() * 1e-6))
+    monkeypatch.setattr(attention_suite, "peak_bytes", lambda fn, device: 1024)
+    report = main(
+        ["--suite", "attention", "--device", "cpu", "--attn-grids", "16", "64", "--window-sizes", "7"]
+        + ["--sliding-sizes", "7", "--attn-reps", "3"]
+    )
+    checks = {
+        c["name"].split(" from")[0].split(" faster")[0]: (c["passed"], c["detail"])
+        for c in report["attention"]["checks"]
+    }
+    assert checks == {
+        "window 7: per-token time flat within ±15%": (True, checks["window 7: per-token time flat within ±15%"][1]),
+        "window 7: >= 5x": (True, "9.09x"),
+        "sliding 7: per-token time flat within ±15%": (False, checks["sliding 7: per-token time flat within ±15%"][1]),
+        "sliding 7: >= 5x": (False, "4.76x"),
+    }
+    assert checks["window 7: per-token time flat within ±15%"][1].startswith("largest deviation 10.0%")
+    assert checks["sliding 7: per-token time flat within ±15%"][1].startswith("largest deviation 110.0%")
 
 
 def test_data_suite_rows(tmp_path):
@@ -167,12 +219,18 @@ def test_data_suite_rows(tmp_path):
         ("albumentations (ours)", "device"),
         ("albumentations (ours)", "worker"),
         ("torchvision v2", "worker"),
+        ("BatchAugment (ours, batch 512)", "device"),
     }
-    # The targets are checked on what ImageDataModule's workers run: uint8 out, normalised on the device.
+    inputs = {r["input"] for r in data["results"] if r["implementation"].startswith("BatchAugment")}
+    assert inputs == {"512x3x32x32 uint8 tensor"}
+    # The targets are checked on what the loaders run: the batched augmentation on one core, and ImageDataModule's
+    # workers (uint8 out, normalised on the device).
     assert [c["name"].split(" [")[0] for c in data["checks"]] == [
+        "CIFAR preset (pad-crop, flip, normalise)",
         "CIFAR preset (pad-crop, flip, normalise)",
         "JPEG -> RRC 224 -> flip -> normalise",
     ]
+    assert data["checks"][0]["name"].endswith(">= 50000 images/s per core")
     assert all("load_rgb" in c["name"] or "CIFAR" in c["name"] for c in data["checks"])
     assert torch.get_num_threads() == report["threads"]  # the suite restores the thread count
 

@@ -1,7 +1,9 @@
 """Attention suite: forward + backward time and peak memory per token of global against local attention.
 
 ``vit.layers.Attention`` against ``vit.layers.WindowAttention`` (non-overlapping windows, Liu et al., "Swin
-Transformer", ICCV 2021) as the patch grid grows, for several window sizes, all layers sharing one set of weights.
+Transformer", ICCV 2021) and ``vit.layers.NeighborhoodAttention`` (sliding windows, Hassani et al., "Neighborhood
+Attention Transformer", CVPR 2023) as the patch grid grows, for several window and kernel sizes, all layers sharing
+one set of weights.
 Local attention costs a fixed amount per token, so its time per token should stay flat while global attention's grows
 with the number of tokens. Imports only torch and ``vit``'s layers.
 """
@@ -18,18 +20,19 @@ from torch import nn
 
 from vit.bench.harness import autocast, check, device_name, log, print_table, timed, write_report
 from vit.bench.memory import peak_bytes
-from vit.layers import Attention, WindowAttention
+from vit.layers import Attention, NeighborhoodAttention, WindowAttention
 
-WINDOW_FLATNESS_TARGET = 0.15  # per-token time within ±15 % of the smallest grid's
-WINDOW_SPEEDUP_TARGET = 5.0  # over global attention at 64x64 tokens
+WINDOW_FLATNESS_TARGET = 0.15  # per-token time within ±15 % of the smallest grid's (window and sliding layers)
+WINDOW_SPEEDUP_TARGET = 5.0  # over global attention at 64x64 tokens (window and sliding layers)
 WINDOW_SPEEDUP_GRID = 64
 
 
 def attention_cases(
-    grid: int, args: argparse.Namespace, device: torch.device, windows: Sequence[int]
+    grid: int, args: argparse.Namespace, device: torch.device, windows: Sequence[int], kernels: Sequence[int] = ()
 ) -> list[dict[str, Any]]:
-    """Global and window attention layers (shared weights) over a ``grid × grid`` patch grid plus a class token,
-    each with a forward + backward closure ``run``."""
+    """Global, window and sliding-window attention layers (shared weights) over a ``grid × grid`` patch grid plus a
+    class token, each with a forward + backward closure ``run``; windows and kernels larger than the grid are left
+    out."""
     tokens = 1 + grid * grid
     batch = max(1, args.attn_tokens // tokens)
     torch.manual_seed(args.seed)
@@ -41,6 +44,13 @@ def attention_cases(
             )
             layer.load_state_dict(layers["global"].state_dict())
             layers[f"window {w}"] = layer
+    for k in kernels:
+        if k <= grid:
+            layer = NeighborhoodAttention(
+                args.attn_dim, args.attn_heads, qkv_bias=True, grid_size=grid, kernel_size=k, num_prefix_tokens=1
+            )
+            layer.load_state_dict(layers["global"].state_dict())
+            layers[f"sliding {k}"] = layer
     x = torch.randn(batch, tokens, args.attn_dim, device=device, requires_grad=True)
     grad = torch.randn(batch, tokens, args.attn_dim, device=device)
 
@@ -56,8 +66,9 @@ def attention_cases(
 
     cases = []
     for name, layer in layers.items():
-        w = getattr(layer, "window_size", None)
-        case = {"grid": grid, "tokens": tokens, "batch": batch, "layer": name, "window": w}
+        w = layer.window_size if isinstance(layer, WindowAttention) else None
+        k = layer.kernel_size if isinstance(layer, NeighborhoodAttention) else None
+        case = {"grid": grid, "tokens": tokens, "batch": batch, "layer": name, "window": w, "kernel": k}
         case["divisible"] = None if w is None else grid % w == 0
         case["run"] = step(layer.to(device))
         cases.append(case)
@@ -66,7 +77,7 @@ def attention_cases(
 
 def run_attention_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
     grids = args.attn_grids or ([16, 24, 32, 48, 56, 64] if device.type == "cpu" else [32, 48, 64, 96, 112, 128])
-    windows = args.window_sizes
+    windows, kernels = args.window_sizes, args.sliding_sizes
     suite = report.setdefault("attention", {})
     suite["notes"] = [
         f"dim {args.attn_dim}, {args.attn_heads} heads, 1 class token, qkv bias; forward + backward (input grads "
@@ -79,7 +90,7 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
         )
         + " during one forward + backward, per token; parameters excluded",
     ]
-    cases = [case for grid in grids for case in attention_cases(grid, args, device, windows)]
+    cases = [case for grid in grids for case in attention_cases(grid, args, device, windows, kernels)]
     log(f"attention: warm-up of {len(cases)} layers on grids {grids}")
     for case in cases:
         timed(case["run"], 1, device)
@@ -106,6 +117,8 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
     for r in rows:
         global_row = by_key.get(("global", r["grid"]))
         r["speedup_vs_global"] = global_row["us_per_token"] / r["us_per_token"] if global_row else None
+        if global_row and "us_per_token_cpu_time" in r:
+            r["speedup_vs_global_cpu_time"] = global_row["us_per_token_cpu_time"] / r["us_per_token_cpu_time"]
     print_table(
         f"attention ({device_name(device)}, {args.precision}, {torch.get_num_threads()} threads, "
         f"median of {args.attn_reps} interleaved rounds)",
@@ -118,29 +131,36 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
             ("divisible", "grid % w == 0", ""),
             ("ms", "ms / call", ".1f"),
             ("us_per_token", "µs / token", ".3f"),
+            ("us_per_token_cpu_time", "CPU µs / token", ".3f"),
             ("kib_per_token", "KiB / token", ".1f"),
             ("speedup_vs_global", "speed-up vs global", ".2f"),
+            ("speedup_vs_global_cpu_time", "CPU-time speed-up", ".2f"),
         ],
     )
+    # With one thread on the CPU the process time is the work itself, and does not count waiting for a core that
+    # another process holds: the flatness check reads it there, the wall clock elsewhere.
+    cpu_time = device.type == "cpu" and torch.get_num_threads() == 1
+    measure = "us_per_token_cpu_time" if cpu_time else "us_per_token"
+    clock = "CPU time" if cpu_time else "wall clock"
     checks = []
-    for w in windows:
-        series = sorted((r["grid"], r["us_per_token"]) for r in rows if r["window"] == w)
+    for name in [f"window {w}" for w in windows] + [f"sliding {k}" for k in kernels]:
+        series = sorted((r["grid"], r[measure]) for r in rows if r["layer"] == name)
         if len(series) >= 2:
             base = series[0][1]
             worst = max(abs(t / base - 1) for _, t in series)
             checks.append(
                 check(
-                    f"window {w}: per-token time flat within ±{WINDOW_FLATNESS_TARGET:.0%} from grid {series[0][0]} "
+                    f"{name}: per-token time flat within ±{WINDOW_FLATNESS_TARGET:.0%} from grid {series[0][0]} "
                     f"to {series[-1][0]}",
                     worst <= WINDOW_FLATNESS_TARGET,
-                    f"largest deviation {worst:+.1%}",
+                    f"largest deviation {worst:.1%} ({clock})",
                 )
             )
-        row = by_key.get((f"window {w}", WINDOW_SPEEDUP_GRID))
+        row = by_key.get((name, WINDOW_SPEEDUP_GRID))
         if row is not None and row["speedup_vs_global"] is not None:
             checks.append(
                 check(
-                    f"window {w}: >= {WINDOW_SPEEDUP_TARGET:.0f}x faster than global at "
+                    f"{name}: >= {WINDOW_SPEEDUP_TARGET:.0f}x faster than global at "
                     f"{WINDOW_SPEEDUP_GRID}x{WINDOW_SPEEDUP_GRID}",
                     row["speedup_vs_global"] >= WINDOW_SPEEDUP_TARGET,
                     f"{row['speedup_vs_global']:.2f}x",

@@ -40,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--warmup", type=int, default=None, help="warm-up steps per model (default: cpu 1, cuda 5)")
     attn = parser.add_argument_group("attention suite")
     attn.add_argument("--attn-grids", nargs="+", type=int, help="patch grid sides (default: cpu 16..64, cuda 32..128)")
-    attn.add_argument("--window-sizes", nargs="+", type=int, default=[7, 8])
+    attn.add_argument("--window-sizes", nargs="*", type=int, default=[7, 8], help="block windows (default: 7 8)")
+    attn.add_argument(
+        "--sliding-sizes", nargs="*", type=int, default=[7, 9], help="sliding-window kernels, odd (default: 7 9)"
+    )
     attn.add_argument("--attn-dim", type=int, default=384)
     attn.add_argument("--attn-heads", type=int, default=6)
     attn.add_argument("--attn-tokens", type=int, default=None, help="tokens per call (default: cpu 4096, cuda 2**17)")

@@ -1,6 +1,7 @@
 """Data suite: images/s of one loader worker for our pipelines and torchvision v2 equivalents.
 
-The CIFAR preset on 32x32 images, and JPEG decode -> random-resized crop 224 -> flip -> normalise, with the
+The CIFAR preset on 32x32 images (per image in a worker, and batched on a whole uint8 batch as the decoded-once loader
+runs it, ``vit.data.BatchAugment``), and JPEG decode -> random-resized crop 224 -> flip -> normalise, with the
 normalisation in the worker or, as ``ImageDataModule`` does it, on the device after the copy. Albumentations, OpenCV,
 torchvision and ``vit.data`` are imported here only, inside the suite.
 """
@@ -23,6 +24,8 @@ from vit.bench.photos import make_data
 
 DATA_CIFAR_TARGET = 5000.0  # images/s per worker
 DATA_JPEG_TARGET = 600.0
+DATA_BATCH_TARGET = 50_000.0  # images/s per core, the batched CIFAR augmentation of the decoded-once loader
+BATCH = 512  # images per call of the batched augmentation
 
 
 def per_sample_rate(fn: Callable[[Any], Any], items: Sequence[Any], samples: int) -> float:
@@ -59,7 +62,15 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
     from torchvision.io import decode_jpeg, read_file
     from torchvision.transforms import InterpolationMode, v2
 
-    from vit.data import CIFAR10_MEAN, CIFAR10_STD, IMAGENET_MEAN, IMAGENET_STD, build_transforms, load_rgb
+    from vit.data import (
+        CIFAR10_MEAN,
+        CIFAR10_STD,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        BatchAugment,
+        build_transforms,
+        load_rgb,
+    )
 
     with one_worker(), tempfile.TemporaryDirectory(prefix="vit-bench-") as tmp:
         log(f"data: writing {args.data_images} JPEG files of {args.jpeg_size[0]}x{args.jpeg_size[1]}")
@@ -119,11 +130,18 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
         )
         jitter = "JPEG -> imagenet train preset (+ colour jitter)"
         mine, tv, loader = "albumentations (ours)", "torchvision v2", "load_rgb (cv2)"
+        batched = f"BatchAugment (ours, batch {BATCH})"
+        strong = "CIFAR strong preset (+ colour, affine, grey, cutout)"
+        generator = torch.Generator().manual_seed(args.seed)
+        basic_batch, strong_batch = BatchAugment("cifar", 32, "basic"), BatchAugment("cifar", 32, "strong")
+        batch = torch.stack([chw(cifar_images[i % len(cifar_images)]) for i in range(BATCH)]).contiguous()
         pipelines: list[tuple[str, str, str, str, Callable[[Any], Any], str]] = [
             # (name, implementation, decoder, where the normalisation runs, fn, input kind)
             (cifar, mine, "–", "device", lambda im: cifar_device(image=im)["image"], "cifar"),
             (cifar, mine, "–", "worker", lambda im: cifar_worker(image=im)["image"], "cifar"),
             (cifar, tv, "–", "worker", lambda im: tv_cifar(chw(im)), "cifar"),
+            (cifar, batched, "–", "device", lambda b: basic_batch(b, generator), "batch"),
+            (strong, batched, "–", "device", lambda b: strong_batch(b, generator), "batch"),
             (decode, "vit.data", loader, "–", load_rgb, "jpeg"),
             (decode, "PIL", "Image.convert('RGB')", "–", pil_rgb, "jpeg"),
             (decode, "OpenCV", "cv2.imdecode", "–", cv2_rgb, "jpeg"),
@@ -136,21 +154,26 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
             (jitter, tv, "decode_jpeg", "worker", lambda p: tv_preset(tv_decode(p)), "jpeg"),
         ]
         # The pipelines must produce what the model (after the device step) eats: (3, size, size), uint8 or float32.
+        inputs = {"cifar": cifar_images, "jpeg": files, "batch": [batch]}
         for name, family, _, where, fn, kind in pipelines:
-            out = fn(cifar_images[0] if kind == "cifar" else files[0])
+            out = fn(inputs[kind][0])
             if name != decode:
-                size = 32 if kind == "cifar" else 224
+                size = 224 if kind == "jpeg" else 32
+                shape = (BATCH, 3, size, size) if kind == "batch" else (3, size, size)
                 dtype = torch.uint8 if where == "device" else torch.float32
-                if tuple(out.shape) != (3, size, size) or out.dtype != dtype:
+                if tuple(out.shape) != shape or out.dtype != dtype:
                     raise RuntimeError(f"{family} {name} ({where}): got {tuple(out.shape)} {out.dtype}")
         rates: list[list[float]] = [[] for _ in pipelines]
         for r in range(args.data_rounds):
             order = range(len(pipelines)) if r % 2 == 0 else reversed(range(len(pipelines)))  # drift hits all alike
             for i in order:
                 *_, fn, kind = pipelines[i]
-                items = cifar_images if kind == "cifar" else files
-                samples = args.data_samples * (4 if kind == "cifar" else 1)
-                rates[i].append(per_sample_rate(fn, items, samples))
+                if kind == "batch":  # as many images as the per-image CIFAR rows, at least two calls
+                    calls = max(2, args.data_samples * 4 // BATCH)
+                    rates[i].append(per_sample_rate(fn, inputs[kind], calls) * BATCH)
+                else:
+                    samples = args.data_samples * (4 if kind == "cifar" else 1)
+                    rates[i].append(per_sample_rate(fn, inputs[kind], samples))
             log(f"data round {r + 1}/{args.data_rounds} done")
 
     rows = []
@@ -162,9 +185,11 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
                 "implementation": family,
                 "decoder": decoder,
                 "normalise": where,
-                "input": "32x32 uint8 array"
-                if kind == "cifar"
-                else f"{args.jpeg_size[0]}x{args.jpeg_size[1]} JPEG q90",
+                "input": {
+                    "cifar": "32x32 uint8 array",
+                    "batch": f"{BATCH}x3x32x32 uint8 tensor",
+                    "jpeg": f"{args.jpeg_size[0]}x{args.jpeg_size[1]} JPEG q90",
+                }[kind],
                 "images_per_s": spread["median"],
                 "ms_per_image": 1e3 / spread["median"],
                 "spread": spread,
@@ -181,6 +206,8 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
             "content": source + " upscaled with 1/f texture",
         },
         "notes": [
+            f"batched rows: one call augments a {BATCH}-image uint8 batch (BatchAugment, the decoded-once loader's "
+            "augmentation, also on the GPU there); images/s = calls x batch / seconds, one thread",
             "one worker = main process, torch.set_num_threads(1), cv2.setNumThreads(1); per-sample loop, files read "
             "from the page cache",
             "normalise 'device': the worker's output is the uint8 tensor ImageDataModule's workers return; the data "
@@ -209,6 +236,15 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
     decode_rate = next(r["images_per_s"] for r in rows if r["pipeline"] == decode and r["implementation"] == "vit.data")
     print(f"decoding alone (load_rgb) caps one worker at {decode_rate:.0f} images/s on this core")
     checks = []
+    for row in rows:  # the decoded-once loader's batched augmentation, on one core
+        if row["implementation"] == batched and row["pipeline"] == cifar:
+            checks.append(
+                check(
+                    f"{row['pipeline']} [{batched}, one thread] >= {DATA_BATCH_TARGET:.0f} images/s per core",
+                    row["images_per_s"] >= DATA_BATCH_TARGET,
+                    f"{row['images_per_s']:.0f} images/s",
+                )
+            )
     for row in rows:  # the targets apply to what ImageDataModule's workers run
         if row["implementation"] != mine or row["normalise"] != "device" or row["pipeline"] == jitter:
             continue
