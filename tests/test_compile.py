@@ -1,6 +1,8 @@
-"""torch.compile(fullgraph=True) traces the global and the windowed model (forward and backward) and matches eager.
+"""torch.compile(fullgraph=True) traces the global, windowed and sliding-window models (forward and backward) and
+matches eager.
 
-Inductor on the CPU: a cold compile of both tiny models takes about 1.5 minutes on two cores (cached afterwards).
+Inductor on the CPU: a cold compile takes about 1.5 minutes for the first two tiny models and 5 minutes for the sliding
+one on two loaded cores (cached afterwards).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ TINY = {"depth": 3, "embed_dim": 64, "num_heads": 2}
         ("vit_tiny_patch4_32", {}),
         # Block 0: 4x4 windows; block 1: shifted by 2 (uneven edge windows, four window shapes); block 2: global.
         ("vit_tiny_window_patch4_32", {"global_attn_indexes": (2,)}),
+        # Blocks 0-1: 5x5 neighbourhoods through the tiled path (the CPU one), block 2: global.
+        ("vit_tiny_sliding_patch4_32", {"global_attn_indexes": (2,)}),
     ],
 )
 def test_fullgraph_compile_matches_eager_forward_and_backward(name, overrides):

@@ -53,6 +53,8 @@ def test_list_models_and_unknown_name():
         "vit_small_patch4_32",
         "vit_small_window_patch16_224",
         "vit_tiny_window_patch4_32",
+        "vit_small_sliding_patch16_224",
+        "vit_tiny_sliding_patch4_32",
     ]:
         assert expected in names
     with pytest.raises(ValueError, match=r"unknown model 'vit_huge'.*vit_base_patch16_224"):
