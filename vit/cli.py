@@ -21,6 +21,8 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassi
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 import sys
@@ -241,6 +243,8 @@ def run_folder_of(checkpoint: str | Path) -> Path | None:
     return path.parent.parent if path.parent.name == "checkpoints" else None
 
 
+_CLAIMED: list[Path] = []  # run folders created by this process, removed again if a run fails before using them
+
 RUN_DIR_ENV = "VIT_RUN_DIR"
 """Environment variable through which the DDP processes Lightning starts find rank 0's run folder."""
 
@@ -252,6 +256,7 @@ def claim_folder(folder: Path) -> Path:
     while True:
         try:
             candidate.mkdir(parents=True)
+            _CLAIMED.append(candidate)
             return candidate
         except FileExistsError:
             n += 1
@@ -376,7 +381,10 @@ class VitCLI(LightningCLI):
         os.environ[RUN_DIR_ENV] = str(folder)  # DDP processes that Lightning starts later inherit it
         config.trainer.default_root_dir = str(folder)
         if config.get("checkpoint") is not None and not config.checkpoint.get("dirpath"):
-            config.checkpoint.dirpath = str(folder / "checkpoints")
+            # fit: the run's own checkpoints/; evaluating a checkpoint: its folder, where it restores its state from
+            ckpt = config.get("ckpt_path")
+            own = self.subcommand == "fit" or not ckpt or "://" in str(ckpt)
+            config.checkpoint.dirpath = str(folder / "checkpoints" if own else Path(ckpt).parent)
         if self.subcommand == "predict":
             config.trainer.logger = False  # a prediction logs no metrics: no W&B run to mix with the fits
         name_wandb_runs(config, name, folder, run_id)
@@ -408,6 +416,23 @@ class VitCLI(LightningCLI):
             self.config = parser.parse_args(args)
 
 
+class _WithoutLitLoggerTip(logging.Filter):
+    """Drops Lightning's "💡 Tip: ... try installing litlogger" advertisement, printed at every Trainer start."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+_QUIET = _WithoutLitLoggerTip()
+
+
+def _remove_unused_folders() -> None:
+    """Remove the run folders this process created and left empty (a run that failed before it wrote anything)."""
+    for folder in _CLAIMED:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only succeeds when empty
+
+
 def cli_main(args: ArgsType = None) -> VitCLI | None:
     """Entry point of ``vit``, ``python -m vit`` and ``scripts/fit.py``.
 
@@ -429,6 +454,8 @@ def cli_main(args: ArgsType = None) -> VitCLI | None:
     if isinstance(argv, (list, tuple)):
         argv = resolve_config_args([str(a) for a in argv])
         _ARGS = list(argv)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_QUIET)  # the same object: added once
     os.environ.setdefault("WANDB_SILENT", "true")  # W&B's banner; the run summary names its folder and sync command
     try:
         cli = VitCLI(
@@ -444,9 +471,11 @@ def cli_main(args: ArgsType = None) -> VitCLI | None:
         )
     except tuple(EXIT_STATUSES) as err:
         status = next(code for kind, code in EXIT_STATUSES.items() if isinstance(err, kind))
+        _remove_unused_folders()
         fail(str(err), status)
     finally:
         _ARGS = None
+        _CLAIMED.clear()
     return cli if args is not None else None
 
 

@@ -1,0 +1,106 @@
+"""``vit predict``: predictions.csv (one row per image, class names, top-5) from a model trained on the digits, written
+below the checkpoint's run folder without touching the run's own files; rollout overlays on request."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vit.callbacks.predictions import read_predictions
+from vit.cli import cli_main
+
+COMMON = ["--config", "quickstart", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+COMMON += ["--trainer.enable_model_summary", "false", "--data.num_workers", "0"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path, dict[str, int]]:
+    """The quickstart model trained 3 epochs on the digits (about 20 s); its last.ckpt, the runs folder, and a
+    folder of 60 validation digits saved as PNG files (nested, named ``<i>.png``) with their true labels."""
+    root = tmp_path_factory.mktemp("predict")
+    torch.set_num_threads(1)
+    cli = cli_main(["fit", *COMMON, "--runs_dir", str(root / "runs"), "--trainer.max_epochs", "3"])
+    images = root / "images"
+    labels = {}
+    for i in range(60):
+        image, label = cli.datamodule.val_dataset[i]  # uint8 (3, 16, 16): what the eval transform gave
+        path = images / f"batch{i % 3}" / f"{i:03d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image.permute(1, 2, 0).numpy()).save(path)
+        labels[str(path)] = int(label)
+    return Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt", root / "runs", labels
+
+
+def test_predict_a_folder_writes_one_row_per_image_with_class_names(trained, capsys):
+    last, runs, labels = trained
+    run = last.parent.parent
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    cli = cli_main(
+        ["predict", *COMMON, "--runs_dir", str(runs), "--ckpt_path", str(last)]
+        + ["--data.predict_dir", str(Path(next(iter(labels))).parent.parent)]
+    )
+    folder = Path(cli.trainer.default_root_dir)
+    csv = folder / "predictions.csv"
+    assert folder.parent == run and folder.name.startswith("predict-")  # below the checkpoint's run
+    assert f"predictions of 60 images: {csv}" in capsys.readouterr().out
+    rows = read_predictions(csv)
+    assert list(rows[0]) == ["path", "pred", "prob"] + [f"top{k}{s}" for k in range(1, 6) for s in ("", "_prob")]
+    assert sorted(row["path"] for row in rows) == sorted(labels)  # one row per image, found recursively
+    names = [str(d) for d in range(10)]
+    for row in rows:
+        probs = [float(row[f"top{k}_prob"]) for k in range(1, 6)]
+        assert row["pred"] == row["top1"] and row["pred"] in names and float(row["prob"]) == probs[0]
+        assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-5
+        assert len({row[f"top{k}"] for k in range(1, 6)}) == 5
+    accuracy = np.mean([int(row["pred"]) == labels[row["path"]] for row in rows])
+    assert accuracy >= 0.5  # chance is 0.1; measured 0.9 after 3 epochs
+    # The run's own files are untouched: only the new predict folder was added.
+    after = sorted(p.relative_to(run) for p in run.rglob("*") if folder not in p.parents and p != folder)
+    assert after == before
+
+
+def test_predict_without_a_folder_predicts_the_validation_split_and_never_overwrites(trained):
+    last, runs, _ = trained
+    first = cli_main(["predict", *COMMON, "--runs_dir", str(runs), "--ckpt_path", str(last)])
+    second = cli_main(["predict", *COMMON, "--runs_dir", str(runs), "--ckpt_path", str(last)])
+    rows = read_predictions(Path(first.trainer.default_root_dir) / "predictions.csv")
+    assert len(rows) == len(first.datamodule.val_dataset) == 360
+    assert first.trainer.default_root_dir != second.trainer.default_root_dir  # a second prediction, a second folder
+    assert read_predictions(Path(second.trainer.default_root_dir) / "predictions.csv") == rows
+
+
+def test_predict_writes_rollout_overlays_on_request(trained):
+    last, runs, labels = trained
+    folder = Path(next(iter(labels))).parent  # 20 images
+    cli = cli_main(
+        ["predict", *COMMON, "--runs_dir", str(runs), "--ckpt_path", str(last)]
+        + ["--data.predict_dir", str(folder), "--predictions.overlays", "true"]
+    )
+    overlays = sorted((Path(cli.trainer.default_root_dir) / "rollout").glob("*.png"))
+    assert len(overlays) == 20
+    with Image.open(overlays[0]) as image:
+        assert image.mode == "RGB" and image.width > 2 * image.height * 0.9  # image | heatmap side by side
+        assert math.prod(image.size) > 0 and np.asarray(image).std() > 10
+
+
+def test_predict_with_a_bad_checkpoint_writes_nothing(tmp_path, capsys):
+    bad = tmp_path / "notes.ckpt"
+    bad.write_text("not a checkpoint\n")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["predict", *COMMON, "--runs_dir", str(tmp_path / "runs"), "--ckpt_path", str(bad)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: {bad} is not a PyTorch checkpoint")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.csv"))
