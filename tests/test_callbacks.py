@@ -17,7 +17,9 @@ from PIL import Image
 import vit.loggers
 from vit import ImageClassifier, ImageDataModule
 from vit.callbacks import AttentionRolloutLogger, explained_model, forward_flops, select_indices
-from vit.explain import attention_statistics, capture_attention
+from vit.explain import attention_statistics, capture_attention, rollout_map
+from vit.explain.attribution import attention_attribution
+from vit.explain.faithfulness import faithfulness
 from vit.normalize import normalize
 
 TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
@@ -71,7 +73,7 @@ def test_select_indices_first_image_of_each_class_then_evenly_spaced():
 
 
 def test_rollout_pngs_and_attention_metrics_without_wandb(tmp_path):
-    rollout = AttentionRolloutLogger(num_images=6, every_n_epochs=1)
+    rollout = AttentionRolloutLogger(num_images=6, every_n_epochs=1, attribution=True, faithfulness_every_n=2)
     module = tiny_module()
     fit = trainer(tmp_path, [rollout], CSVLogger(tmp_path), max_epochs=2)
     fit.fit(module, digits())
@@ -94,6 +96,11 @@ def test_rollout_pngs_and_attention_metrics_without_wandb(tmp_path):
             assert grid.mode == "RGB" and grid.width >= 4 * 2 * 160 and 2 * 160 <= grid.height < 3 * 160
         with Image.open(folder / f"distance_epoch_{epoch:03d}.png") as plot:
             assert plot.size == (500, 350)
+        with (
+            Image.open(folder / f"attribution_epoch_{epoch:03d}.png") as attribution,
+            Image.open(folder / f"epoch_{epoch:03d}.png") as grid,
+        ):
+            assert attribution.size == grid.size
 
     # The last logged statistics are those of the final weights on the fixed images.
     metrics = read_metrics(tmp_path / "lightning_logs" / "version_0" / "metrics.csv")
@@ -107,6 +114,13 @@ def test_rollout_pngs_and_attention_metrics_without_wandb(tmp_path):
         assert metrics[f"attn/entropy/block_{i}"][-1] == pytest.approx(stats["mean_entropy"][i].item(), rel=1e-5)
         assert metrics[f"attn/distance/block_{i}"][-1] == pytest.approx(stats["mean_distance"][i].item(), rel=1e-5)
         assert 0 < metrics[f"attn/entropy/block_{i}"][-1] <= math.log(65)
+    # Faithfulness every second logged epoch: once, for the final weights, as faithfulness() scores them.
+    scores = faithfulness(
+        model, inputs, {"rollout": rollout_map(model, inputs), "attribution": attention_attribution(model, inputs)}
+    )
+    for curve in ("deletion_auc", "insertion_auc"):
+        for name in ("rollout", "attribution", "random"):
+            assert metrics[f"explain/{curve}/{name}"] == [pytest.approx(scores[curve][name], abs=1e-6)]
     assert model.training  # Lightning's train mode is back
 
     # Explaining never touched training: the same fit without the callbacks ends with the same weights.
@@ -125,7 +139,7 @@ def digits_val_labels() -> np.ndarray:
 def test_every_n_epochs(tmp_path):
     fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, every_n_epochs=2, statistics=False)], max_epochs=2)
     fit.fit(tiny_module(), digits())
-    assert sorted(p.name for p in (tmp_path / "rollout").iterdir()) == ["epoch_001.png"]
+    assert sorted(p.name for p in (tmp_path / "rollout").iterdir()) == ["attribution_epoch_001.png", "epoch_001.png"]
 
 
 def collapse_warnings(record) -> list[str]:
@@ -182,7 +196,7 @@ def test_wandb_media_failure_is_a_warning_and_the_png_is_still_written(tmp_path,
 def test_png_failure_is_a_warning(tmp_path):
     (tmp_path / "rollout").write_text("a file where the rollout folder should be")
     fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2)])
-    with pytest.warns(UserWarning, match=r"could not log the attention rollout PNGs at epoch 0: FileExistsError"):
+    with pytest.warns(UserWarning, match=r"could not log the explanation PNGs at epoch 0: FileExistsError"):
         fit.fit(tiny_module(), digits())
     assert fit.state.finished and fit.current_epoch == 1
 
@@ -203,7 +217,10 @@ def test_grid_png_and_wandb_media_with_an_offline_wandb_logger(tmp_path, monkeyp
     grids = sorted((media / "val").glob("attention_rollout_grid_*.png"))
     panels = sorted((media / "val").glob("attention_rollout_[0-9]*.png"))  # W&B names them <key>_<n>_<hash>
     plots = sorted((media / "val").glob("attention_distance_*.png"))
+    attribution = sorted((media / "val").glob("attention_attribution_[0-9]*.png"))
+    attribution_grids = sorted((media / "val").glob("attention_attribution_grid_*.png"))
     assert len(grids) == 1 and len(panels) == 3 and len(plots) == 1
+    assert len(attribution_grids) == 1 and len(attribution) == 3
     with Image.open(grids[0]) as logged:  # W&B holds the very picture written to the run folder
         np.testing.assert_array_equal(np.asarray(logged.convert("RGB")), png)
 

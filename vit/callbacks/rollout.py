@@ -26,11 +26,24 @@ from ..explain import (
     HeadFusion,
     attention_modules,
     distance_plot,
-    eval_mode,
     explain_images,
     render_grid,
     render_panels,
 )
+from ..explain.attribution import attention_attribution
+from ..explain.faithfulness import faithfulness
+from ..explain.selection import fixed_images, select_indices
+from ..normalize import normalize
+
+__all__ = [
+    "ATTRIBUTION_KEY",
+    "DISTANCE_KEY",
+    "GRID_KEY",
+    "ROLLOUT_KEY",
+    "AttentionRolloutLogger",
+    "explained_model",
+    "select_indices",
+]
 
 GRID_KEY = "val/attention_rollout_grid"
 """W&B key of the captioned grid of every explained image (the same picture as ``rollout/epoch_XXX.png``)."""
@@ -38,8 +51,21 @@ ROLLOUT_KEY = "val/attention_rollout"
 """W&B key of the per-image rollout panels."""
 DISTANCE_KEY = "val/attention_distance"
 """W&B key of the plot of mean attention distance per head against depth."""
-
-_eval_mode = eval_mode  # the committed run_summary.py still imports it from here (it now lives in vit.explain)
+ATTRIBUTION_KEY = "val/attention_attribution"
+"""W&B key of the per-image attribution panels (Chefer et al., ICCV 2021)."""
+KEYS = {
+    "rollout": (GRID_KEY, ROLLOUT_KEY),
+    "attribution": ("val/attention_attribution_grid", ATTRIBUTION_KEY),
+    "distance": (DISTANCE_KEY, ""),
+}
+"""W&B keys of each figure: (grid or plot, per-image panels)."""
+FILES = {
+    "rollout": "epoch_{:03d}.png",
+    "attribution": "attribution_epoch_{:03d}.png",
+    "distance": "distance_epoch_{:03d}.png",
+}
+"""File name of each figure in ``<default_root_dir>/rollout/``."""
+TITLES = {"rollout": "attention rollout", "attribution": "attention attribution (predicted class)"}
 
 
 def explained_model(pl_module: LightningModule) -> nn.Module:
@@ -60,51 +86,6 @@ def explained_model(pl_module: LightningModule) -> nn.Module:
     return model
 
 
-def select_indices(labels: Sequence[int] | np.ndarray | None, length: int, num_images: int) -> list[int]:
-    """Deterministic choice of images to explain.
-
-    With labels: the first image of each class, for the ``num_images`` classes that appear first, sorted by label;
-    when there are fewer classes than ``num_images``, evenly spaced further images fill up. Without labels:
-    ``num_images`` evenly spaced indices.
-
-    Args:
-        labels: Label of every item, or ``None`` when the dataset does not expose them.
-        length: Number of items in the dataset.
-        num_images: How many indices to return (fewer if the dataset is smaller).
-    """
-    num_images = min(num_images, length)
-    chosen: dict[int, int] = {}  # label -> first index
-    if labels is not None:
-        for index, label in enumerate(np.asarray(labels).tolist()):
-            if label not in chosen:
-                chosen[label] = index
-                if len(chosen) == num_images:
-                    break
-    picked = [chosen[label] for label in sorted(chosen)]
-    taken = set(picked)
-    for index in np.linspace(0, length - 1, num=max(num_images, 1)).round().astype(int).tolist():
-        if len(picked) == num_images:
-            break
-        if index not in taken:
-            picked.append(index)
-            taken.add(index)
-    for index in range(length):  # rounding collisions on a tiny dataset
-        if len(picked) == num_images:
-            break
-        if index not in taken:
-            picked.append(index)
-            taken.add(index)
-    return picked
-
-
-def _dataset_labels(dataset: Any) -> Sequence[int] | None:
-    for name in ("labels", "targets"):
-        labels = getattr(dataset, name, None)
-        if labels is not None and len(labels) == len(dataset):
-            return labels
-    return None
-
-
 class AttentionRolloutLogger(Callback):
     """Explain a fixed set of validation images after every ``every_n_epochs``-th validation.
 
@@ -117,10 +98,15 @@ class AttentionRolloutLogger(Callback):
     - ``<default_root_dir>/rollout/epoch_XXX.png``: the captioned grid (image | rollout overlay, colour bar,
       "true 3 · pred 7 (32 %)"), at every logged epoch, with or without W&B; the distance plot beside it
       (``distance_epoch_XXX.png``);
-    - W&B, when a W&B logger is attached: the same grid (``val/attention_rollout_grid``), the per-image panels
-      (``val/attention_rollout``) and the distance plot (``val/attention_distance``);
+    - with ``attribution``, the same grid of the class-specific attention attribution of each image's predicted class
+      (Chefer et al., ICCV 2021; :func:`~vit.explain.attention_attribution`): ``attribution_epoch_XXX.png``;
+    - W&B, when a W&B logger is attached: the same grids (``val/attention_rollout_grid``,
+      ``val/attention_attribution_grid``), the per-image panels (``val/attention_rollout``,
+      ``val/attention_attribution``) and the distance plot (``val/attention_distance``);
     - every logger: ``attn/entropy/block_{i}`` (nats), ``attn/distance/block_{i}`` (pixels), means over heads, and
-      ``attn/collapsed_blocks``;
+      ``attn/collapsed_blocks``; every ``faithfulness_every_n``-th logged epoch, the areas under the deletion and
+      insertion curves (:func:`~vit.explain.faithfulness`) ``explain/deletion_auc/{rollout,attribution,random}``
+      and ``explain/insertion_auc/...`` (lower deletion, higher insertion = more faithful);
     - a warning naming the block and epoch when every head of a block becomes near-uniform or near-one-hot
       (:func:`~vit.explain.detect_collapse`; a freshly initialised ViT attends near-uniformly).
 
@@ -139,6 +125,11 @@ class AttentionRolloutLogger(Callback):
         statistics: Also log attention entropy, distance, the distance plot and collapse warnings.
         uniform_threshold: Normalised entropy at or above which a head counts as near-uniform.
         one_hot_threshold: Normalised entropy at or below which a head counts as near-one-hot.
+        attribution: Also draw the attention attribution of the predicted class (one forward and backward pass).
+        faithfulness_every_n: Score rollout, attribution and a random order by deletion/insertion every n-th logged
+            epoch; 0 never. Costs ``2 · (faithfulness_steps + 1) · (2 + 5 random orders)`` forward passes of the
+            fixed images.
+        faithfulness_steps: Fractions of patches removed / revealed per curve.
     """
 
     def __init__(
@@ -154,11 +145,19 @@ class AttentionRolloutLogger(Callback):
         statistics: bool = True,
         uniform_threshold: float = 0.98,
         one_hot_threshold: float = 0.05,
+        attribution: bool = True,
+        faithfulness_every_n: int = 5,
+        faithfulness_steps: int = 10,
     ) -> None:
         super().__init__()
         for name, value in (("num_images", num_images), ("every_n_epochs", every_n_epochs), ("ncols", ncols)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if faithfulness_every_n < 0 or faithfulness_steps < 1:
+            raise ValueError(
+                f"need faithfulness_every_n >= 0 and faithfulness_steps >= 1, got {faithfulness_every_n}, "
+                f"{faithfulness_steps}"
+            )
         if not 0.0 <= discard_ratio < 1.0:
             raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
         if not 0.0 <= alpha <= 1.0:
@@ -176,6 +175,8 @@ class AttentionRolloutLogger(Callback):
             one_hot_threshold=one_hot_threshold,
         )
         self.panel_kwargs = dict(alpha=alpha, cmap=cmap, size=display_size)
+        self.attribution, self.faithfulness_every_n = attribution, faithfulness_every_n
+        self.faithfulness_steps = faithfulness_steps
         self.images: torch.Tensor | None = None  # (B, C, H, W) as the data gives them: uint8, or normalised float
         self.labels: torch.Tensor | None = None
         self.indices: list[int] = []
@@ -213,30 +214,13 @@ class AttentionRolloutLogger(Callback):
             ValueError: If the dataset is empty, its items are not ``(image tensor, label)``, or uint8 images come
                 without a data module's ``mean`` and ``std``.
         """
-        if len(dataset) == 0:
-            raise ValueError("the validation dataset is empty: AttentionRolloutLogger has no image to explain")
-        images, labels, indices = [], [], []
-        for index in select_indices(_dataset_labels(dataset), len(dataset), self.num_images):
-            item = dataset[index]
-            if item is None:  # an unreadable file skipped by the dataset
-                continue
-            if not isinstance(item[0], torch.Tensor) or item[0].ndim != 3:
-                raise ValueError(
-                    f"validation item {index} is not a (C, H, W) tensor but {type(item[0]).__name__}; "
-                    "AttentionRolloutLogger needs the model's input tensors"
-                )
-            images.append(item[0])
-            labels.append(int(item[1]))
-            indices.append(index)
-        if not images:
-            raise ValueError("none of the chosen validation images could be read")
-        batch = torch.stack(images)
+        batch, labels, indices = fixed_images(dataset, self.num_images)
         if not batch.is_floating_point() and (self.mean is None or self.std is None):
             raise ValueError(
                 f"the validation images are {batch.dtype}, and without a data module's mean and std "
                 "AttentionRolloutLogger cannot normalise them; give the Trainer the data module"
             )
-        self.images, self.labels, self.indices = batch, torch.tensor(labels), indices
+        self.images, self.labels, self.indices = batch, labels, indices
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
@@ -248,8 +232,9 @@ class AttentionRolloutLogger(Callback):
         if self.images is None:  # no data module: take them from the validation loader
             loaders = trainer.val_dataloaders
             self.fix_images((loaders[0] if isinstance(loaders, (list, tuple)) else loaders).dataset)
+        model = explained_model(pl_module)
         explanation = explain_images(
-            explained_model(pl_module),
+            model,
             self.images,
             labels=self.labels,
             class_names=self.class_names,
@@ -258,41 +243,77 @@ class AttentionRolloutLogger(Callback):
             **self.explain_kwargs,
         )
         metrics = explanation.metrics()
+        maps = {"rollout": explanation.rollout}
+        logged = (epoch + 1) // self.every_n_epochs  # this is the n-th logged epoch
+        score = self.faithfulness_every_n > 0 and logged % self.faithfulness_every_n == 0
+        if self.attribution or score:
+            attribution = _warn_on_failure("attention attribution", epoch, lambda: self._attribute(model))
+            if attribution is not None:
+                maps["attribution"] = attribution
+        if score:
+            scores = _warn_on_failure("faithfulness scores", epoch, lambda: self._faithfulness(model, maps))
+            for curve in ("deletion_auc", "insertion_auc") if scores is not None else ():
+                metrics.update({f"explain/{curve}/{name}": value for name, value in scores[curve].items()})
         if metrics:  # logged with the validation metrics, at their step, to every logger
             pl_module.log_dict(metrics, on_step=False, on_epoch=True, rank_zero_only=True)
         self._warn_collapse(epoch, explanation)
+        if not self.attribution:
+            maps.pop("attribution", None)
         # Lightning logs validation metrics at this step (the optimiser steps taken, less the one in progress).
         step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
-        media = _warn_on_failure("attention rollout grid", epoch, lambda: self._render(explanation, epoch))
-        if media is not None:
-            _warn_on_failure("attention rollout PNGs", epoch, lambda: self._save(trainer, epoch, *media))
-            _warn_on_failure("attention rollout to W&B", epoch, lambda: self._log(trainer, explanation, step, *media))
+        figures = _warn_on_failure("explanation grids", epoch, lambda: self._render(explanation, maps, epoch))
+        if figures is not None:
+            _warn_on_failure("explanation PNGs", epoch, lambda: self._save(trainer, epoch, figures))
+            _warn_on_failure("explanations to W&B", epoch, lambda: self._log(trainer, explanation, maps, step, figures))
 
-    def _render(self, explanation: Explanation, epoch: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """The captioned grid and, with statistics, the distance plot, as ``uint8`` RGB arrays."""
-        title = f"epoch {epoch} · attention rollout"
-        grid = render_grid(explanation, ncols=self.ncols, title=title, **self.panel_kwargs)
-        plot = None
+    def _inputs(self, model: nn.Module) -> torch.Tensor:
+        """The fixed images normalised for the model, on its device (uint8 images are normalised here, once)."""
+        param = next(model.parameters())
+        images = self.images.to(param.device)
+        return (images if images.is_floating_point() else normalize(images, self.mean, self.std)).to(param.dtype)
+
+    def _attribute(self, model: nn.Module) -> torch.Tensor:
+        """Attention attribution of each image's predicted class; gradients need leaving the validation loop's
+        inference mode (the model and its parameters are untouched: no ``.grad`` is written)."""
+        with torch.inference_mode(False), torch.enable_grad():
+            return attention_attribution(model, self._inputs(model)).float().cpu()
+
+    def _faithfulness(self, model: nn.Module, maps: dict[str, torch.Tensor]) -> dict[str, Any]:
+        return faithfulness(model, self._inputs(model), maps, steps=self.faithfulness_steps)
+
+    def _render(self, explanation: Explanation, maps: dict[str, torch.Tensor], epoch: int) -> dict[str, np.ndarray]:
+        """A captioned grid per map and, with statistics, the distance plot, as ``uint8`` RGB arrays."""
+        figures = {
+            name: render_grid(
+                explanation, grid_map, self.ncols, title=f"epoch {epoch} · {TITLES[name]}", **self.panel_kwargs
+            )
+            for name, grid_map in maps.items()
+        }
         if explanation.distance is not None:
-            plot = distance_plot(explanation.distance, f"epoch {epoch}", explanation.max_distance)
-        return grid, plot
+            figures["distance"] = distance_plot(explanation.distance, f"epoch {epoch}", explanation.max_distance)
+        return figures
 
-    def _save(self, trainer: Trainer, epoch: int, grid: np.ndarray, plot: np.ndarray | None) -> None:
+    def _save(self, trainer: Trainer, epoch: int, figures: dict[str, np.ndarray]) -> None:
         folder = self.output_dir if self.output_dir is not None else Path(trainer.default_root_dir) / "rollout"
         folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(grid).save(folder / f"epoch_{epoch:03d}.png")
-        if plot is not None:
-            Image.fromarray(plot).save(folder / f"distance_epoch_{epoch:03d}.png")
+        for name, figure in figures.items():
+            Image.fromarray(figure).save(folder / FILES[name].format(epoch))
 
     def _log(
-        self, trainer: Trainer, explanation: Explanation, step: int, grid: np.ndarray, plot: np.ndarray | None
+        self,
+        trainer: Trainer,
+        explanation: Explanation,
+        maps: dict[str, torch.Tensor],
+        step: int,
+        figures: dict[str, np.ndarray],
     ) -> None:
-        if not loggers.log_images(trainer, GRID_KEY, [grid], step):  # no W&B logger: nothing more to render
-            return
-        panels = render_panels(explanation, **self.panel_kwargs)
-        loggers.log_images(trainer, ROLLOUT_KEY, panels, step, captions=explanation.captions())
-        if plot is not None:
-            loggers.log_images(trainer, DISTANCE_KEY, [plot], step)
+        for name, figure in figures.items():
+            grid_key, panel_key = KEYS[name]
+            if not loggers.log_images(trainer, grid_key, [figure], step):  # no W&B logger: nothing more to render
+                return
+            if name in maps:
+                panels = render_panels(explanation, maps[name], **self.panel_kwargs)
+                loggers.log_images(trainer, panel_key, panels, step, captions=explanation.captions())
 
     def _warn_collapse(self, epoch: int, explanation: Explanation) -> None:
         """One warning naming the blocks that collapsed since the last check (a lasting collapse is warned about

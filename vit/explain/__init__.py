@@ -5,12 +5,15 @@ render its :class:`Explanation`. Needs torch, numpy, PIL and matplotlib.
 """
 
 from ..normalize import unnormalize
+from .attribution import attention_attribution, relevance_from_gradients
 from .capture import attention_modules, capture_attention, eval_mode, record_attention
+from .faithfulness import faithfulness
 from .overlay import apply_colormap, make_grid, overlay_heatmap, to_uint8_image, upsample_map
 from .panels import render_grid, render_panel, render_panels
 from .pipeline import Explanation, display_pixels, explain_images
 from .plots import distance_plot, figure_to_array
 from .rollout import HeadFusion, RolloutPool, attention_rollout, discard_lowest, fuse_heads, rollout_grid, rollout_map
+from .selection import fixed_images, select_indices
 from .stats import (
     CollapseReport,
     attention_distance,
@@ -27,6 +30,7 @@ __all__ = [
     "HeadFusion",
     "RolloutPool",
     "apply_colormap",
+    "attention_attribution",
     "attention_distance",
     "attention_entropy",
     "attention_modules",
@@ -39,18 +43,22 @@ __all__ = [
     "distance_plot",
     "eval_mode",
     "explain_images",
+    "faithfulness",
     "figure_to_array",
+    "fixed_images",
     "fuse_heads",
     "make_grid",
     "overlay_heatmap",
     "patch_distances",
     "record_attention",
+    "relevance_from_gradients",
     "render_grid",
     "render_panel",
     "render_panels",
     "rollout_grid",
     "rollout_map",
     "row_entropy",
+    "select_indices",
     "to_uint8_image",
     "unnormalize",
     "upsample_map",

@@ -96,7 +96,7 @@ def render_panel(
     low, high = _fmt(float(raw.min())), _fmt(float(raw.max()))
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
     # At least the width of a typical label, so that the panels of a grid share one size.
-    label_width = max(probe.textbbox((0, 0), text, font=label_font)[2] for text in (low, high, "0.0088"))
+    label_width = max(probe.textbbox((0, 0), text, font=label_font)[2] for text in (low, high, "-0.00088"))
     top = caption_height(size) + padding
     canvas_w = 3 * padding + 2 * width + padding + BAR_WIDTH + 3 + label_width + padding
     canvas = np.full((top + height + padding, canvas_w, 3), 255, dtype=np.uint8)
