@@ -135,6 +135,16 @@ def test_method_and_target(checkpoint, tmp_path, explain):
     )
 
 
+def test_default_folder_is_new_for_every_run(checkpoint, tmp_path, explain, monkeypatch):
+    image = image_files(tmp_path)[0]
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        assert explain(checkpoint, image, "--method", "rollout").returncode == 0
+    folders = sorted((tmp_path / "explanations").iterdir())
+    assert len(folders) == 2 and folders[0].name.startswith("tiny-")
+    assert all((folder / "rollout_grid.png").is_file() for folder in folders)
+
+
 def test_validation_split(checkpoint, tmp_path, explain):
     result = explain(checkpoint, "--split", "val", "--limit", "5", "--no-overlays", "--out", tmp_path / "o")
     assert result.returncode == 0, result.stderr

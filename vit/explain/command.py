@@ -6,7 +6,7 @@
 CHECKPOINT is a Lightning ``.ckpt`` written by ``vit fit`` (model, image size, normalisation and class names come
 from it), or plain weights (``.pth``/``.safetensors``, timm's included) with ``--model PRESET`` (ImageNet
 normalisation, ``--img-size``, class indices as names). Per image it writes ``<out>/<name>_rollout.png`` and/or
-``<name>_attribution.png`` (image | overlay with a colour bar, prediction in the caption) plus a grid of all, and
+``<name>_attribution.png`` (image | overlay with a colour bar, prediction in the caption) plus a grid, and
 prints the predicted class and its probability. ``--faithfulness`` adds deletion/insertion areas
 (:func:`~vit.explain.faithfulness.faithfulness`). Bad input is one ``error:`` line and exit status 2, before
 anything is written; every file is written to a temporary name and renamed.
@@ -19,6 +19,7 @@ import io
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -312,7 +313,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--img-size", type=int, default=None, help="input size for plain weights (default: preset's)")
     parser.add_argument("--method", choices=(*METHODS, "both"), default="both", help="maps to draw (default: both)")
     parser.add_argument("--target", default=None, help="class (index or name) to attribute; default: the prediction")
-    parser.add_argument("--out", type=Path, default=Path("explanations"), help="overlay folder (default: explanations)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="overlay folder (default: a new explanations/<checkpoint>-<time>)"
+    )
     parser.add_argument("--faithfulness", action="store_true", help="measure deletion / insertion areas")
     parser.add_argument("--steps", type=int, default=10, help="perturbation steps of --faithfulness (default: 10)")
     parser.add_argument("--baseline", choices=("mean", "blur"), default="mean", help="removed patches become this")
@@ -325,6 +328,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default: 64)")
     parser.add_argument("--no-overlays", action="store_true", help="write no per-image PNGs (grids and report only)")
     return parser
+
+
+def new_folder(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... : the first that does not exist yet (not created here)."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -349,6 +361,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     check_arguments(parser, args)
+    if args.out is None:  # a fresh folder: one run never overwrites another's pictures
+        args.out = new_folder(Path("explanations") / f"{args.checkpoint.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         files = find_images(args.images) if args.images else []
         explainer = load_explainer(args.checkpoint, args.model, args.img_size)
