@@ -67,13 +67,17 @@ def _wandb_run(
     name: str,
     epochs: range,
     *,
-    job_type: str = "fit",
+    job_type: str | None = None,
     run_id: str | None = None,
     window_size: int = 0,
     exit_code: int = 0,
     run_folder: bool = True,
+    img_per_sec: float | None = None,
 ) -> None:
-    """One real offline W&B run through Lightning's WandbLogger: config, per-epoch val/acc and train loss."""
+    """One real offline W&B run through Lightning's WandbLogger: config, per-epoch val/acc and train loss.
+
+    As ``vit fit`` does, a fit has no W&B job type; validate/test runs have theirs.
+    """
     from lightning.pytorch.loggers import WandbLogger
 
     if run_folder:  # what `vit fit` writes beside wandb/: the marks of a run folder
@@ -85,9 +89,12 @@ def _wandb_run(
     )
     for epoch in epochs:
         metrics = {"val/acc": 0.1 * epoch + 0.01 * window_size, "epoch": epoch}
-        if job_type == "fit":
+        if job_type is None:
             metrics["train/loss_epoch"] = 2.0 - 0.1 * epoch
+            metrics["train/img_per_sec"] = 100.0 + epoch
         logger.log_metrics(metrics, step=epoch)
+    if img_per_sec is not None:  # as `vit fit` does at the end: the mean over the fit into the summary
+        logger.experiment.summary["train/img_per_sec"] = img_per_sec
     logger.experiment.finish(exit_code=exit_code)
 
 
@@ -105,7 +112,7 @@ def offline_runs(tmp_path_factory) -> Path:
         _wandb_run(root / "quickstart" / "g", "g", range(2, 5), run_id="g0000001")
         # resumed into the same run folder under a new W&B id
         _wandb_run(root / "quickstart" / "w", "w", range(2), window_size=2)
-        _wandb_run(root / "quickstart" / "w", "w", range(2, 4), window_size=2)
+        _wandb_run(root / "quickstart" / "w", "w", range(2, 4), window_size=2, img_per_sec=150.0)
         _wandb_run(root / "quickstart" / "v", "v", range(1), job_type="validate", window_size=2)
         _wandb_run(root / "quickstart" / "c", "c", range(2), exit_code=1, window_size=4)
         _wandb_run(root / "loose", "s", range(3), window_size=3, run_folder=False)
@@ -128,6 +135,8 @@ def test_compare_keeps_finished_fit_runs_and_counts_a_resumed_run_once(offline_r
     # best val/acc over both parts of a resumed run: g reached epoch 4 (0.4), w epoch 3 (0.3 + 0.02)
     assert float(rows["g"][3]) == pytest.approx(0.4) and float(rows["w"][3]) == pytest.approx(0.32)
     assert float(rows["g"][4]) == pytest.approx(1.6)  # the final train loss is the resumed part's last
+    # img/s: the summary's train/img_per_sec of the last part (W&B keeps the last value unless set: epoch 4)
+    assert float(rows["g"][5]) == 104 and float(rows["w"][5]) == 150
     assert "left out 2 run(s): 1 failed, 1 validate; --all shows them" in result.stderr
     plot = offline_runs / "compare" / "val_acc.png"
     assert f"wrote {Path('runs') / 'compare' / 'val_acc.png'}" in result.stdout and plot.is_file()
@@ -209,3 +218,22 @@ def test_sweep_parameters_are_valid_overrides(path, capsys):
         models.add((config["model"]["model"], yaml.safe_dump(overrides)))
     for name, overrides in models:  # an override the model does not accept (or a window too large) fails here
         vit.create_model(name, **yaml.safe_load(overrides))
+
+
+# ------------------------------------------------------------------------------------------------ gpu_check.sh
+GPU_CHECK = ROOT / "scripts" / "gpu_check.sh"
+
+
+def test_gpu_check_usage_and_no_pythonpath(tmp_path):
+    """The check runs from the repository root without PYTHONPATH, each suite through ``python -m vit.bench``."""
+    import subprocess
+
+    assert subprocess.run(["bash", "-n", str(GPU_CHECK)]).returncode == 0
+    done = subprocess.run(["bash", str(GPU_CHECK)], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr == "usage: scripts/gpu_check.sh OUTDIR\n"
+    text = GPU_CHECK.read_text()
+    assert "PYTHONPATH" not in text.split("set -uo pipefail")[1] and "scripts/benchmark.py" not in text
+    steps = [line.split()[1] for line in text.splitlines() if line.strip().startswith("step ")]
+    # every issue's step, each under its own timeout (the step helper), the model comparison compiled last
+    assert {"environment", "model_eager", "attention", "attribution", "speedrun", "fit", "data"} <= set(steps)
+    assert steps[-1] == "model_compiled"

@@ -61,12 +61,14 @@ def last(run: Run, metrics: Iterable[str]) -> float | None:
 
 
 def throughput(run: Run) -> float | None:
-    """Training images/s: ``train/throughput`` of the run summary, else the mean of ``train/img_per_sec``."""
-    value = number(run.summary.get("train/throughput"))
-    if value is not None:
-        return value
+    """Training images/s over the fit: the summary's ``train/img_per_sec`` (``vit fit`` writes its mean over the fit
+    there), the older ``train/throughput``, else the mean of the logged ``train/img_per_sec``."""
+    for key in ("train/img_per_sec", "train/throughput"):
+        value = number(run.summary.get(key))
+        if value is not None:
+            return value
     _, ys = series(run, "train/img_per_sec")
-    return sum(ys) / len(ys) if ys else number(run.summary.get("train/img_per_sec"))
+    return sum(ys) / len(ys) if ys else None
 
 
 def attention(run: Run) -> str | None:
@@ -134,7 +136,7 @@ def table(runs: list[Run], metric: str, status: bool = False) -> str:
         [
             run.name,
             _cell(attention(run)),
-            *([run.kind or "-", run.state] if status else []),
+            *([run.kind or ("fit" if run.is_fit() else "-"), run.state] if status else []),
             *(_cell(run.config.get(key)) for key in keys),
             _cell(best(run, metric)),
             _cell(last(run, ["train/loss_epoch", "train/loss"])),
