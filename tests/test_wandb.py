@@ -174,3 +174,18 @@ def test_compare_lists_both_runs_and_their_differences(offline_runs, tmp_path, c
     with Image.open(plot) as image:
         image.verify()
         assert image.format == "PNG" and image.size == (700, 450)
+
+
+def test_lightning_still_passes_anonymous(tmp_path):
+    """vit.loggers.without_anonymous_setting removes WandbLogger._wandb_init["anonymous"] (None), for which wandb
+    warns at every start; if Lightning stops passing it (or renames the dict) the workaround can go."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loggers import WandbLogger
+
+    from vit.loggers import without_anonymous_setting
+
+    logger = WandbLogger(save_dir=str(tmp_path), offline=True)
+    assert "anonymous" in logger._wandb_init and logger._wandb_init["anonymous"] is None
+    without_anonymous_setting(SimpleNamespace(loggers=[logger]))
+    assert "anonymous" not in logger._wandb_init

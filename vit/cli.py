@@ -53,6 +53,7 @@ from .loggers import (
     name_wandb_runs,
     offline_without_server,
     wandb_run_id,
+    without_anonymous_setting,
 )
 from .models.checkpoint_errors import CHECKPOINT_ERRORS, check_is_checkpoint, checkpoint_errors
 
@@ -392,6 +393,9 @@ class VitCLI(LightningCLI):
             if self.subcommand != "fit" and not logger.init_args.get("job_type"):
                 logger.init_args.job_type = self.subcommand  # compare.py keeps fits apart from evaluations
         return folder
+
+    def after_instantiate_classes(self) -> None:
+        without_anonymous_setting(self.trainer)  # W&B's "anonymous setting has no effect" warning
 
     # Private helpers used: LightningCLI._get and ._parser give the subcommand's config and its callback keys, and
     # ._instantiate_trainer adds them (public instantiate_trainer cannot leave callbacks out). Works around: the

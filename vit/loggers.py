@@ -229,12 +229,25 @@ def offline_without_server(config: Namespace) -> None:
         logger.init_args.offline = True
         logger.init_args.mode = "offline"  # explicit: WandbLogger's WANDB_MODE may come after wandb read it
         logger.init_args.log_model = False  # uploads need a connection; offline WandbLogger refuses it
-        logger.init_args.anonymous = None  # W&B warns that "anonymous" has no effect offline
 
 
 def wandb_loggers(trainer: Trainer) -> list[WandbLogger]:
     """The trainer's W&B loggers."""
     return [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
+
+
+def without_anonymous_setting(trainer: Trainer) -> None:
+    """Remove the ``anonymous`` argument Lightning's ``WandbLogger`` always passes to ``wandb.init`` (as ``None``
+    when unset), for which wandb >= 0.19 prints "The anonymous setting has no effect" at every run start. Call it
+    before the first ``logger.experiment``.
+
+    Private attribute: ``WandbLogger._wandb_init`` holds the ``wandb.init`` arguments; there is no public way to
+    leave one out. ``tests/test_wandb.py::test_lightning_still_passes_anonymous`` fails when Lightning changes this.
+    """
+    for logger in wandb_loggers(trainer):
+        init = getattr(logger, "_wandb_init", None)
+        if isinstance(init, dict) and init.get("anonymous") is None:
+            init.pop("anonymous", None)
 
 
 def wandb_run_folders(trainer: Trainer) -> list[tuple[Path, bool]]:
