@@ -271,3 +271,18 @@ def test_uint8_images_that_bypassed_the_data_module_hook_are_refused(tmp_path):
     data = TensorDataset(torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8), torch.zeros(8, dtype=torch.long))
     with pytest.raises(TypeError, match=r"got torch.uint8 images.*datamodule=dm.*dm\.normalize\(images\)"):
         trainer(tmp_path, max_steps=1, limit_val_batches=0).fit(tiny(), DataLoader(data, batch_size=4))
+
+
+def test_throughput_is_images_over_time_between_batch_starts(tmp_path, monkeypatch):
+    # A fake clock: each training batch start is 0.5 s after the previous one; 12 images in batches of 5, 5, 2.
+    clock = iter(float(t) * 0.5 for t in range(100))
+    monkeypatch.setattr("vit.lit_module.time.perf_counter", lambda: next(clock))
+    module = tiny()
+    assert math.isnan(module.throughput)
+    logged = []
+    monkeypatch.setattr(module, "log", lambda name, value, **kw: logged.append((name, value)))
+    trainer(tmp_path, max_epochs=1).fit(module, loader(n=12, batch_size=5))
+    # Steps 1 and 2 are timed (the third batch's step has no next start): 5 images each in 0.5 s.
+    assert [v for n, v in logged if n == "train/img_per_sec"] == [10.0, 10.0]
+    assert module.throughput == 10.0
+    assert module.example_input_array.shape == (1, 3, 16, 16)  # the model summary's real FLOPs
