@@ -209,6 +209,7 @@ class Results:
     head_maps: torch.Tensor  # (B, heads, rows, cols): each head's attention to the patches in ``block``
     block: int
     faithfulness: dict | None
+    target: int | None = None  # the class attributed (``--target``); None: each image's prediction
 
 
 def head_maps(attn: torch.Tensor, num_prefix_tokens: int, pooled_by_token: bool, grid: tuple[int, int]):
@@ -268,7 +269,7 @@ def compute(
         inputs = normalize(pixels, explainer.mean, explainer.std)
         scores = faithfulness(model, inputs, maps, target=target, steps=args.steps, baseline=args.baseline,
                               batch_size=4 * args.batch_size)  # fmt: skip
-    return Results(explanation, attribution, torch.cat(heads), block, scores)
+    return Results(explanation, attribution, torch.cat(heads), block, scores, target)
 
 
 def png_bytes(image: np.ndarray) -> bytes:
@@ -406,7 +407,8 @@ def write_outputs(args: argparse.Namespace, files: Sequence[Path], results: Resu
             for stem, image, grid_map, caption in zip(
                 output_stems(files), explanation.images, maps[method], captions, strict=True
             ):
-                panel = render_panel(image, grid_map, f"{caption} · {method}", alpha=args.alpha, size=224)
+                label = method if results.target is None else f"{method} of {explanation.class_name(results.target)}"
+                panel = render_panel(image, grid_map, f"{caption} · {label}", alpha=args.alpha, size=224)
                 write_atomic(args.out / f"{stem}_{method}.png", png_bytes(panel))
         shown = slice(0, GRID_IMAGES)
         first = replace(explanation, images=explanation.images[shown], probs=explanation.probs[shown],

@@ -115,10 +115,11 @@ def render_report(files: Sequence[Path], results: Results, title: str = "explana
     explanation = results.explanation
     captions = explanation.captions()
     sections = [f"<h1>{html.escape(title)}</h1>", "<h2>Images</h2>"]
+    target = "the predicted class" if results.target is None else f"class {explanation.class_name(results.target)}"
     sections.append(
         '<p class="note">Heatmaps use the inferno colour map, each scaled to its own minimum (dark) and maximum '
         "(bright). Rollout: where attention flows, for no class in particular. Attribution: attention weighted by "
-        "its gradient for the predicted class (Chefer et al., ICCV 2021).</p>"
+        f"its gradient for {html.escape(target)} (Chefer et al., ICCV 2021).</p>"
     )
     for i, file in enumerate(files):
         picture = upscale(_uint8(explanation.images[i]), SIZE)
