@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,11 @@ class PredictionWriter(BasePredictionWriter):
         self.overlays = overlays
         self.rows: list[dict[str, Any]] = []
         self.path: Path | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Lightning warns when a loader's sampler cannot report batch indices (the data module's decoded loader);
+        # this writer numbers the rows itself, in loader order.
+        warnings.filterwarnings("ignore", message="Couldn't infer the batch indices")
 
     def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.rows = []
