@@ -268,3 +268,20 @@ def test_no_worker_warning_on_this_machine(tmp_path: Path) -> None:
         trainer.fit(Tiny(), datamodule=dm)
     messages = [str(w.message) for w in caught]
     assert not [m for m in messages if "worker" in m.lower()], messages
+
+
+def test_a_split_too_large_at_img_size_is_stored_small_and_enlarged_per_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CIFAR fine-tuned at 224 px would be 7.5 GB decoded at 224: it is stored at 32 px and enlarged on the device.
+    monkeypatch.setattr(decoded_module, "MAX_DECODED_BYTES", 1000)
+    root = _folder(tmp_path / "data", size=32)
+    dm = _dm(root, img_size=48, batch_size=8)
+    dm.setup("fit")
+    assert dm.train_dataset.images.shape == (8, 3, 32, 32)
+    x, _ = next(iter(dm.val_dataloader()))
+    reference, _ = next(iter(_dm(root, img_size=48, batch_size=8, decode_once=False).val_dataloader()))
+    assert x.shape == reference.shape == (8, 3, 48, 48)
+    assert (x.int() - reference.int()).abs().max() <= 1  # OpenCV's fixed-point bilinear vs torch's float one
+    train, _ = next(iter(dm.train_dataloader()))
+    assert train.shape == (8, 3, 48, 48) and train.dtype == torch.uint8

@@ -252,8 +252,9 @@ class ImageDataModule(pl.LightningDataModule):
             source.transform = self._transform(train)
             return source
         if self.decoded:
-            folder = self.cache_dir
-            return source.decode(self.img_size, folder, self.skip_corrupt)
+            native = source.images.shape[1] if source.images is not None else folder_image_size(self.layout)
+            size = source.decoded_size(self.img_size, native)
+            return source.decode(size, self.cache_dir, self.skip_corrupt)
         if source.images is not None:
             return ArrayDataset(source.images, source.labels, source.classes, self._transform(train))
         return ImageFileDataset(source.samples, source.classes, self._transform(train), self.skip_corrupt)
@@ -292,7 +293,9 @@ class ImageDataModule(pl.LightningDataModule):
             augment = BatchAugment(self.preset, self.img_size, self.augment, fill)
         finish = None if self.normalize_on_device else self.normalize
         sampler = self._sampler(split, train)
-        return DecodedLoader(split, self.batch_size, sampler, augment, drop_last=train, device=device, finish=finish)
+        return DecodedLoader(
+            split, self.batch_size, sampler, augment, drop_last=train, device=device, finish=finish, size=self.img_size
+        )
 
     def _loader(self, dataset: Dataset, train: bool, generator: torch.Generator | None = None) -> DataLoader:
         skipping = self.skip_corrupt and isinstance(dataset, ImageFileDataset)

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1  # bump when the decoded pixels of the same files change (decoder, resize)
 CACHE_FOLDER = ".vit-decoded"
+MAX_DECODED_BYTES = 1 << 30  # above this, a split is kept at its source size and enlarged batch by batch on the device
 
 
 def resize_op(img_size: int) -> A.Resize:
@@ -268,6 +269,19 @@ class DecodeRequest:
     sources: Sequence[str | Path] = ()
     root: Path | None = None
     split: str = "train"
+
+    def decoded_size(self, img_size: int, source_size: int) -> int:
+        """The size to store the pixels at: ``img_size``, unless that would pass ``MAX_DECODED_BYTES`` while
+        enlarging (CIFAR at 224 px: 7.5 GB); then the source size, and the loader enlarges each batch on the device.
+
+        Args:
+            img_size: The model's image size.
+            source_size: The larger side of the source images.
+        """
+        n = len(self.images) if self.images is not None else len(self.samples or [])
+        if img_size > source_size and n * 3 * img_size * img_size > MAX_DECODED_BYTES:
+            return source_size
+        return img_size
 
     def decode(self, img_size: int, cache_dir: str | Path | None = None, skip_corrupt: bool = False) -> DecodedSplit:
         """Decode (or read from the cache) this split at ``img_size``.

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 
 from vit.data.batch_augment import BatchAugment
 from vit.data.decoded import DecodedSplit
@@ -32,6 +33,17 @@ def fits_on(device: torch.device, nbytes: int, fraction: float = 0.25) -> bool:
     return nbytes <= fraction * free
 
 
+def enlarge(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Bilinear resize of a uint8 batch to ``size`` x ``size`` (half-pixel centres, as OpenCV's INTER_LINEAR).
+
+    Args:
+        images: uint8 (B, 3, H, W).
+        size: Output height and width.
+    """
+    out = F.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False)
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
 class DecodedLoader:
     """Iterates ``(images uint8 (B, 3, H, W), labels (B,))`` batches of a :class:`DecodedSplit`.
 
@@ -43,6 +55,8 @@ class DecodedLoader:
         drop_last: Drop the last incomplete batch.
         device: Where batches are gathered and augmented; the split moves there if it fits, else stays on the CPU.
         finish: Applied to the images last (``normalize``, when the batches are not normalised after the transfer).
+        size: Height and width of the batches; a split stored smaller (see ``DecodeRequest.decoded_size``) is
+            enlarged bilinearly, batch by batch, before the augmentation, as the per-image ``A.Resize`` does.
     """
 
     batch_sampler = None  # Lightning's loader checks read it: batches come from ``sampler`` directly
@@ -56,6 +70,7 @@ class DecodedLoader:
         drop_last: bool = False,
         device: torch.device | str = "cpu",
         finish: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        size: int | None = None,
     ) -> None:
         self.dataset = split
         self.batch_size = batch_size
@@ -63,6 +78,7 @@ class DecodedLoader:
         self.augment = augment
         self.drop_last = drop_last
         self.finish = finish
+        self.size = size
         self._batches_out = 0
         device = torch.device(device)
         nbytes = split.images.nbytes + split.labels.nbytes
@@ -86,6 +102,8 @@ class DecodedLoader:
         for start, seed in zip(range(0, len(pairs), self.batch_size), seeds, strict=True):
             index = order[start : start + self.batch_size]
             images, labels = self._images[index], self._labels[index]
+            if self.size is not None and images.shape[-1] != self.size:
+                images = enlarge(images, self.size)
             if self.augment is not None:
                 generator = torch.Generator(device=self.device).manual_seed(seed)
                 images = self.augment(images, generator)
