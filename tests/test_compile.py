@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import vit
+from vit.layers import Attention, NeighborhoodAttention, neighborhood_attention
 
 pytestmark = pytest.mark.slow
 
@@ -47,3 +48,16 @@ def test_fullgraph_compile_matches_eager_forward_and_backward(name, overrides):
     # A second call reuses the graph (no recompilation for the same shapes).
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_fullgraph_compile_of_the_flex_path():
+    """The FlexAttention path (CUDA's) traces in one graph, BlockMask built inside it and cached (CPU, inference)."""
+    torch._dynamo.reset()
+    layer = NeighborhoodAttention(64, 2, grid_size=(9, 11), kernel_size=5, dilation=1, num_prefix_tokens=1).eval()
+    dense = Attention(64, 2).eval()
+    dense.load_state_dict(layer.state_dict(), strict=True)
+    x = torch.randn(2, 1 + 9 * 11, 64)
+    with torch.no_grad():
+        out = torch.compile(layer.forward_flex, fullgraph=True)(x)
+        torch.testing.assert_close(out, dense(x, attn_mask=layer.dense_mask()), atol=1e-5, rtol=1e-5)
+    assert (9, 11, 5, 1, 1, "cpu") in neighborhood_attention._BLOCK_MASKS
