@@ -331,53 +331,6 @@ def test_quickstart_shortened_learns_digits(tmp_path):
     assert cli.trainer.checkpoint_callback.best_model_score >= 0.88
 
 
-# ------------------------------------------------------------------------------------------------ run folders
-def run_args(runs: Path, *extra: str) -> list[str]:
-    """A quickstart fit of the tiny model on synthetic images, its run folder chosen by the CLI under ``runs``."""
-    base = ["fit", "--config", "quickstart", *SMALL, *TINY_VIT, "--trainer.logger", "false", *CPU]
-    return [*base, "--runs_dir", str(runs), *extra]
-
-
-def test_two_fits_keep_two_runs_and_last_continues_the_newer(tmp_path, capsys):
-    first = cli_main(run_args(tmp_path, "--trainer.max_epochs", "1"))
-    second = cli_main(run_args(tmp_path, "--trainer.max_epochs", "2"))
-    folders = sorted((tmp_path / "quickstart").iterdir())
-    assert len(folders) == 2 and {Path(first.trainer.default_root_dir), Path(second.trainer.default_root_dir)} == set(
-        folders
-    )
-    for cli, epochs in ((first, 1), (second, 2)):
-        folder = Path(cli.trainer.default_root_dir)
-        assert folder.name.startswith("quickstart-vit_tiny_patch4_32-global-synthetic-")  # window_size 0: global
-        assert (folder / "config.yaml").is_file()
-        assert ckpt(folder / "checkpoints" / "last.ckpt")["epoch"] == epochs - 1  # each run keeps its own
-    out = capsys.readouterr().out
-    assert "val/acc: best " in out and "last checkpoint: " in out and "Run folder: " in out  # the end-of-fit report
-
-    os.utime(Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt", (1, 1))  # the second is newer
-    third = cli_main(run_args(tmp_path, "--trainer.max_epochs", "3", "--ckpt_path", "last"))
-    newer = Path(second.trainer.default_root_dir)
-    assert Path(third.trainer.default_root_dir) == newer and len(list((tmp_path / "quickstart").iterdir())) == 2
-    assert Path(third.trainer.ckpt_path) == newer / "checkpoints" / "last.ckpt"
-    assert f"--ckpt_path last: resuming {newer / 'checkpoints' / 'last.ckpt'}" in capsys.readouterr().err
-    assert third.trainer.global_step == 12 and ckpt(newer / "checkpoints" / "last.ckpt")["epoch"] == 2
-    assert ckpt(Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt")["epoch"] == 0  # untouched
-
-
-def test_window_and_sliding_runs_are_named_by_their_attention():
-    from vit.loggers import attention_kind
-
-    assert attention_kind({"model": {"model": "vit_tiny_patch4_32"}}) == "global"
-    assert attention_kind({"model": {"model": "vit_tiny_window_patch4_32"}}) == "window"
-    overrides = {"window_size": 0}
-    assert attention_kind({"model": {"model": "vit_tiny_window_patch4_32", "model_overrides": overrides}}) == "global"
-    net = {"class_path": "vit.VisionTransformer", "init_args": {"window_size": 3, "window_type": "sliding"}}
-    assert attention_kind({"model": {"model": net}}) == "sliding"
-
-
-def ckpt(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def test_lightning_still_reads_ckpt_path_before_the_hooks():
     """VitCLI overrides LightningCLI._parse_ckpt_path because Lightning reads --ckpt_path with a bare torch.load
     between parsing and the first public hook. If Lightning renames, moves or stops this, the override is dead code."""
