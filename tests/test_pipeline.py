@@ -81,13 +81,14 @@ def test_one_forward_pass_and_the_model_left_as_it_was():
     model.blocks[1].eval()  # a mixed state, given back module by module
     flags = {name: m.training for name, m in model.named_modules()}
     calls = []
-    handle = model.register_forward_hook(lambda module, args, output: calls.append(1))
-    blocks_calls = []
+    handles = [model.patch_embed.register_forward_hook(lambda module, args, output: calls.append("embed"))]
+    handles += [model.head.register_forward_hook(lambda module, args, output: calls.append("head"))]
     for block in model.blocks:
-        block.register_forward_hook(lambda module, args, output: blocks_calls.append(1))
+        handles.append(block.register_forward_hook(lambda module, args, output: calls.append("block")))
     explain_images(model, pixels(), mean=DIGITS_MEAN, std=DIGITS_STD)
-    handle.remove()
-    assert len(calls) == 1 and len(blocks_calls) == len(model.blocks)  # one pass through the model
+    for handle in handles:
+        handle.remove()
+    assert calls == ["embed", "block", "block", "head"]  # one pass through the model
     assert {name: m.training for name, m in model.named_modules()} == flags
     assert all(p.grad is None for p in model.parameters())
     assert all(not block.attn._forward_pre_hooks for block in model.blocks)  # no capture hook left

@@ -173,7 +173,9 @@ def explain_images(
     inputs = inputs.to(param.dtype)
 
     with eval_mode(model), record_attention(model) as attentions:
-        logits = model(inputs)  # the one forward pass: the hooks record each block's attention on the way
+        # The one forward pass; the hooks record each block's attention on the way. ``forward`` rather than
+        # ``__call__``: after ``model.compile()`` the call is compiled, and the recording hooks must run eagerly.
+        logits = model.forward(inputs)
     probs = logits.float().softmax(dim=-1)
     rollout = rollout_grid(model, attentions, head_fusion, discard_ratio)
     entropy = distance = None
