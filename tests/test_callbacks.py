@@ -17,6 +17,7 @@ from PIL import Image
 import vit.loggers
 from vit import ImageClassifier, ImageDataModule
 from vit.callbacks import AttentionRolloutLogger, explained_model, forward_flops, select_indices
+from vit.callbacks import rollout as rollout_module
 from vit.explain import attention_statistics, capture_attention, rollout_map
 from vit.explain.attribution import attention_attribution
 from vit.explain.faithfulness import faithfulness
@@ -240,3 +241,17 @@ def test_forward_flops_match_the_matmul_count():
     macs += D * C  # head on the class token
     assert forward_flops(model, (3, 32, 32)) == 2 * macs
     assert model.training and all(block.attn.fused_attn for block in model.blocks)  # left as it was
+
+
+def test_attribution_failure_warns_once_and_rollout_goes_on(tmp_path, monkeypatch):
+    def unreadable(model, images, target=None):
+        raise RuntimeError("blocks[0].attn: its dense attention_weights do not reproduce its output")
+
+    monkeypatch.setattr(rollout_module, "attention_attribution", unreadable)
+    fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, statistics=False)], max_epochs=2)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        fit.fit(tiny_module(), digits())
+    messages = [str(w.message) for w in record if "attribution" in str(w.message)]
+    assert len(messages) == 1 and messages[0].startswith("could not log the attention attribution at epoch 0")
+    assert sorted(p.name for p in (tmp_path / "rollout").iterdir()) == ["epoch_000.png", "epoch_001.png"]

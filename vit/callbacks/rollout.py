@@ -248,7 +248,9 @@ class AttentionRolloutLogger(Callback):
         score = self.faithfulness_every_n > 0 and logged % self.faithfulness_every_n == 0
         if self.attribution or score:
             attribution = _warn_on_failure("attention attribution", epoch, lambda: self._attribute(model))
-            if attribution is not None:
+            if attribution is None:  # a model the rule cannot read: warned once, rollout goes on alone
+                self.attribution = False
+            else:
                 maps["attribution"] = attribution
         if score:
             scores = _warn_on_failure("faithfulness scores", epoch, lambda: self._faithfulness(model, maps))
