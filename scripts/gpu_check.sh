@@ -220,8 +220,9 @@ if test:
     result["test_acc"] = tested[0].get("test/acc") if tested else None
     result["total_wall_s"] = time.perf_counter() - start
 print(json.dumps(result, indent=2))
-print(f"RESULT  fit: {result['fit_wall_s']:.0f} s, {result['images_per_s'] or 0:.0f} img/s, val/acc "
-      f"{result['val_acc']}, test/acc {result.get('test_acc')}")
+tested = f"test/acc {result['test_acc'] or float('nan'):.4f}, {result['total_wall_s']:.0f} s with the test, " if test else ""
+print(f"RESULT  {'speedrun' if test else 'fit'}: {tested}fit {result['fit_wall_s']:.0f} s, "
+      f"{result['images_per_s'] or 0:.1f} img/s, val/acc {result['val_acc']}, {trainer.current_epoch} epochs")
 json.dump(result, open(out, "w"), indent=2)
 EOF
 )
