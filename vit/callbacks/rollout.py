@@ -25,6 +25,7 @@ from ..explain import (
     Explanation,
     HeadFusion,
     attention_modules,
+    describe_collapse,
     distance_plot,
     explain_images,
     render_grid,
@@ -318,21 +319,12 @@ class AttentionRolloutLogger(Callback):
                 loggers.log_images(trainer, panel_key, panels, step, captions=explanation.captions())
 
     def _warn_collapse(self, epoch: int, explanation: Explanation) -> None:
-        """One warning naming the blocks that collapsed since the last check (a lasting collapse is warned about
-        once; the ``attn/collapsed_blocks`` metric tracks it every epoch)."""
-        collapsed = explanation.collapsed_blocks
-        new = [i for i in collapsed if i not in self._collapsed]
-        self._collapsed = set(collapsed)
-        if not new:
-            return
-        lines = "\n".join(f"  block {i}: {explanation.collapse[i].describe()}" for i in new)
-        hint = ""
-        if any(bool(explanation.collapse[i].uniform.any()) for i in new):
-            hint = " (near-uniform attention is normal in the first epochs of training from scratch)"
-        rank_zero_warn(
-            f"attention collapse at epoch {epoch} in block(s) {', '.join(map(str, new))}: every head is near-uniform "
-            f"or near-one-hot over the {len(explanation)} fixed validation images{hint}\n{lines}"
-        )
+        """Warn about the blocks that collapsed since the last check (a lasting collapse is warned about once; the
+        ``attn/collapsed_blocks`` metric tracks it every epoch)."""
+        new = {i: explanation.collapse[i] for i in explanation.collapsed_blocks if i not in self._collapsed}
+        self._collapsed = set(explanation.collapsed_blocks)
+        if new:
+            rank_zero_warn(f"attention collapse at epoch {epoch} in {describe_collapse(new, len(explanation))}")
 
 
 def _warn_on_failure(what: str, epoch: int, action: Callable[[], Any]) -> Any:

@@ -10,7 +10,7 @@ All functions take one block's dense weights ``(B, heads, N, N)`` as returned by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -224,4 +224,25 @@ def detect_collapse(
         one_hot=one_hot.cpu(),
         normalized_entropy=normalized.cpu(),
         argmax_agreement=agreement.cpu(),
+    )
+
+
+def describe_collapse(reports: Mapping[int, CollapseReport], num_images: int) -> str:
+    """A log message about collapsed blocks: which, over how many images, and each head's kind.
+
+    Args:
+        reports: Block index -> its (collapsed) report.
+        num_images: Number of images the reports were measured on.
+
+    Returns:
+        ``"block(s) 0, 1: every head is near-uniform or near-one-hot over the 8 fixed validation images ..."``
+        followed by one line per block.
+    """
+    lines = "\n".join(f"  block {i}: {report.describe()}" for i, report in reports.items())
+    hint = ""
+    if any(bool(report.uniform.any()) for report in reports.values()):
+        hint = " (near-uniform attention is normal in the first epochs of training from scratch)"
+    return (
+        f"block(s) {', '.join(map(str, reports))}: every head is near-uniform or near-one-hot over the {num_images} "
+        f"fixed validation images{hint}\n{lines}"
     )
