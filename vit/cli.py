@@ -397,16 +397,18 @@ class VitCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         without_anonymous_setting(self.trainer)  # W&B's "anonymous setting has no effect" warning
 
-    # Private helpers used: LightningCLI._get and ._parser give the subcommand's config and its callback keys, and
-    # ._instantiate_trainer adds them (public instantiate_trainer cannot leave callbacks out). Works around: the
-    # Trainer refuses checkpoint callbacks under enable_checkpointing=False.
-    # tests/test_cli.py::test_checkpointing_can_be_switched_off fails if either side changes.
+    # Private helpers used: LightningCLI._parser gives the subcommand's parser (its callback keys) and
+    # ._instantiate_trainer adds those callbacks (the public instantiate_trainer cannot leave one out). Works around:
+    # the Trainer refuses checkpoint callbacks under enable_checkpointing=False.
+    # tests/test_cli.py::test_lightning_still_reads_ckpt_path_before_the_hooks and
+    # ::test_checkpointing_can_be_switched_off fail if either side changes.
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """As Lightning's, leaving out the checkpoint callbacks under ``--trainer.enable_checkpointing false``, with
         checkpoint files written atomically and read with ``weights_only=True`` (:mod:`vit.checkpoint_io`)."""
-        config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        init = self.config_init.get(str(self.subcommand), self.config_init)
+        config = {**init.get("trainer", {}), **kwargs}
         config["plugins"] = with_atomic_checkpoint_io(config.get("plugins"))
-        callbacks = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
+        callbacks = [init.get(key) for key in self._parser(self.subcommand).callback_keys]
         if config.get("enable_checkpointing") is False:
             callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
         return self._instantiate_trainer(config, callbacks)
