@@ -228,6 +228,16 @@ def test_a_file_that_is_not_an_image_is_named(tmp_path: Path, content: bytes) ->
     assert "BytesIO" not in str(err.value)
 
 
+def test_predict_dir_skips_unreadable_files_keeping_paths_aligned(tmp_path: Path) -> None:
+    small, large = _digit_files(tmp_path / "photos")
+    (tmp_path / "photos/bad.png").write_text("text")
+    dm = ImageDataModule("digits", img_size=16, num_workers=0, predict_dir=str(tmp_path / "photos"), skip_corrupt=True)
+    with pytest.warns(UserWarning, match=r"skipping unreadable image .*bad\.png"):
+        assert dm.predict_paths == [str(large), str(small)]
+    (x, y), *rest = list(dm.predict_dataloader())
+    assert not rest and len(x) == 2
+
+
 def test_predict_dir_errors(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"does not exist"):
         _ = ImageDataModule("digits", predict_dir=str(tmp_path / "nowhere")).predict_paths

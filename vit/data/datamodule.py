@@ -25,6 +25,7 @@ from vit.data.datasets import (
     check_image_folder,
     collate_skip_none,
     list_predict_files,
+    load_rgb,
 )
 from vit.data.decoded import DecodedSplit, DecodeRequest
 from vit.data.decoded_loader import DecodedLoader
@@ -33,6 +34,15 @@ from vit.data.specs import DATASETS, SMALL_IMAGE_MAX, DatasetName, DatasetSpec, 
 from vit.data.transforms import Augment, Preset, build_transforms, seed_transform
 from vit.data.workers import SkipReportingDataLoader, default_num_workers, seed_worker, track_workers
 from vit.normalize import IMAGENET_MEAN, IMAGENET_STD, Stats, normalize
+
+
+def _readable(path: str) -> bool:
+    try:
+        load_rgb(path)
+        return True
+    except OSError as err:
+        rank_zero_warn(f"skipping unreadable image {path}: {err}")
+        return False
 
 
 class ImageDataModule(pl.LightningDataModule):
@@ -232,6 +242,8 @@ class ImageDataModule(pl.LightningDataModule):
             self.val_dataset = self._build(train=False)
         if self.predict_dataset is None and self.predict_dir is not None and stage in ("predict", None):
             samples = list_predict_files(self.predict_dir)
+            if self.skip_corrupt:  # left out up front, so that predict_paths stays aligned with the predictions
+                samples = [sample for sample in samples if _readable(sample[0])]
             self.predict_dataset = ImageFileDataset(samples, self.class_names, self._transform(train=False))
 
     def _transform(self, train: bool) -> Any:
