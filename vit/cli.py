@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
@@ -369,6 +370,8 @@ class VitCLI(LightningCLI):
             name = default_run_name(config)
         elif resumed is not None:  # --ckpt_path last: keep writing into that run's folder and W&B run
             folder, name, run_id = resumed, resumed.name, wandb_run_id(resumed)
+            # ModelCheckpoint warns that its folder "exists and is not empty": expected when a run continues there.
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
         else:
             given = next((w.init_args.get("name") for w in configured_wandb_loggers(config)), None)
             name = given or default_run_name(config)
