@@ -21,6 +21,7 @@ from vit.callbacks import rollout as rollout_module
 from vit.explain import attention_statistics, capture_attention, rollout_map
 from vit.explain.attribution import attention_attribution
 from vit.explain.faithfulness import faithfulness
+from vit.explain.selection import fixed_images
 from vit.normalize import normalize
 
 TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
@@ -71,6 +72,24 @@ def test_select_indices_first_image_of_each_class_then_evenly_spaced():
     assert select_indices(None, length=10, num_images=3) == [0, 4, 9]
     assert select_indices(None, length=2, num_images=8) == [0, 1]
     assert select_indices([5, 5, 5], length=3, num_images=3) == [0, 1, 2]
+
+
+def test_fixed_images_keep_the_data_as_given_and_skip_unreadable_items():
+    class Dataset(list):
+        labels = [1, 0, 1, 2]
+
+    items = Dataset((torch.full((3, 4, 4), i, dtype=torch.uint8), label) for i, label in enumerate(Dataset.labels))
+    items[3] = None  # an unreadable file the dataset skips
+    images, labels, indices = fixed_images(items, num_images=3)
+    # First image of classes 0, 1, 2 (items 1, 0, 3); item 3 cannot be read.
+    assert images.dtype == torch.uint8 and labels.tolist() == [0, 1] and indices == [1, 0]
+    assert images[:, 0, 0, 0].tolist() == [1, 0]
+    # Without labels: evenly spaced items 0, 2, 3.
+    assert fixed_images(list(items), num_images=3)[2] == [0, 2]
+    with pytest.raises(ValueError, match="empty"):
+        fixed_images([], num_images=2)
+    with pytest.raises(ValueError, match=r"item 0 of the dataset is not a \(C, H, W\) tensor but ndarray"):
+        fixed_images([(np.zeros((4, 4, 3)), 0)], num_images=1)
 
 
 def test_rollout_pngs_and_attention_metrics_without_wandb(tmp_path):
