@@ -146,6 +146,8 @@ def test_cifar_size_folder_gets_the_cifar_preset_and_its_own_statistics(tmp_path
     expected_std = pixels.transpose(0, 1).reshape(3, -1).std(1, unbiased=False)
     np.testing.assert_allclose(dm.mean, expected_mean.numpy(), atol=1e-4)
     np.testing.assert_allclose(dm.std, expected_std.numpy(), atol=1e-4)
+    per_image = _dm(root, decode_once=False)  # the per-image path gets the same statistics and preset
+    assert per_image.preset == "cifar" and (per_image.mean, per_image.std) == (dm.mean, dm.std)
     given = _dm(root, mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2))
     assert given.mean == (0.5, 0.4, 0.3) and given.std == (0.2, 0.2, 0.2)
     big = _dm(_folder(tmp_path / "big", size=80), img_size=64)

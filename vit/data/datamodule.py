@@ -193,10 +193,8 @@ class ImageDataModule(pl.LightningDataModule):
         if self._stats is None:
             if self.spec.mean is not None and self.spec.std is not None:
                 self._stats = (self.spec.mean, self.spec.std)
-            elif self.decoded:  # a folder of CIFAR-size images: its own statistics, from its train split
-                self.setup("fit")
-                assert isinstance(self.train_dataset, DecodedSplit)
-                self._stats = self.train_dataset.channel_stats()
+            elif self.preset != "imagenet":  # a folder of CIFAR-size images: its own statistics, from its train split
+                self._stats = self._decoded_train().channel_stats()
             else:
                 self._stats = (IMAGENET_MEAN, IMAGENET_STD)
         return self._stats
@@ -265,11 +263,23 @@ class ImageDataModule(pl.LightningDataModule):
             return source
         if self.decoded:
             native = source.images.shape[1] if source.images is not None else folder_image_size(self.layout)
-            size = source.decoded_size(self.img_size, native)
-            return source.decode(size, self.cache_dir, self.skip_corrupt)
+            return source.decode(source.decoded_size(self.img_size, native), self.cache_dir, self.skip_corrupt)
         if source.images is not None:
             return ArrayDataset(source.images, source.labels, source.classes, self._transform(train))
         return ImageFileDataset(source.samples, source.classes, self._transform(train), self.skip_corrupt)
+
+    def _decoded_train(self) -> DecodedSplit:
+        # the train split decoded once (and cached), also when the per-image path trains on it
+        if isinstance(self.train_dataset, DecodedSplit):
+            return self.train_dataset
+        if self.decoded:
+            self.setup("fit")
+            assert isinstance(self.train_dataset, DecodedSplit)
+            return self.train_dataset
+        source = self.spec.source(self, True)
+        assert isinstance(source, DecodeRequest)
+        native = source.images.shape[1] if source.images is not None else folder_image_size(self.layout)
+        return source.decode(source.decoded_size(self.img_size, native), self.cache_dir, self.skip_corrupt)
 
     # ------------------------------------------------------------------------------------------- normalising
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
