@@ -145,3 +145,13 @@ def test_bad_input_is_refused() -> None:
         aug(torch.zeros(2, 3, 32, 32), torch.Generator())
     with pytest.raises(ValueError, match="imagenet"):
         BatchAugment("imagenet", 224)
+
+
+def test_colour_jitter_with_zero_strength_is_the_identity_and_gray_stays_gray() -> None:
+    from vit.data.batch_augment import _color_jitter
+
+    x = torch.rand(8, 3, 5, 5, generator=torch.Generator().manual_seed(0)) * 255
+    torch.testing.assert_close(_color_jitter(x, torch.Generator().manual_seed(0), 0.0, 0.0), x, atol=1e-3, rtol=0)
+    gray = x[:, :1].expand(8, 3, 5, 5)  # a hue rotation and a saturation change leave gray pixels gray
+    out = _color_jitter(gray, torch.Generator().manual_seed(1), 0.4, 0.1)
+    assert (out.max(1).values - out.min(1).values).max() < 1e-2

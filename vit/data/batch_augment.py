@@ -21,14 +21,26 @@ Lightning module.
 
 from __future__ import annotations
 
+import functools
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from vit.data.transforms import Augment, Preset
 
 _GRAY = (0.299, 0.587, 0.114)  # ITU-R BT.601 luma, as OpenCV's RGB2GRAY used by albumentations
+
+
+@functools.lru_cache(maxsize=16)
+def _constant(values: tuple, device: torch.device) -> torch.Tensor:
+    # Cached per device: building it from a Python list every step would be a host-to-device copy per step.
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+_YIQ = ((0.299, 0.587, 0.114), (0.596, -0.274, -0.322), (0.211, -0.523, 0.312))
+_YIQ_INV = tuple(tuple(float(v) for v in row) for row in np.linalg.inv(np.array(_YIQ)))  # no linalg call per step
 
 
 def _uniform(n: int, low: float, high: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -139,16 +151,16 @@ def _color_jitter(x: torch.Tensor, generator: torch.Generator, strength: float, 
     B, C, H, W = x.shape
     b, c, s = (_uniform(B, 1 - strength, 1 + strength, generator, x.device) for _ in range(3))
     h = _uniform(B, -hue, hue, generator, x.device) * (2 * math.pi)
-    luma = torch.tensor(_GRAY, device=x.device)
+    luma = _constant(_GRAY, x.device)
     mean = (x.mean((2, 3)) @ luma) * b  # (B,) mean gray level after the brightness change
     eye = torch.eye(3, device=x.device)
     saturation = s.view(B, 1, 1) * eye + (1 - s).view(B, 1, 1) * luma.view(1, 1, 3)  # blend with the gray image
-    to_yiq = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]], device=x.device)
+    to_yiq = _constant(_YIQ, x.device)
     cos, sin = torch.cos(h), torch.sin(h)
     rotation = torch.zeros(B, 3, 3, device=x.device)
     rotation[:, 0, 0] = 1
     rotation[:, 1, 1], rotation[:, 1, 2], rotation[:, 2, 1], rotation[:, 2, 2] = cos, -sin, sin, cos
-    colour = torch.linalg.inv(to_yiq) @ rotation @ to_yiq @ saturation  # (B, 3, 3)
+    colour = _constant(_YIQ_INV, x.device) @ rotation @ to_yiq @ saturation  # (B, 3, 3)
     offset = colour.sum(2) * ((1 - c) * mean).view(B, 1)  # the contrast blend's constant, through the colour map
     y = torch.baddbmm(offset.view(B, 3, 1), colour * (b * c).view(B, 1, 1), x.reshape(B, C, H * W))
     return y.view(B, C, H, W).clamp_(0, 255)
@@ -222,10 +234,10 @@ class BatchAugment:
         jitter = _color_jitter(x, generator, 0.4, 0.1)
         grid = _affine_grid(B, (H, W), generator, device, scale=0.1, rotate=15.0, shear=10.0, translate=0.0)
         warped = F.grid_sample(x, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
-        gray = (x * torch.tensor(_GRAY, device=device).view(1, 3, 1, 1)).sum(1, keepdim=True).expand_as(x)
+        gray = (x * _constant(_GRAY, device).view(1, 3, 1, 1)).sum(1, keepdim=True).expand_as(x)
         choice = torch.stack([jitter, warped, gray])[which, torch.arange(B, device=device)]
         x = torch.where(apply.view(B, 1, 1, 1), choice, x)
-        fill = torch.tensor(self.fill, device=device)
+        fill = _constant(self.fill, device)
         x = _cutout(x, generator, holes=1, size=(0.25, 0.5), fill=fill, p=0.5)
         return x.round_().clamp_(0, 255).to(torch.uint8)
 
@@ -236,6 +248,6 @@ class BatchAugment:
         grid = _affine_grid(B, (H, W), generator, images.device, scale=0.1, rotate=rotate, shear=shear, translate=0.1)
         x = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         # the dropout draws are made for basic too, so both levels share the affine stream
-        dropped = _cutout(x, generator, holes=2, size=(0.1, 0.25), fill=torch.tensor(self.fill, device=x.device), p=0.5)
+        dropped = _cutout(x, generator, holes=2, size=(0.1, 0.25), fill=_constant(self.fill, x.device), p=0.5)
         x = dropped if strong else x
         return x.round_().clamp_(0, 255).to(torch.uint8)
