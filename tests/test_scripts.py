@@ -237,3 +237,34 @@ def test_gpu_check_usage_and_no_pythonpath(tmp_path):
     # every issue's step, each under its own timeout (the step helper), the model comparison compiled last
     assert {"environment", "model_eager", "attention", "attribution", "speedrun", "fit", "data"} <= set(steps)
     assert steps[-1] == "model_compiled"
+
+
+def test_compare_select_and_merge_without_wandb(tmp_path, compare):
+    """Selection and merging on hand-made runs: what is left out and why, and which parts join."""
+    from vit.compare import Run, merge_resumed, select
+
+    folder = tmp_path / "runs" / "quickstart" / "a"
+    (folder / "checkpoints").mkdir(parents=True)
+    train = [{"train/loss_epoch": 1.0, "epoch": 0}]
+    parts = [
+        Run("a", str(folder / "wandb" / "offline-run-1-x"), run_id="x", start="1", history=train, state="failed"),
+        Run("a", str(folder / "wandb" / "offline-run-2-y"), run_id="y", start="2", history=train),  # same folder
+        Run("b", str(tmp_path / "wandb" / "offline-run-3-y"), run_id="y", start="3", history=train),  # same id
+        Run("v", str(folder / "wandb" / "offline-run-4-v"), run_id="v", kind="validate", start="4"),
+        Run("p", str(tmp_path / "wandb" / "offline-run-5-p"), run_id="p", start="5"),  # no job type, no training
+    ]
+    merged = merge_resumed(parts)
+    assert [(run.name, run.parts, run.state) for run in merged] == [
+        ("b", 3, "finished"),
+        ("v", 1, "finished"),
+        ("p", 1, "finished"),
+    ]
+    kept, note = select(merged)
+    assert [run.name for run in kept] == ["b"] and note == "left out 2 run(s): 1 non-fit, 1 validate; --all shows them"
+    assert select(merged, everything=True) == (merged, None)
+
+
+def test_compare_with_only_a_validate_run_is_one_error(offline_runs, compare):
+    result = compare(offline_runs / "quickstart" / "v")
+    assert result.returncode == 2
+    assert result.stderr == "error: no finished fit run to compare (1 run(s): 1 validate; --all shows them)\n"

@@ -74,4 +74,5 @@ def peak_bytes(fn: Callable[[], Any], device: torch.device) -> int:
 
 
 def tensor_bytes(tensors: Iterator[torch.Tensor]) -> int:
+    """Bytes held by ``tensors`` (parameters, optimizer state), counted by element."""
     return sum(t.numel() * t.element_size() for t in tensors)
