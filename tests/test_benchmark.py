@@ -212,7 +212,8 @@ def test_data_suite_rows(tmp_path):
     pipelines = {(r["pipeline"], r["implementation"], r["decoder"]) for r in data["results"]}
     assert ("CIFAR preset (pad-crop, flip, normalise)", "albumentations (ours)", "–") in pipelines
     assert ("JPEG -> RRC 224 -> flip -> normalise", "torchvision v2", "decode_jpeg") in pipelines
-    assert all(r["images_per_s"] > 0 for r in data["results"])
+    assert all(r["images_per_s"] > 0 and r["images_per_cpu_s"] > 0 for r in data["results"])
+    assert all(c["detail"].endswith("/s)") and "per CPU second" in c["detail"] for c in data["checks"])
     normalised_on = {
         (r["implementation"], r["normalise"]) for r in data["results"] if r["pipeline"].startswith("CIFAR")
     }
@@ -278,3 +279,14 @@ def test_package_never_reads_the_shared_folder():
     for path in (ROOT / "vit" / "bench").glob("*.py"):
         text = path.read_text()
         assert '"shared"' not in text and "/shared" not in text and "parents[" not in text, path
+
+
+def test_per_sample_rate_counts_wall_clock_and_cpu_time():
+    """Sleeping costs wall-clock time but no CPU time: the two rates part exactly where waiting is involved."""
+    import time
+
+    from vit.bench.data_suite import per_sample_rate
+
+    wall, cpu = per_sample_rate(lambda _: time.sleep(0.01), [None], 5)
+    assert wall <= 100.0  # 5 calls took at least 50 ms
+    assert cpu > 10 * wall

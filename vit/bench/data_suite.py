@@ -28,12 +28,16 @@ DATA_BATCH_TARGET = 50_000.0  # images/s per core, the batched CIFAR augmentatio
 BATCH = 512  # images per call of the batched augmentation
 
 
-def per_sample_rate(fn: Callable[[Any], Any], items: Sequence[Any], samples: int) -> float:
-    """Images/s of ``fn`` applied to ``samples`` items in turn, one at a time in this process."""
-    start = time.perf_counter()
+def per_sample_rate(fn: Callable[[Any], Any], items: Sequence[Any], samples: int) -> tuple[float, float]:
+    """Calls per wall-clock second and per CPU second of ``fn`` on ``samples`` items in turn, in this process.
+
+    With one thread (:func:`one_worker`) the process CPU time is the work itself: it does not count waiting for a
+    core that another process holds, so it is the steadier number on a shared machine.
+    """
+    wall, cpu = time.perf_counter(), time.process_time()
     for i in range(samples):
         fn(items[i % len(items)])
-    return samples / (time.perf_counter() - start)
+    return samples / (time.perf_counter() - wall), samples / max(time.process_time() - cpu, 1e-9)
 
 
 @contextlib.contextmanager
@@ -163,14 +167,15 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
                 dtype = torch.uint8 if where == "device" else torch.float32
                 if tuple(out.shape) != shape or out.dtype != dtype:
                     raise RuntimeError(f"{family} {name} ({where}): got {tuple(out.shape)} {out.dtype}")
-        rates: list[list[float]] = [[] for _ in pipelines]
+        rates: list[list[tuple[float, float]]] = [[] for _ in pipelines]  # (wall, CPU) images/s per round
         for r in range(args.data_rounds):
             order = range(len(pipelines)) if r % 2 == 0 else reversed(range(len(pipelines)))  # drift hits all alike
             for i in order:
                 *_, fn, kind = pipelines[i]
                 if kind == "batch":  # as many images as the per-image CIFAR rows, at least two calls
                     calls = max(2, args.data_samples * 4 // BATCH)
-                    rates[i].append(per_sample_rate(fn, inputs[kind], calls) * BATCH)
+                    wall, cpu = per_sample_rate(fn, inputs[kind], calls)
+                    rates[i].append((wall * BATCH, cpu * BATCH))
                 else:
                     samples = args.data_samples * (4 if kind == "cifar" else 1)
                     rates[i].append(per_sample_rate(fn, inputs[kind], samples))
@@ -178,7 +183,8 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
 
     rows = []
     for (name, family, decoder, where, _, kind), values in zip(pipelines, rates, strict=True):
-        spread = summarize(values)
+        spread = summarize([wall for wall, _ in values])
+        cpu_spread = summarize([cpu for _, cpu in values])
         rows.append(
             {
                 "pipeline": name,
@@ -193,6 +199,8 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
                 "images_per_s": spread["median"],
                 "ms_per_image": 1e3 / spread["median"],
                 "spread": spread,
+                "images_per_cpu_s": cpu_spread["median"],
+                "cpu_spread": cpu_spread,
             }
         )
     report["data"] = {
@@ -208,6 +216,8 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
         "notes": [
             f"batched rows: one call augments a {BATCH}-image uint8 batch (BatchAugment, the decoded-once loader's "
             "augmentation, also on the GPU there); images/s = calls x batch / seconds, one thread",
+            "images per CPU s: per process CPU second (time.process_time) with one thread, the work a core does; "
+            "the checks read it (the wall-clock images/s also count waiting for a core on a shared machine)",
             "one worker = main process, torch.set_num_threads(1), cv2.setNumThreads(1); per-sample loop, files read "
             "from the page cache",
             "normalise 'device': the worker's output is the uint8 tensor ImageDataModule's workers return; the data "
@@ -229,20 +239,22 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
             ("normalise", "normalise", ""),
             ("images_per_s", "images/s", ".0f"),
             ("ms_per_image", "ms/image", ".3f"),
+            ("images_per_cpu_s", "images per CPU s", ".0f"),
         ],
     )
     mean_kib = report["data"]["jpeg"]["mean_kib"]
     print(f"\nJPEG files: {len(sizes)} × {args.jpeg_size[0]}x{args.jpeg_size[1]}, quality 90, mean {mean_kib:.0f} KiB")
     decode_rate = next(r["images_per_s"] for r in rows if r["pipeline"] == decode and r["implementation"] == "vit.data")
     print(f"decoding alone (load_rgb) caps one worker at {decode_rate:.0f} images/s on this core")
+    # The targets read images per CPU second: one thread runs, so that is the work a core does, whatever the load.
     checks = []
     for row in rows:  # the decoded-once loader's batched augmentation, on one core
         if row["implementation"] == batched and row["pipeline"] == cifar:
             checks.append(
                 check(
                     f"{row['pipeline']} [{batched}, one thread] >= {DATA_BATCH_TARGET:.0f} images/s per core",
-                    row["images_per_s"] >= DATA_BATCH_TARGET,
-                    f"{row['images_per_s']:.0f} images/s",
+                    row["images_per_cpu_s"] >= DATA_BATCH_TARGET,
+                    f"{row['images_per_cpu_s']:.0f} images per CPU second (wall clock {row['images_per_s']:.0f}/s)",
                 )
             )
     for row in rows:  # the targets apply to what ImageDataModule's workers run
@@ -252,8 +264,8 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
         checks.append(
             check(
                 f"{row['pipeline']} [{row['decoder']}, normalised on the device] >= {target:.0f} images/s per worker",
-                row["images_per_s"] >= target,
-                f"{row['images_per_s']:.0f} images/s",
+                row["images_per_cpu_s"] >= target,
+                f"{row['images_per_cpu_s']:.0f} images per CPU second (wall clock {row['images_per_s']:.0f}/s)",
             )
         )
     report["data"]["checks"] = checks
