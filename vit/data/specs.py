@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from PIL import Image
 from torch.utils.data import Dataset
 
@@ -123,8 +124,6 @@ def _folder(options: Options, train: bool) -> DecodeRequest:
     split_dir = layout.train_dir if train else layout.val_dir
     samples, ignored = list_image_files(split_dir, layout.classes)
     if ignored:
-        from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-
         rank_zero_warn(f"ignored {len(ignored)} file(s) without an image extension under {split_dir}: {ignored[:5]}")
     if not samples:
         raise DataError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {split_dir}/<class>/")
