@@ -9,11 +9,12 @@ Prefix tokens (class / register) attend to every token and every token attends t
 Two exact, linear-cost paths, neither of which builds an ``N × N`` mask or score matrix:
 
 * CPU (and any device): the queries are cut into ``t × t`` tiles (inside one residue class); each tile attends to
-  its halo of at most ``(t + k - 1)²`` keys plus the prefix keys, with a boolean mask per tile (it depends only on
-  where the tile sits relative to the border), all tiles batched through one
+  its halo of at most ``(t + k - 1)²`` keys plus the prefix keys, with an additive 0 / -inf mask per tile (it
+  depends only on where the tile sits relative to the border), all tiles batched through one
   :func:`torch.nn.functional.scaled_dot_product_attention` call. Trains on the CPU.
 * CUDA: :func:`torch.nn.attention.flex_attention` with a ``BlockMask`` built once per (grid, k, d, prefix, device)
-  and shared by every block with that geometry; the tiled path is the fallback (e.g. with attention dropout).
+  and shared by every block with that geometry; the tiled path is the fallback (attention dropout, or
+  ``fused_attn=False``, which selects the tiled path's explicit softmax).
 """
 
 from __future__ import annotations
@@ -209,7 +210,9 @@ class NeighborhoodAttention(Attention):
         """Attend within neighbourhoods; ``x`` is ``(B, prefix + rows * cols, C)``."""
         if attn_mask is not None:
             raise ValueError("NeighborhoodAttention builds its own pattern; attn_mask is not supported")
-        use_flex = x.is_cuda and flex_attention is not None and not (self.training and self.attn_drop.p > 0)
+        # FlexAttention is the fused path on CUDA; it has no attention dropout, and fused_attn=False means explicit.
+        dropout = self.training and self.attn_drop.p > 0
+        use_flex = self.fused_attn and x.is_cuda and flex_attention is not None and not dropout
         return self.forward_flex(x) if use_flex else self.forward_tiled(x)
 
     def forward_tiled(self, x: torch.Tensor) -> torch.Tensor:
