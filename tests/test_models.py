@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import pickle
 
 import pytest
 import timm
@@ -241,8 +240,7 @@ class _Payload:
 
 def test_load_pretrained_refuses_pickles_that_run_code(tmp_path, capsys):
     path = tmp_path / "evil.pth"
-    with open(path, "wb") as f:
-        pickle.dump({"state_dict": _Payload()}, f)
+    torch.save({"state_dict": _Payload()}, path)  # a real torch.save file whose pickle would run code
     with pytest.raises(UnsafeCheckpointError, match=r"refusing to load .*evil.pth"):
         vit.load_pretrained(vit.create_model("vit_tiny_patch4_32", depth=1), path)
     assert "this must never run" not in capsys.readouterr().out
