@@ -13,7 +13,15 @@ from typing import Any
 # never wait on the network, so that check is off unless the user turned it on explicitly.
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
-from .layers import Attention, Block, PatchEmbed, WindowAttention, build_sincos_2d_pos_embed, resample_pos_embed
+from .layers import (
+    Attention,
+    Block,
+    NeighborhoodAttention,
+    PatchEmbed,
+    WindowAttention,
+    build_sincos_2d_pos_embed,
+    resample_pos_embed,
+)
 from .models import VisionTransformer, create_model, list_models, load_pretrained
 
 __version__ = "0.1.0"
@@ -27,6 +35,9 @@ _LAZY = {
     "capture_attention": "vit.explain",
     "attention_rollout": "vit.explain",
     "rollout_map": "vit.explain",
+    "explain_images": "vit.explain",
+    "attention_attribution": "vit.explain",
+    "faithfulness": "vit.explain",
 }
 
 
@@ -39,6 +50,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Attention",
     "Block",
+    "NeighborhoodAttention",
     "PatchEmbed",
     "VisionTransformer",
     "WindowAttention",
