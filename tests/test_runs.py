@@ -91,3 +91,17 @@ def test_a_run_that_fails_before_writing_leaves_no_folder(tmp_path, capsys):
         cli_main(run_args(tmp_path, "--model.model_overrides", "{depth: 2, global_attn_indexes: [5]}"))
     assert exit_info.value.code == 2 and "global_attn_indexes" in capsys.readouterr().err
     assert list((tmp_path / "quickstart").iterdir()) == []
+
+
+def test_evaluating_last_writes_below_the_run_and_leaves_its_files_alone(tmp_path):
+    fit = cli_main(run_args(tmp_path, "--trainer.max_epochs", "1"))
+    run = Path(fit.trainer.default_root_dir)
+    config_before = (run / "config.yaml").read_bytes()
+    last_before = (run / "checkpoints" / "last.ckpt").read_bytes()
+    args = run_args(tmp_path, "--ckpt_path", "last")
+    validate = cli_main(["validate", *args[1:]])
+    folder = Path(validate.trainer.default_root_dir)
+    assert folder.parent == run and folder.name.startswith("validate-")  # below the run, its own folder
+    assert validate.trainer.ckpt_path == str(run / "checkpoints" / "last.ckpt")
+    assert (run / "config.yaml").read_bytes() == config_before  # the fit's files are untouched
+    assert (run / "checkpoints" / "last.ckpt").read_bytes() == last_before

@@ -368,7 +368,7 @@ class VitCLI(LightningCLI):
         elif config.trainer.get("default_root_dir"):  # the user chose the folder
             folder = Path(config.trainer.default_root_dir)
             name = default_run_name(config)
-        elif resumed is not None:  # --ckpt_path last: keep writing into that run's folder and W&B run
+        elif resumed is not None and self.subcommand == "fit":  # --ckpt_path last: continue that run in place
             folder, name, run_id = resumed, resumed.name, wandb_run_id(resumed)
             # ModelCheckpoint warns that its folder "exists and is not empty": expected when a run continues there.
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
