@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 
 from vit import VisionTransformer
 from vit.explain.attribution import attention_attribution, relevance_from_gradients
-
-HAS_SLIDING = "window_type" in inspect.signature(VisionTransformer).parameters
 
 
 def test_two_blocks_by_hand():
@@ -88,8 +84,6 @@ CASES = {
 
 
 def make_model(case: str, seed: int = 0, **extra) -> VisionTransformer:
-    if case == "sliding" and not HAS_SLIDING:
-        pytest.skip("VisionTransformer has no window_type='sliding' yet")
     torch.manual_seed(seed)
     kwargs = dict(num_classes=5, embed_dim=16, depth=2, num_heads=2) | CASES[case] | extra
     model = VisionTransformer(**kwargs).double().eval()

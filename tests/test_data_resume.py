@@ -2,7 +2,7 @@
 ``--ckpt_path`` ends bit-identical to one never stopped (order and batched augmentation are functions of the seed and
 epoch), and DDP ranks read disjoint shards.
 
-As in tests/test_fault.py: runs go through ``vit.cli.cli_main`` in this process, one thread, a tiny model with
+As in tests/test_resume.py: runs go through ``vit.cli.cli_main`` in this process, one thread, a tiny model with
 dropout, drop-path, Mixup/CutMix and an EMA, on the digits decoded once with ``strong`` batched augmentation.
 """
 

@@ -1,8 +1,9 @@
 """vit: train, compare and understand Vision Transformers.
 
-The model layer (``vit.layers``, ``vit.models``, ``vit.explain``) needs only torch and timm. The training
-stack (``ImageClassifier``, ``ImageDataModule``, callbacks, CLI) needs Lightning, albumentations and W&B and is
-imported on first use, so ``import vit`` works on a machine that has only the model dependencies.
+The model layer (``vit.layers``, ``vit.models``) needs only torch and timm; ``vit.explain`` adds numpy, PIL and
+matplotlib. The training stack (``ImageClassifier``, ``ImageDataModule``, callbacks, CLI) needs Lightning,
+albumentations and W&B. Both are imported on first use, so ``import vit`` works on a machine that has only the model
+dependencies.
 """
 
 import os

@@ -149,7 +149,7 @@ def attention_attribution(model: nn.Module, images: torch.Tensor, target: Any = 
             handles.append(module.register_forward_hook(make_hook(i), with_kwargs=True))
         with torch.enable_grad():
             # The input requires grad so that every A is in the graph even when the parameters are frozen.
-            logits = model(images.detach().requires_grad_(True))
+            logits = model.forward(images.detach().requires_grad_(True))  # eager even after model.compile()
             target = resolve_target(target, logits.detach())
             score = logits.gather(1, target[:, None]).sum()
             missing = [i for i in range(len(modules)) if i not in attentions]

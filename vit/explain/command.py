@@ -373,10 +373,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         else:
             pixels = load_images(explainer, files)
         results = compute(explainer, pixels, args, labels)
+        write_outputs(args, files, results)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    write_outputs(args, files, results)
+    except OSError as err:  # an unwritable --out, --json or --html
+        print(f"error: cannot write the outputs: {err}", file=sys.stderr)
+        return 2
     explanation = results.explanation
     confidence = explanation.probs.gather(1, explanation.preds[:, None])[:, 0].tolist()
     width = max(len(str(file)) for file in files)

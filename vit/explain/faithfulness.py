@@ -44,7 +44,7 @@ def removal_counts(num_patches: int, steps: int) -> list[int]:
 def _probabilities(model: nn.Module, images: torch.Tensor, target: torch.Tensor, batch_size: int) -> torch.Tensor:
     """Softmax probability of ``target`` for each image, in chunks of ``batch_size``."""
     probs = [
-        model(chunk).float().softmax(dim=-1).gather(1, t[:, None])[:, 0]
+        model.forward(chunk).float().softmax(dim=-1).gather(1, t[:, None])[:, 0]
         for chunk, t in zip(images.split(batch_size), target.split(batch_size), strict=True)
     ]
     return torch.cat(probs)
@@ -123,7 +123,7 @@ def faithfulness(
         ``{"deletion_auc": {method: float, "random": float}, "insertion_auc": {...}, "deletion_curve":
         {method: [steps + 1 floats]}, "insertion_curve": {...}, "fractions": [...], "per_image": {"deletion_auc":
         {method: [B floats]}, "insertion_auc": {...}}, "target": [B ints], "num_images": B, "steps": steps,
-        "baseline": baseline}``.
+        "baseline": baseline, "num_random": num_random}``.
 
     Raises:
         ValueError: On an empty or misshapen map, a grid that does not divide the image, a map named ``random``,
@@ -156,7 +156,7 @@ def faithfulness(
     try:
         model.eval()
         with torch.no_grad():
-            intact = model(images).float()
+            intact = model.forward(images).float()
             target = resolve_target(target, intact)
             if baseline == "mean":
                 fill = torch.zeros_like(images)
@@ -196,5 +196,12 @@ def faithfulness(
         result[f"{kind}_auc"] = {name: float(auc.mean()) for name, auc in aucs.items()}
         result[f"{kind}_curve"] = {name: c.double().mean((0, 1)).tolist() for name, c in by_name.items()}
         result["per_image"][f"{kind}_auc"] = {name: auc.tolist() for name, auc in aucs.items()}
-    result.update(fractions=fractions.tolist(), target=target.tolist(), num_images=B, steps=steps, baseline=baseline)
+    result.update(
+        fractions=fractions.tolist(),
+        target=target.tolist(),
+        num_images=B,
+        steps=steps,
+        baseline=baseline,
+        num_random=num_random,
+    )
     return result

@@ -104,7 +104,8 @@ def faithfulness_html(scores: dict) -> str:
     return (
         f'<p class="note">{scores["num_images"]} images, {scores["steps"]} steps, removed patches set to the '
         f"{html.escape(scores['baseline'])} baseline, target = the prediction on the intact image. Lower deletion "
-        "and higher insertion areas mean the map points at what the model uses; random = 5 random orders.</p>"
+        "and higher insertion areas mean the map points at what the model uses; "
+        f"random = the mean of {scores.get('num_random', 5)} random orders.</p>"
         f'<table id="faithfulness"><tr><th>method</th><th>deletion AUC</th><th>insertion AUC</th></tr>{rows}</table>'
         + _img(curves_plot(scores), "deletion and insertion curves", "")
     )

@@ -48,7 +48,7 @@ EPOCHS = 2
 
 # -------------------------------------------------------------------------------------------- fault injection
 class Fault(Callback):
-    """Test helper, used as ``--trainer.callbacks`` ``class_path: test_fault.Fault``: injects ``kind`` at optimizer
+    """Test helper, used as ``--trainer.callbacks`` ``class_path: test_resume.Fault``: injects ``kind`` at optimizer
     step ``step`` (``global_step == step``).
 
     ``crash`` raises before the step starts; ``sigkill``/``sigterm``/``sigint`` signal this process in the middle of
@@ -77,7 +77,7 @@ class Fault(Callback):
 
 def fault(step: int, kind: str) -> str:
     return "--trainer.callbacks=" + json.dumps(
-        [{"class_path": "test_fault.Fault", "init_args": {"step": step, "kind": kind}}]
+        [{"class_path": "test_resume.Fault", "init_args": {"step": step, "kind": kind}}]
     )
 
 
