@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import vit
 import vit.layers.attention as attention_module
 from vit import VisionTransformer
 from vit.explain import (
@@ -501,3 +502,17 @@ def test_make_grid_layout_and_captions():
     assert (strip < 128).any()  # black text drawn
     with pytest.raises(ValueError, match="caption"):
         make_grid(images, ncols=2, captions=["only one"])
+
+
+def test_rollout_explains_the_rows_the_classifier_reads():
+    """A class-token model that average-pools its patches: rollout (like attribution) follows the patch rows."""
+    from vit.explain import head_pool
+
+    model = vit.create_model("vit_tiny_patch4_32", depth=2, embed_dim=32, num_heads=2, global_pool="avg").eval()
+    images = torch.randn(2, 3, 32, 32)
+    attentions = capture_attention(model, images)
+    assert head_pool(model) == "avg" and model.has_class_token
+    expected = attention_rollout(attentions, num_prefix_tokens=1, pool="avg").reshape(2, 8, 8)
+    torch.testing.assert_close(rollout_map(model, images), expected)
+    token_model = vit.create_model("vit_tiny_patch4_32", depth=2, embed_dim=32, num_heads=2).eval()
+    assert head_pool(token_model) == "token"

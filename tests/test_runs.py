@@ -105,3 +105,12 @@ def test_evaluating_last_writes_below_the_run_and_leaves_its_files_alone(tmp_pat
     assert validate.trainer.ckpt_path == str(run / "checkpoints" / "last.ckpt")
     assert (run / "config.yaml").read_bytes() == config_before  # the fit's files are untouched
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == last_before
+
+
+def test_evaluating_last_without_any_run_is_one_error(tmp_path, capsys):
+    args = run_args(tmp_path, "--ckpt_path", "last")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["validate", *args[1:]])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: --ckpt_path last: no last.ckpt of config 'quickstart'" in err and "Traceback" not in err

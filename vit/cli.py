@@ -56,7 +56,12 @@ from .loggers import (
     wandb_run_id,
     without_anonymous_setting,
 )
-from .models.checkpoint_errors import CHECKPOINT_ERRORS, check_is_checkpoint, checkpoint_errors
+from .models.checkpoint_errors import (
+    CHECKPOINT_ERRORS,
+    MissingCheckpointError,
+    check_is_checkpoint,
+    checkpoint_errors,
+)
 
 # ------------------------------------------------------------------------------------------- exit statuses
 EXIT_BAD_INPUT = 2
@@ -343,10 +348,16 @@ class VitCLI(LightningCLI):
         else:
             path = find_last_checkpoint(config.runs_dir, config_name(config))
             self.resumed_run = run_folder_of(path) if path is not None else None
+        fitting = self.config.get("subcommand") == "fit"
+        if path is None and not fitting:  # nothing to evaluate: never silently use an untrained model
+            raise MissingCheckpointError(
+                f"--ckpt_path last: no last.ckpt of config {config_name(config)!r} under {config.runs_dir}/; "
+                "train one first with `vit fit`, or pass --ckpt_path <file>"
+            )
         if path is None:
             sys.stderr.write("--ckpt_path last: no last.ckpt of this config yet, starting a new run\n")
             return None
-        sys.stderr.write(f"--ckpt_path last: resuming {path}\n")
+        sys.stderr.write(f"--ckpt_path last: {'resuming' if fitting else 'using'} {path}\n")
         return str(path)
 
     def before_instantiate_classes(self) -> None:
@@ -354,6 +365,11 @@ class VitCLI(LightningCLI):
         if config.get("torch_num_threads"):
             torch.set_num_threads(config.torch_num_threads)
         self.run_dir = self._choose_run_folder(config)
+        if self.subcommand != "fit" and not config.get("ckpt_path") and not _get(config, "model.pretrained"):
+            sys.stderr.write(
+                f"note: no --ckpt_path: {self.subcommand} runs the config's freshly initialised model; pass "
+                "--ckpt_path <last.ckpt of a run> (or --ckpt_path last) to use trained weights\n"
+            )
         offline_without_server(config)
 
     def _choose_run_folder(self, config: Namespace) -> Path:
@@ -466,6 +482,8 @@ def cli_main(args: ArgsType = None) -> VitCLI | None:
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_QUIET)  # the same object: added once
     os.environ.setdefault("WANDB_SILENT", "true")  # W&B's banner; the run summary names its folder and sync command
+    # Lightning 2.6 calls a torch.utils._pytree API that torch 2.14 deprecates, on every command: not the user's to fix.
+    warnings.filterwarnings("ignore", message=r"isinstance\(treespec, LeafSpec\) is deprecated")
     try:
         cli = VitCLI(
             ImageClassifier,

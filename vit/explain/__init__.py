@@ -12,7 +12,16 @@ from .overlay import apply_colormap, make_grid, overlay_heatmap, to_uint8_image,
 from .panels import render_grid, render_panel, render_panels
 from .pipeline import Explanation, display_pixels, explain_images
 from .plots import distance_plot, figure_to_array
-from .rollout import HeadFusion, RolloutPool, attention_rollout, discard_lowest, fuse_heads, rollout_grid, rollout_map
+from .rollout import (
+    HeadFusion,
+    RolloutPool,
+    attention_rollout,
+    discard_lowest,
+    fuse_heads,
+    head_pool,
+    rollout_grid,
+    rollout_map,
+)
 from .selection import fixed_images, select_indices
 from .stats import (
     CollapseReport,
@@ -49,6 +58,7 @@ __all__ = [
     "figure_to_array",
     "fixed_images",
     "fuse_heads",
+    "head_pool",
     "make_grid",
     "overlay_heatmap",
     "patch_distances",

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .capture import attention_modules
-from .rollout import RolloutPool
+from .rollout import RolloutPool, head_pool
 
 
 def relevance_from_gradients(
@@ -162,7 +162,7 @@ def attention_attribution(model: nn.Module, images: torch.Tensor, target: Any = 
             handle.remove()
         for module, flag in training.items():
             module.training = flag
-    pool = "token" if getattr(model, "global_pool", "token") == "token" else "avg"
+    pool = head_pool(model)
     relevance = relevance_from_gradients(
         [a.detach() for a in order], gradients, num_prefix_tokens=model.num_prefix_tokens, pool=pool
     )

@@ -35,7 +35,7 @@ from .attribution import attention_attribution
 from .faithfulness import faithfulness
 from .panels import render_grid, render_panel
 from .pipeline import Explanation, explain_images
-from .rollout import HeadFusion
+from .rollout import HeadFusion, head_pool
 
 METHODS = ("rollout", "attribution")
 GRID_IMAGES = 32  # the grid PNG shows the first images only
@@ -229,7 +229,7 @@ def compute(
     block = args.report_block if args.report_block >= 0 else depth + args.report_block
     if not 0 <= block < depth:
         raise InputError(f"--report-block {args.report_block} out of range: the model has {depth} blocks")
-    pooled_by_token = getattr(model, "global_pool", "token") == "token"
+    pooled_by_token = head_pool(model) == "token"
     parts, attributions, heads = [], [], []
     chunks = pixels.split(args.batch_size)
     label_chunks = labels.split(args.batch_size) if labels is not None else [None] * len(chunks)

@@ -144,13 +144,13 @@ def rollout_grid(
         attentions: Per-block weights ``(B, heads, N, N)``, e.g. from :func:`capture_attention`.
         head_fusion: See :func:`attention_rollout`.
         discard_ratio: See :func:`attention_rollout`.
-        pool: ``None`` picks ``"token"`` for a model with a class token, else ``"avg"``.
+        pool: ``None`` reads the rows the classifier reads (:func:`head_pool`).
 
     Returns:
         ``(B, rows, cols)`` raw rollout relevance on the patch grid.
     """
     if pool is None:
-        pool = "token" if getattr(model, "has_class_token", True) else "avg"
+        pool = head_pool(model)
     relevance = attention_rollout(
         attentions,
         num_prefix_tokens=model.num_prefix_tokens,
@@ -160,6 +160,13 @@ def rollout_grid(
     )
     rows, cols = model.patch_embed.grid_size
     return relevance.reshape(-1, rows, cols)
+
+
+def head_pool(model: nn.Module) -> RolloutPool:
+    """Which rows the classifier reads: ``"token"`` (the class token) when ``global_pool == "token"`` and the model has
+    a class token, else ``"avg"`` (the mean of the patch tokens). Rollout and attribution explain the same rows."""
+    reads_token = getattr(model, "global_pool", "token") == "token" and getattr(model, "has_class_token", True)
+    return "token" if reads_token else "avg"
 
 
 def rollout_map(
@@ -177,7 +184,7 @@ def rollout_map(
         images: Batch ``(B, C, H, W)`` normalised as the model expects.
         head_fusion: See :func:`attention_rollout`.
         discard_ratio: See :func:`attention_rollout`.
-        pool: ``None`` picks ``"token"`` for a model with a class token, else ``"avg"``.
+        pool: ``None`` reads the rows the classifier reads (:func:`head_pool`).
 
     Returns:
         ``(B, rows, cols)`` raw rollout relevance on the patch grid.
