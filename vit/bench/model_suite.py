@@ -30,6 +30,7 @@ from vit.bench.harness import (
 )
 from vit.bench.memory import peak_bytes, tensor_bytes
 from vit.models import VisionTransformer, model_config
+from vit.models.flops import forward_flops
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, matched against the CUDA device name in order.
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
@@ -53,16 +54,11 @@ def count_flops(config: dict[str, Any]) -> dict[str, float]:
     from torch.utils.flop_counter import FlopCounterMode
 
     model = VisionTransformer(**config)
-    size = model.patch_embed.img_size
-    x = torch.randn(1, model.patch_embed.proj.in_channels, *size)
-    with sdpa_kernel(SDPBackend.MATH):
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(x)
-        forward = counter.get_total_flops()
-        with FlopCounterMode(display=False) as counter:
-            model(x).sum().backward()
-        train = counter.get_total_flops()
-    return {"forward_gflops_per_image": forward / 1e9, "train_gflops_per_image": train / 1e9}
+    shape = (model.patch_embed.proj.in_channels, *model.patch_embed.img_size)
+    forward = forward_flops(model, shape)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(torch.randn(1, *shape)).sum().backward()
+    return {"forward_gflops_per_image": forward / 1e9, "train_gflops_per_image": counter.get_total_flops() / 1e9}
 
 
 def peak_tflops(device_name: str) -> float | None:

@@ -6,17 +6,15 @@ Training throughput has one owner, the LightningModule (``train/img_per_sec``, e
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
 from ..loggers import log_summary, wandb_run_folders
+from ..models.flops import forward_flops
 from .resume import last_checkpoint_path
 
 
@@ -27,38 +25,6 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
         "params": sum(p.numel() for p in params),
         "trainable_params": sum(p.numel() for p in params if p.requires_grad),
     }
-
-
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    flags = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in flags.items():
-            module.training = training
-
-
-def forward_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
-    """FLOPs of one eval-mode forward pass of one input of shape ``input_shape`` (without batch dimension).
-
-    Counted with :class:`torch.utils.flop_counter.FlopCounterMode`, where a multiply-add is 2 FLOPs (GMACs =
-    GFLOPs / 2, the unit timm and most papers quote). Attention runs on PyTorch's math backend meanwhile, because
-    the fused CPU kernel is not counted. The model's ``training`` flags are restored.
-
-    Args:
-        model: The network.
-        input_shape: E.g. ``(3, 224, 224)``.
-    """
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.flop_counter import FlopCounterMode
-
-    param = next(model.parameters())
-    x = torch.zeros(1, *input_shape, device=param.device, dtype=param.dtype)
-    with torch.no_grad(), _eval_mode(model), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        model.forward(x)
-    return int(counter.get_total_flops())
 
 
 class RunSummary(Callback):

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..layers.utils import eval_mode
+
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
     """The attention module of every block, in block order.
@@ -91,18 +93,6 @@ def record_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
     if missing:
         raise RuntimeError(f"the forward pass never called the attention of blocks {missing}")
     result.extend(captured[i] for i in range(len(modules)))
-
-
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Put every module of ``model`` in eval mode, and give each its own ``training`` flag back afterwards."""
-    flags = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, flag in flags.items():
-            module.training = flag
 
 
 @torch.no_grad()
