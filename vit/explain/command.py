@@ -140,16 +140,16 @@ def load_split(explainer: Explainer, limit: int | None = None) -> tuple[list[Pat
 
 def find_images(inputs: Sequence[str]) -> list[Path]:
     """Image files named on the command line, and those anywhere inside named folders, sorted per folder."""
-    from ..data import IMG_EXTENSIONS
+    from ..data import DataError, list_predict_files  # the folder walk of `vit predict --data.predict_dir`
 
     files: list[Path] = []
     for item in inputs:
         path = Path(item)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
-            if not found:
-                raise InputError(f"no image files ({', '.join(IMG_EXTENSIONS)}) in folder {path}")
-            files += found
+            try:
+                files += [Path(found) for found, _ in list_predict_files(path)]
+            except DataError as err:
+                raise InputError(str(err)) from None
         elif path.is_file():
             files.append(path)
         else:
