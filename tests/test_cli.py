@@ -72,7 +72,7 @@ def test_config_runs_fast_dev_run_on_cpu(config, tmp_path, vit_small_weights):
     if yaml.safe_load(text)["model"].get("pretrained"):
         args += ["--model.pretrained", str(vit_small_weights)]
     if yaml.safe_load(text)["model"].get("compile"):
-        args += ["--model.compile", "false"]  # inductor on the CPU takes minutes; tests/test_compile.py covers compiling
+        args += ["--model.compile", "false"]  # a CPU inductor compile takes minutes; test_compile.py covers it
     cli = cli_main(args)
     metrics = cli.trainer.callback_metrics
     assert cli.trainer.state.finished and cli.trainer.global_step == 1
