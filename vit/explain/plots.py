@@ -21,6 +21,42 @@ def figure_to_array(figure: Any) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()
 
 
+def per_head_plot(
+    values: torch.Tensor,
+    ylabel: str,
+    title: str = "",
+    ymax: float | None = None,
+    reference: tuple[float, str] | None = None,
+) -> np.ndarray:
+    """One statistic of every head against depth (a dot per head, the mean as a line) as a ``uint8`` RGB image.
+
+    Args:
+        values: ``(blocks, heads)`` values, e.g. from :func:`~vit.explain.attention_statistics`.
+        ylabel: The y axis label, with its unit.
+        title: Figure title.
+        ymax: Upper end of the y axis; ``None`` lets matplotlib choose.
+        reference: ``(value, label)`` of a dashed horizontal reference line, e.g. the entropy of uniform attention.
+    """
+    from matplotlib.figure import Figure
+
+    values = values.detach().float().cpu()
+    blocks, heads = values.shape
+    depth = torch.arange(blocks)
+    figure = Figure(figsize=(5.0, 3.5), dpi=100)
+    ax = figure.add_subplot()
+    for head in range(heads):
+        ax.scatter(depth, values[:, head], s=14, alpha=0.8, label=f"head {head}" if heads <= 12 else None)
+    ax.plot(depth, values.mean(dim=1), color="black", linewidth=1, label="mean")
+    if reference is not None:
+        ax.axhline(reference[0], color="grey", linestyle="--", linewidth=1, label=reference[1])
+    ax.set(xlabel="block", ylabel=ylabel, xticks=depth.tolist(), title=title)
+    ax.set_ylim(0, ymax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2, loc="lower right")
+    figure.tight_layout()
+    return figure_to_array(figure)
+
+
 def distance_plot(distance: torch.Tensor, title: str = "", max_distance: float | None = None) -> np.ndarray:
     """Mean attention distance of every head against depth (ViT paper, Fig. 7) as a ``uint8`` RGB image.
 
@@ -29,22 +65,12 @@ def distance_plot(distance: torch.Tensor, title: str = "", max_distance: float |
         title: Figure title.
         max_distance: Upper end of the y axis (e.g. the image diagonal); ``None`` lets matplotlib choose.
     """
-    from matplotlib.figure import Figure
+    return per_head_plot(distance, "mean attention distance (px)", title, max_distance or None)
 
-    distance = distance.detach().float().cpu()
-    blocks, heads = distance.shape
-    depth = torch.arange(blocks)
-    figure = Figure(figsize=(5.0, 3.5), dpi=100)
-    ax = figure.add_subplot()
-    for head in range(heads):
-        ax.scatter(depth, distance[:, head], s=14, alpha=0.8, label=f"head {head}" if heads <= 12 else None)
-    ax.plot(depth, distance.mean(dim=1), color="black", linewidth=1, label="mean")
-    ax.set_xlabel("block")
-    ax.set_ylabel("mean attention distance (px)")
-    ax.set_xticks(depth.tolist())
-    ax.set_ylim(0, max_distance if max_distance else None)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2, loc="lower right")
-    figure.tight_layout()
-    return figure_to_array(figure)
+
+def entropy_plot(entropy: torch.Tensor, max_entropy: float | None = None) -> np.ndarray:
+    """Mean attention entropy (nats) of every head against depth, with the uniform attention's entropy dashed."""
+    reference = (max_entropy, "uniform") if max_entropy is not None else None
+    return per_head_plot(
+        entropy, "attention entropy (nats)", "attention entropy", 1.08 * float(entropy.max()) + 1e-3, reference
+    )

@@ -21,7 +21,7 @@ from PIL import Image
 
 from .overlay import overlay_heatmap
 from .panels import upscale
-from .plots import distance_plot, figure_to_array
+from .plots import distance_plot, entropy_plot, figure_to_array
 
 if TYPE_CHECKING:
     from .command import Results
@@ -53,28 +53,6 @@ def _img(image: np.ndarray, alt: str, label: str) -> str:
     return (
         f'<figure><img src="{png_data_uri(image)}" alt="{html.escape(alt)}"><figcaption>{label}</figcaption></figure>'
     )
-
-
-def entropy_plot(entropy: torch.Tensor, max_entropy: float | None = None) -> np.ndarray:
-    """Mean attention entropy (nats) of every head against depth, as a ``uint8`` RGB image."""
-    from matplotlib.figure import Figure
-
-    entropy = entropy.detach().float().cpu()
-    blocks, heads = entropy.shape
-    depth = torch.arange(blocks)
-    figure = Figure(figsize=(5.0, 3.5), dpi=100)
-    ax = figure.add_subplot()
-    for head in range(heads):
-        ax.scatter(depth, entropy[:, head], s=14, alpha=0.8, label=f"head {head}" if heads <= 12 else None)
-    ax.plot(depth, entropy.mean(dim=1), color="black", linewidth=1, label="mean")
-    if max_entropy is not None:
-        ax.axhline(max_entropy, color="grey", linestyle="--", linewidth=1, label="uniform")
-    ax.set(xlabel="block", ylabel="attention entropy (nats)", xticks=depth.tolist(), title="attention entropy")
-    ax.set_ylim(0, 1.08 * float(entropy.max()) + 1e-3)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2, loc="lower right")
-    figure.tight_layout()
-    return figure_to_array(figure)
 
 
 def curves_plot(scores: dict) -> np.ndarray:
