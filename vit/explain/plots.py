@@ -71,6 +71,5 @@ def distance_plot(distance: torch.Tensor, title: str = "", max_distance: float |
 def entropy_plot(entropy: torch.Tensor, max_entropy: float | None = None) -> np.ndarray:
     """Mean attention entropy (nats) of every head against depth, with the uniform attention's entropy dashed."""
     reference = (max_entropy, "uniform") if max_entropy is not None else None
-    return per_head_plot(
-        entropy, "attention entropy (nats)", "attention entropy", 1.08 * float(entropy.max()) + 1e-3, reference
-    )
+    ymax = 1.08 * max(float(entropy.max()), max_entropy or 0.0) + 1e-3  # the uniform line stays in view
+    return per_head_plot(entropy, "attention entropy (nats)", "attention entropy", ymax, reference)
