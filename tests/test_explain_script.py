@@ -149,11 +149,15 @@ def test_validation_split(checkpoint, tmp_path, explain):
     result = explain(checkpoint, "--split", "val", "--limit", "5", "--no-overlays", "--out", tmp_path / "o")
     assert result.returncode == 0, result.stderr
     data = ImageDataModule(dataset="digits", img_size=32, num_workers=0)
-    images = next(iter(data.val_dataloader()))[0][:5]
+    data.setup("validate")
+    index = [0, 90, 180, 269, 359]  # 5 evenly spaced over the 360 validation digits (sorted splits: not one class)
+    images = torch.stack([data.val_dataset[i][0] for i in index])
     model = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu").eval_model.eval()
     preds = model(data.normalize(images)).argmax(-1).tolist()
     lines = [line.split() for line in result.stdout.strip().splitlines()]
-    assert [(path, name) for path, name, _ in lines] == [(f"val/{i:05d}", str(p)) for i, p in enumerate(preds)]
+    assert [(path, name) for path, name, _ in lines] == [
+        (f"val/{i:05d}", str(p)) for i, p in zip(index, preds, strict=True)
+    ]
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["attribution_grid.png", "rollout_grid.png"]
     with pytest.raises(SystemExit) as stop:  # images and --split together
         explain(checkpoint, tmp_path, "--split", "val")

@@ -121,21 +121,24 @@ def _from_lightning(checkpoint: Path, raw: dict) -> Explainer:
 
 
 def load_split(explainer: Explainer, limit: int | None = None) -> tuple[list[Path], torch.Tensor, torch.Tensor]:
-    """The run's validation split through its eval transform: names ``val/00000``, images, labels.
+    """The run's validation split through its eval transform: names ``val/<index>``, images, labels.
+
+    Args:
+        explainer: The loaded checkpoint with its data module.
+        limit: Keep ``limit`` images evenly spaced over the split (splits are often sorted by class, so the first
+            ``limit`` could all be one class); ``None`` keeps all.
 
     Raises:
         InputError: If the checkpoint's data settings are not usable on this machine.
     """
     if explainer.data is None:
         raise InputError("--split val needs a Lightning checkpoint whose data settings work here; pass image files")
-    images, labels = [], []
-    for batch in explainer.data.val_dataloader():
-        images.append(batch[0].cpu())
-        labels.append(batch[1].cpu())
-        if limit is not None and sum(len(b) for b in images) >= limit:
-            break
-    images, labels = torch.cat(images)[:limit], torch.cat(labels)[:limit]
-    return [Path("val") / f"{i:05d}" for i in range(len(images))], images, labels
+    batches = [(batch[0].cpu(), batch[1].cpu()) for batch in explainer.data.val_dataloader()]
+    images, labels = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    index = torch.arange(len(images))
+    if limit is not None and limit < len(images):
+        index = torch.linspace(0, len(images) - 1, limit).round().long()
+    return [Path("val") / f"{i:05d}" for i in index.tolist()], images[index], labels[index]
 
 
 def find_images(inputs: Sequence[str]) -> list[Path]:
@@ -309,7 +312,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("checkpoint", type=Path, help="Lightning .ckpt of `vit fit`, or weights with --model")
     parser.add_argument("images", nargs="*", help="image files and/or folders (searched recursively)")
     parser.add_argument("--split", choices=("val",), default=None, help="explain the run's validation split instead")
-    parser.add_argument("--limit", type=int, default=None, help="with --split: the first N images only")
+    parser.add_argument("--limit", type=int, default=None, help="with --split: N images evenly spaced over the split")
     parser.add_argument("--model", default=None, help="preset name for plain weights (.pth/.safetensors)")
     parser.add_argument("--img-size", type=int, default=None, help="input size for plain weights (default: preset's)")
     parser.add_argument("--method", choices=(*METHODS, "both"), default="both", help="maps to draw (default: both)")
