@@ -483,7 +483,7 @@ def cli_main(args: ArgsType = None) -> VitCLI | None:
         logging.getLogger(name).addFilter(_QUIET)  # the same object: added once
     os.environ.setdefault("WANDB_SILENT", "true")  # W&B's banner; the run summary names its folder and sync command
     # Lightning 2.6 calls a torch.utils._pytree API that torch 2.14 deprecates, on every command: not the user's to fix.
-    warnings.filterwarnings("ignore", message=r"isinstance\(treespec, LeafSpec\) is deprecated")
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     try:
         cli = VitCLI(
             ImageClassifier,
