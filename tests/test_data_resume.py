@@ -14,13 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Callback
+from test_resume import fit_args as resume_fit_args
 
 from vit.cli import cli_main
 from vit.data import DecodedLoader, DecodedSplit, ImageDataModule
 from vit.data.sampler import ResumableSampler
-
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "drop_rate": 0.1, "drop_path_rate": 0.1}
-STEPS_PER_EPOCH = 6
 
 
 class Crash(Callback):
@@ -35,31 +33,8 @@ class Crash(Callback):
 
 
 def fit_args(root: Path, *extra: str) -> list[str]:
-    return [
-        "fit",
-        "--seed_everything=0",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=1",
-        "--trainer.max_epochs=2",
-        f"--trainer.limit_train_batches={STEPS_PER_EPOCH}",
-        "--trainer.limit_val_batches=2",
-        "--trainer.logger=false",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        f"--trainer.default_root_dir={root}",
-        "--model.model=vit_tiny_patch4_32",
-        f"--model.model_overrides={json.dumps(TINY)}",
-        "--model.mixup_alpha=0.8",
-        "--model.cutmix_alpha=1.0",
-        "--model.ema_decay=0.9",
-        "--model.warmup_steps=2",
-        "--data.dataset=digits",
-        "--data.img_size=16",
-        "--data.batch_size=16",
-        "--data.augment=strong",
-        f"--checkpoint.dirpath={root / 'checkpoints'}",
-        *extra,
-    ]
+    """tests/test_resume.py's tiny run, on the digits decoded once with ``strong`` batched augmentation, 2 epochs."""
+    return resume_fit_args(root, "--data.augment=strong", *extra, dataset="digits", epochs=2)
 
 
 def final_state(args: list[str]) -> dict[str, torch.Tensor]:
