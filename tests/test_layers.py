@@ -36,6 +36,39 @@ def test_patch_embed_rejects_wrong_input_size():
         embed(torch.randn(1, 3, 64, 64))
 
 
+def _stem_reference(embed: PatchEmbed, x: torch.Tensor) -> torch.Tensor:
+    """Xiao et al.'s stem written out: (3x3 stride-2 conv, BatchNorm, ReLU) per halving, then a 1x1 conv."""
+    for layer in embed.stem:
+        conv, bn = layer.conv, layer.bn
+        x = F.conv2d(x, conv.weight, None, stride=2, padding=1)
+        x = F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, training=False, eps=bn.eps)
+        x = F.relu(x)
+    x = F.conv2d(x, embed.proj.weight, embed.proj.bias)
+    return x.flatten(2).transpose(1, 2)
+
+
+@pytest.mark.parametrize(("patch_size", "embed_dim", "channels"), [(4, 96, [48, 96]), (16, 384, [48, 96, 192, 384])])
+def test_conv_stem_is_xiao_et_al(patch_size, embed_dim, channels):
+    embed = PatchEmbed(32, patch_size, in_chans=3, embed_dim=embed_dim, conv_stem=True).eval()
+    assert [layer.conv.out_channels for layer in embed.stem] == channels  # doubling up to the width (their Table 1)
+    with torch.no_grad():  # non-trivial BatchNorm statistics
+        for layer in embed.stem:
+            layer.bn.running_mean.uniform_(-1, 1)
+            layer.bn.running_var.uniform_(0.5, 2)
+            layer.bn.weight.uniform_(0.5, 2)
+            layer.bn.bias.uniform_(-1, 1)
+    x = torch.randn(2, 3, 32, 32)
+    out = embed(x)
+    assert out.shape == (2, embed.num_patches, embed_dim) and embed.grid_size == (32 // patch_size,) * 2
+    torch.testing.assert_close(out, _stem_reference(embed, x), atol=1e-5, rtol=1e-5)
+
+
+def test_conv_stem_rejects_patch_sizes_it_cannot_halve_to():
+    for patch in (3, 6, (4, 8)):
+        with pytest.raises(ValueError, match=r"conv_stem needs a square power-of-two patch size"):
+            PatchEmbed(24, patch, conv_stem=True)
+
+
 def test_sincos_table_matches_formula():
     table = build_sincos_2d_pos_embed((3, 5), embed_dim=8)
     assert table.shape == (1, 15, 8)

@@ -12,6 +12,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vit
 from vit.models import IncompatibleCheckpointError, UnsafeCheckpointError, model_config
+from vit.models.flops import forward_flops
 
 
 def _input(model: vit.VisionTransformer, batch: int = 2) -> torch.Tensor:
@@ -40,6 +41,21 @@ def test_preset_fused_and_manual_paths_agree(name):
             block.attn.fused_attn = False
         manual = model(x)
     torch.testing.assert_close(manual, fused, atol=1e-5, rtol=1e-5)
+
+
+def test_conv_stem_model_trains_and_counts_the_stem_flops():
+    kwargs = {"embed_dim": 96, "depth": 2, "num_heads": 3, "class_token": False, "global_pool": "avg"}
+    plain = vit.create_model("vit_tiny_patch4_32", num_classes=10, **kwargs)
+    stem = vit.create_model("vit_tiny_patch4_32", num_classes=10, conv_stem=True, **kwargs)
+    stem(_input(stem)).logsumexp(-1).sum().backward()
+    no_grad = [n for n, p in stem.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert no_grad == [] and any(n.startswith("patch_embed.stem.") for n, _ in stem.named_parameters())
+    # The stem's convolutions replace the patchify one; multiply-adds by hand (3x3 convs to 16x16x48 and 8x8x96, a
+    # 1x1 conv 96 -> 96 on the 8x8 grid) against one 4x4x3 -> 96 product per patch.
+    stem_macs = 16 * 16 * 48 * 3 * 3 * 3 + 8 * 8 * 96 * 3 * 3 * 48 + 8 * 8 * 96 * 96
+    patchify_macs = 8 * 8 * 96 * 4 * 4 * 3
+    extra = forward_flops(stem, (3, 32, 32)) - forward_flops(plain, (3, 32, 32))
+    assert extra == 2 * (stem_macs - patchify_macs)
 
 
 def test_list_models_and_unknown_name():

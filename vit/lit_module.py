@@ -165,7 +165,7 @@ class ImageClassifier(LightningModule):
         # "0 Total Flops" (not with compile: a batch of 1 would be compiled for nothing).
         patch_embed = getattr(self.model, "patch_embed", None)
         if patch_embed is not None and not compile:
-            self.example_input_array = torch.zeros(1, patch_embed.proj.in_channels, *patch_embed.img_size)
+            self.example_input_array = torch.zeros(1, patch_embed.in_chans, *patch_embed.img_size)
         self._batch_start: float | None = None
         self._timed_images = 0  # training throughput over the fit: images and seconds between batch starts
         self._timed_seconds = 0.0

@@ -54,7 +54,7 @@ def count_flops(config: dict[str, Any]) -> dict[str, float]:
     from torch.utils.flop_counter import FlopCounterMode
 
     model = VisionTransformer(**config)
-    shape = (model.patch_embed.proj.in_channels, *model.patch_embed.img_size)
+    shape = (model.patch_embed.in_chans, *model.patch_embed.img_size)
     forward = forward_flops(model, shape)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(torch.randn(1, *shape)).sum().backward()

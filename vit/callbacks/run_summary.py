@@ -58,7 +58,7 @@ class RunSummary(Callback):
         patch_embed = getattr(model, "patch_embed", None)
         if self.flops and patch_embed is not None:
             height, width = patch_embed.img_size
-            flops = forward_flops(model, (patch_embed.proj.in_channels, height, width))
+            flops = forward_flops(model, (patch_embed.in_chans, height, width))
             stats["gflops"] = flops / 1e9
             stats["gmacs"] = flops / 2e9
         return stats

@@ -1,12 +1,14 @@
 """Patch embedding: cut an image into non-overlapping patches and project each to ``embed_dim``.
 
-Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021), Sec. 3.1.
+Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021), Sec. 3.1. The convolutional stem option follows
+Xiao et al., "Early Convolutions Help Transformers See Better" (NeurIPS 2021).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from timm.layers import ConvNormAct
 from torch import nn
 
 from .utils import to_2tuple
@@ -25,9 +27,13 @@ class PatchEmbed(nn.Module):
         in_chans: Number of input channels.
         embed_dim: Output token width.
         bias: Whether the projection has a bias.
+        conv_stem: Replace the patchify convolution by Xiao et al.'s stem: ``log2(patch)`` 3x3 stride-2
+            convolutions with BatchNorm and ReLU (channels doubling up to ``embed_dim``, timm's ``ConvNormAct``,
+            as ``stem``), then ``proj`` as a 1x1 convolution. The tokens keep the same grid.
 
     Raises:
-        ValueError: If the patch size does not divide the image size.
+        ValueError: If the patch size does not divide the image size, or ``conv_stem`` is set with a patch size
+            that is not a square power of two.
     """
 
     def __init__(
@@ -37,6 +43,7 @@ class PatchEmbed(nn.Module):
         in_chans: int = 3,
         embed_dim: int = 768,
         bias: bool = True,
+        conv_stem: bool = False,
     ) -> None:
         super().__init__()
         self.img_size = to_2tuple(img_size)
@@ -49,13 +56,31 @@ class PatchEmbed(nn.Module):
                 )
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+        self.in_chans = in_chans
+        self.stem: nn.Module | None = None
+        if conv_stem:
+            patch = self.patch_size[0]
+            if self.patch_size[1] != patch or patch < 2 or patch & (patch - 1):
+                raise ValueError(
+                    f"conv_stem needs a square power-of-two patch size (2, 4, 8, 16, ...), got {self.patch_size}"
+                )
+            depth = patch.bit_length() - 1  # one stride-2 convolution per halving
+            channels = tuple(embed_dim // 2 ** (depth - 1 - i) for i in range(depth))
+            self.stem = nn.Sequential(
+                *(ConvNormAct(c_in, c_out, 3, stride=2) for c_in, c_out in zip((in_chans, *channels), channels))
+            )
+            self.proj = nn.Conv2d(channels[-1], embed_dim, kernel_size=1, bias=bias)
+        else:
+            self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Map ``(B, C, H, W)`` images to ``(B, num_patches, embed_dim)`` tokens in row-major grid order."""
         B, C, H, W = x.shape
         if self.img_size != (H, W):
             raise ValueError(f"input image size {(H, W)} does not match the model's img_size {self.img_size}")
+        if self.stem is not None:
+            x = self.proj(self.stem(x))  # (B, embed_dim, gh, gw)
+            return x.flatten(2).transpose(1, 2)
         gh, gw = self.grid_size
         ph, pw = self.patch_size
         # (B, C, gh, ph, gw, pw) -> (B, gh, gw, C, ph, pw): one row per patch, flattened like the conv kernel

@@ -47,6 +47,8 @@ class VisionTransformer(nn.Module):
         global_pool: ``"token"`` pools the class token, ``"avg"`` the mean of the patch tokens.
         pos_embed: ``"learn"`` (learned table), ``"sincos"`` (fixed 2-D sine-cosine over patches), ``"none"``.
         no_embed_class: With ``"learn"``, give position embeddings to patches only, not to prefix tokens.
+        conv_stem: Embed patches with a convolutional stem (3x3 stride-2 convolutions + BatchNorm + ReLU, then a
+            1x1 projection; Xiao et al. 2021) instead of one patchify convolution. See :class:`PatchEmbed`.
         init_values: Layer-scale initial value; ``None`` disables layer scale.
         fc_norm: Normalise the pooled features instead of the tokens; ``None`` means ``global_pool == "avg"``.
         drop_rate: Dropout before the head.
@@ -86,6 +88,7 @@ class VisionTransformer(nn.Module):
         global_pool: Literal["token", "avg"] = "token",
         pos_embed: Literal["learn", "sincos", "none"] = "learn",
         no_embed_class: bool = False,
+        conv_stem: bool = False,
         init_values: float | None = None,
         fc_norm: bool | None = None,
         drop_rate: float = 0.0,
@@ -142,7 +145,7 @@ class VisionTransformer(nn.Module):
         self.global_attn_indexes = tuple(global_attn_indexes)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, conv_stem=conv_stem)
         grid_size = self.patch_embed.grid_size
         if window_size and window_type == "sliding":
             _check_sliding(grid_size, window_size, window_dilation)
