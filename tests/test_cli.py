@@ -76,7 +76,7 @@ def test_config_runs_fast_dev_run_on_cpu(config, tmp_path, vit_small_weights):
     cli = cli_main(args)
     metrics = cli.trainer.callback_metrics
     assert cli.trainer.state.finished and cli.trainer.global_step == 1
-    assert torch.isfinite(metrics["train/loss"]) and 0.0 <= metrics["val/acc"] <= 1.0
+    assert torch.isfinite(metrics["train/loss_epoch"]) and 0.0 <= metrics["val/acc"] <= 1.0
     assert cli.model.num_classes == cli.datamodule.num_classes == 10  # linked from the data
 
 

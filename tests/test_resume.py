@@ -353,6 +353,30 @@ def test_non_finite_gradient_stops_before_the_optimizer_step(tmp_path, capsys):
     assert "No checkpoint had been written yet." in err
 
 
+def test_deferred_non_finite_check_stops_within_n_steps_and_never_saves_the_bad_weights(tmp_path, capsys):
+    # Flags on the device, read every 4 steps and before each checkpoint: the NaN gradient of step 1 is applied,
+    # and the checkpoint after it is refused.
+    extra = ("--resume.every_n_train_steps=1", "--nonfinite.check_every_n_steps=4")
+    code, err = run_stopped([*fit_args(tmp_path, *extra, epochs=1), fault(1, "nan_grad")], capsys)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert code == EXIT_NON_FINITE
+    message = err.strip().splitlines()[-1]
+    assert message.startswith("error: non-finite gradient in steps 1..1 (epoch 0; checked every 4 steps")
+    assert f"The last good checkpoint is kept: {last}" in message
+    saved = ckpt(last)
+    assert saved["global_step"] == 1
+    assert all(torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point())
+
+
+def test_deferred_non_finite_check_reads_the_device_every_n_steps(tmp_path, capsys):
+    code, err = run_stopped(
+        [*fit_args(tmp_path, "--nonfinite.check_every_n_steps=4", epochs=1), fault(1, "nan_loss")], capsys
+    )
+    assert code == EXIT_NON_FINITE
+    assert "error: non-finite loss and gradient in steps 0..3 (epoch 0; checked every 4 steps" in err
+    assert "No checkpoint had been written yet." in err
+
+
 def test_non_finite_weights_are_never_saved():
     module = ImageClassifier("vit_tiny_patch4_32", num_classes=10, img_size=16, model_overrides=TINY)
     with torch.no_grad():

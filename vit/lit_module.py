@@ -197,9 +197,12 @@ class ImageClassifier(LightningModule):
         return model
 
     def _metrics(self, stage: str) -> MetricCollection:
-        metrics = {"acc": MulticlassAccuracy(self.num_classes, top_k=1, average="micro")}
+        # torchmetrics' argument validation counts the label values on the host (torch.unique): a device
+        # synchronisation per batch, which the training path must not have. Evaluation keeps it.
+        kwargs = {"average": "micro", "validate_args": stage != "train"}
+        metrics = {"acc": MulticlassAccuracy(self.num_classes, top_k=1, **kwargs)}
         if self.num_classes >= 5:
-            metrics["acc_top5"] = MulticlassAccuracy(self.num_classes, top_k=5, average="micro")
+            metrics["acc_top5"] = MulticlassAccuracy(self.num_classes, top_k=5, **kwargs)
         return MetricCollection(metrics, prefix=f"{stage}/", compute_groups=False)
 
     @property
@@ -267,7 +270,10 @@ class ImageClassifier(LightningModule):
             logits = self.model(x)
             loss = self.criterion(logits, y)
         self.train_metrics.update(logits.detach(), y)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True)
+        # The step value is this rank's loss (a sync_dist here would all-reduce, a host sync, every step); the epoch
+        # mean is reduced over ranks once, at the epoch's end.
+        self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log("train/loss_epoch", loss, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True)
         self._log_metrics(self.train_metrics, on_step=False, prog_bar=True)
         return loss
 

@@ -22,24 +22,49 @@ class NonFiniteGuard(Callback):
     and precision, the likely causes and the checkpoint that is kept. Under fp16 mixed precision only a NaN loss
     stops the run: infinite gradients are the grad scaler's to skip.
 
+    Checking a value on the host waits for the device: on a GPU that is a synchronisation every step, which stalls
+    the queue of kernels. With ``check_every_n_steps = n > 1`` the checks become flags on the device, read once every
+    ``n`` optimizer steps and before every checkpoint is written: the run then stops up to ``n`` steps after the first
+    non-finite value, and the weights of those steps (possibly non-finite) are never saved.
+
     Args:
         check_gradients: Also check the gradients before each optimizer step (one reduction over them per step).
+        check_every_n_steps: Read the checks on the host every ``n`` optimizer steps; 1 stops before the optimizer
+            step that would apply a non-finite value.
+
+    Raises:
+        ValueError: If ``check_every_n_steps`` is not positive.
     """
 
-    def __init__(self, check_gradients: bool = True) -> None:
+    def __init__(self, check_gradients: bool = True, check_every_n_steps: int = 1) -> None:
+        if check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
         self.check_gradients = check_gradients
+        self.check_every_n_steps = check_every_n_steps
+        self._flags: torch.Tensor | None = None  # [loss, gradient] non-finite since step ``_since``, on the device
+        self._since = 0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._flags, self._since = None, trainer.global_step
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         scaled = _grad_scaler(trainer) is not None  # a scaled fp16 loss may overflow to inf: the scaler skips it
         bad = torch.isnan(loss).any() if scaled else ~torch.isfinite(loss).all()
-        if bool(bad):
+        if self.check_every_n_steps > 1:
+            self._flag(0, bad)
+        elif bool(bad):
             raise NonFiniteError(non_finite_message(trainer, f"non-finite loss ({loss.detach().float().item()})"))
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         if not self.check_gradients or _grad_scaler(trainer) is not None:  # inf gradients: the scaler skips them
             return
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if grads and not bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))):  # one foreach reduction
+        if not grads:
+            return
+        finite = torch.isfinite(torch.nn.utils.get_total_norm(grads))  # one foreach reduction
+        if self.check_every_n_steps > 1:
+            self._flag(1, ~finite)
+        elif not bool(finite):
             names = {p: n for n, p in pl_module.named_parameters()}
             first = next(
                 names.get(p, "?")
@@ -49,13 +74,39 @@ class NonFiniteGuard(Callback):
             )
             raise NonFiniteError(non_finite_message(trainer, f"non-finite gradient (first in {first})"))
 
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step % self.check_every_n_steps == 0:
+            self._read_flags(trainer)
+
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._read_flags(trainer)
         for name, param in pl_module.named_parameters():
             if param.is_floating_point() and not bool(torch.isfinite(param).all()):
                 raise NonFiniteError(
                     f"refusing to save a checkpoint at step {trainer.global_step}: parameter {name} is not finite. "
                     f"The previous checkpoint is kept. {_LIKELY_CAUSES}"
                 )
+
+    def _flag(self, which: int, bad: torch.Tensor) -> None:
+        if self._flags is None:
+            self._flags = torch.zeros(2, dtype=torch.bool, device=bad.device)
+        self._flags[which] |= bad  # stays on the device: no synchronisation
+
+    def _read_flags(self, trainer: Trainer) -> None:
+        """Raise if a deferred check failed since the last read (one host synchronisation)."""
+        flags, since, self._flags, self._since = self._flags, self._since, None, trainer.global_step
+        if flags is None:
+            return
+        loss, grad = flags.tolist()
+        if loss or grad:
+            what = " and ".join(kind for kind, bad in (("loss", loss), ("gradient", grad)) if bad)
+            raise NonFiniteError(
+                non_finite_message(
+                    trainer, f"non-finite {what} in steps {since}..{trainer.global_step - 1}", self.check_every_n_steps
+                )
+            )
 
 
 _LIKELY_CAUSES = (
@@ -65,13 +116,14 @@ _LIKELY_CAUSES = (
 )
 
 
-def non_finite_message(trainer: Trainer, what: str) -> str:
+def non_finite_message(trainer: Trainer, what: str, checked_every: int = 1) -> str:
     """The message for a non-finite value at the current step: where, the learning rate and precision, the likely
     causes, and the checkpoint that is kept.
 
     Args:
         trainer: The running trainer.
         what: What was non-finite, e.g. ``"non-finite loss (nan)"``.
+        checked_every: The guard's ``check_every_n_steps``; above 1 the optimizer may have applied the value.
     """
     lrs = sorted({group["lr"] for optimizer in trainer.optimizers for group in optimizer.param_groups})
     lr = f"{lrs[-1]:.3g}" if lrs else "?"
@@ -81,11 +133,18 @@ def non_finite_message(trainer: Trainer, what: str) -> str:
         if last.is_file()
         else "No checkpoint had been written yet."
     )
-    return (
-        f"{what} at step {trainer.global_step} (epoch {trainer.current_epoch}, batch "
-        f"{trainer.fit_loop.epoch_loop.batch_idx}): training stopped before the optimizer step, so the weights are "
-        f"still finite (learning rate {lr}, precision {trainer.precision}). {_LIKELY_CAUSES} {kept}"
-    )
+    if checked_every == 1:
+        where = (
+            f"at step {trainer.global_step} (epoch {trainer.current_epoch}, batch "
+            f"{trainer.fit_loop.epoch_loop.batch_idx}): training stopped before the optimizer step, so the weights "
+            "are still finite"
+        )
+    else:
+        where = (
+            f"(epoch {trainer.current_epoch}; checked every {checked_every} steps, --nonfinite.check_every_n_steps 1 "
+            "checks before each optimizer step): training stopped and the weights of these steps are not saved"
+        )
+    return f"{what} {where} (learning rate {lr}, precision {trainer.precision}). {_LIKELY_CAUSES} {kept}"
 
 
 def _grad_scaler(trainer: Trainer) -> Any:

@@ -101,13 +101,21 @@ class ResumeCheckpoint(Checkpoint):
         save_on_signal: On SIGTERM (cluster preemption) or SIGINT (Ctrl-C), finish the current step, write
             ``last.ckpt`` and exit with status 128 + signal number (143 for SIGTERM, 130 for SIGINT). A second
             Ctrl-C stops at once, without a checkpoint.
+        signal_sync_every_n_steps: With several processes (DDP), the ranks agree on a received signal every this
+            many optimizer steps, so that all of them save and stop at the same step. The agreement is an
+            all-reduce read on the host, which waits for the device: not every step.
     """
 
-    def __init__(self, every_n_train_steps: int = 0, save_on_signal: bool = True) -> None:
+    def __init__(
+        self, every_n_train_steps: int = 0, save_on_signal: bool = True, signal_sync_every_n_steps: int = 10
+    ) -> None:
         if every_n_train_steps < 0:
             raise ValueError(f"every_n_train_steps must be >= 0 (0: no step checkpoints), got {every_n_train_steps}")
+        if signal_sync_every_n_steps < 1:
+            raise ValueError(f"signal_sync_every_n_steps must be >= 1, got {signal_sync_every_n_steps}")
         self.every_n_train_steps = every_n_train_steps
         self.save_on_signal = save_on_signal
+        self.signal_sync_every_n_steps = signal_sync_every_n_steps
         self._pending: dict[str, Any] | None = None  # random state to apply before the next training batch
         self._snapshot: dict[str, Any] | None = None  # random state at the end of the last training batch
         self._signal: int | None = None
@@ -185,11 +193,13 @@ class ResumeCheckpoint(Checkpoint):
         self._snapshot = rng_state()
         stepped = trainer.global_step != self._last_step  # not in the middle of gradient accumulation
         self._last_step = trainer.global_step
-        signalled = self._signal is not None
-        if trainer.world_size > 1:  # every rank saves together and stops together
-            signalled = trainer.strategy.reduce_boolean_decision(signalled, all=False)
         if not stepped:
             return
+        signalled = self._signal is not None
+        if trainer.world_size > 1:  # every rank saves together and stops together, at the same step
+            signalled = trainer.global_step % self.signal_sync_every_n_steps == 0 and (
+                trainer.strategy.reduce_boolean_decision(signalled, all=False)
+            )
         if signalled:
             path = self._save_last(trainer)
             signum = self._signal if self._signal is not None else signal.SIGTERM
