@@ -47,7 +47,7 @@ def reference_pattern(rows: int, cols: int, k: int, d: int, num_prefix: int) -> 
 
 
 CASES = [
-    # (rows, cols, k, dilation, prefix tokens, query tile side)
+    # (rows, cols, k, dilation, prefix tokens, query tile side or (rows, cols))
     (8, 8, 3, 1, 0, 8),
     (8, 8, 3, 1, 1, 8),
     (8, 8, 3, 1, 5, 3),
@@ -61,6 +61,8 @@ CASES = [
     (11, 9, 3, 3, 5, 8),  # k * d = 9 fills the narrow side
     (15, 16, 5, 3, 1, 2),
     (14, 17, 7, 2, 1, 8),
+    (8, 16, 5, 1, 5, (4, 8)),  # oblong tiles that cut the grid exactly: the reshape path, with prefix tokens
+    (9, 12, 3, 1, 1, (4, 6)),  # oblong tiles, the last row of tiles overlaps: the gather path
 ]
 IDS = [f"{r}x{c}-k{k}-d{d}-p{p}-t{t}" for r, c, k, d, p, t in CASES]
 

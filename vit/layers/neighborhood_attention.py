@@ -20,6 +20,7 @@ Two exact, linear-cost paths, neither of which builds an ``N × N`` mask or scor
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .attention import Attention
 from .utils import to_2tuple
@@ -154,7 +155,8 @@ class NeighborhoodAttention(Attention):
         kernel_size: Window side ``k`` in patches; odd, with ``k · dilation`` at most the smaller grid side.
         dilation: Stride ``d`` between neighbours (DiNAT); 1 for a dense window.
         num_prefix_tokens: Number of class and register tokens at the start of the sequence.
-        tile_size: Query tile side ``t`` of the tiled path (the default was the fastest measured on a CPU).
+        tile_size: Query tile side ``t`` of the tiled path, or ``(rows, cols)`` (8, the default, was the fastest
+            measured on a CPU for k = 7 and 9 against 4, 6, 4x8, 8x4, 4x16 and 6x8).
         **kwargs: Passed to :class:`Attention` (``qkv_bias``, ``qk_norm``, ``attn_drop``, ``proj_drop``,
             ``norm_layer``, ``fused_attn``).
 
@@ -172,20 +174,21 @@ class NeighborhoodAttention(Attention):
         kernel_size: int,
         dilation: int = 1,
         num_prefix_tokens: int = 1,
-        tile_size: int = 8,
+        tile_size: int | tuple[int, int] = 8,
         **kwargs,
     ) -> None:
         super().__init__(dim, num_heads, **kwargs)
         rows, cols = self.grid_size = check_neighborhood(grid_size, kernel_size, dilation)
-        if tile_size <= 0:
+        tile_rows, tile_cols = to_2tuple(tile_size)
+        if tile_rows <= 0 or tile_cols <= 0:
             raise ValueError(f"tile_size must be positive, got {tile_size}")
         self.kernel_size = kernel_size
         self.dilation = dilation
         self.num_prefix_tokens = P = num_prefix_tokens
 
         # 2-D tiles are pairs (row tile, column tile): queries (T, tq), keys (T, P + tk), mask (T, tq, P + tk).
-        row_tiles = _axis_tiles(rows, kernel_size, dilation, tile_size)
-        col_tiles = _axis_tiles(cols, kernel_size, dilation, tile_size)
+        row_tiles = _axis_tiles(rows, kernel_size, dilation, tile_rows)
+        col_tiles = _axis_tiles(cols, kernel_size, dilation, tile_cols)
         queries, keys, masks = [], [], []
         for row_q, row_k, row_m in row_tiles:
             for col_q, col_k, col_m in col_tiles:
@@ -194,17 +197,22 @@ class NeighborhoodAttention(Attention):
                 patch_mask = (row_m[:, None, :, None] & col_m[None, :, None, :]).flatten(2).flatten(0, 1)
                 masks.append(torch.cat([torch.ones(len(patch_mask), P, dtype=torch.bool), patch_mask], dim=1))
         self.num_tiles, self.tile_queries = len(queries), queries[0].numel()
+        # Tiles that cut the grid exactly (dilation 1, tile sides dividing the grid's) make the query gather a reshape:
+        # (tile rows, tile height, tile columns, tile width).
+        tr, tc = min(tile_rows, rows), min(tile_cols, cols)
+        exact = dilation == 1 and rows % tr == 0 and cols % tc == 0
+        self.tile_grid = (rows // tr, tr, cols // tc, tc) if exact else None
         query_index = torch.stack(queries)
-        # Row of the outputs (P prefix rows, then the tiles' T * tq) holding each token (a later, overlapping tile
-        # wins), and the queries to gather: the prefix tokens, then every tile's patches.
+        # The tiles' queries (patch indices), and the row of the tiles' T * tq outputs holding each patch (a later,
+        # overlapping tile wins).
         owner = torch.empty(rows * cols, dtype=torch.long)
-        owner[query_index.flatten()] = P + torch.arange(query_index.numel())
-        self.register_buffer("query_index", torch.cat([torch.arange(P), P + query_index.flatten()]), persistent=False)
+        owner[query_index.flatten()] = torch.arange(query_index.numel())
+        self.register_buffer("query_index", query_index.flatten(), persistent=False)
         self.register_buffer("key_index", torch.stack(keys).flatten(), persistent=False)
         # Additive (0 / -inf): adding is faster than masked_fill on the CPU, in both the fused and explicit paths.
         tile_mask = torch.zeros(len(masks), 1, *masks[0].shape).masked_fill_(~torch.stack(masks)[:, None], -torch.inf)
         self.register_buffer("tile_mask", tile_mask, persistent=False)  # (T, 1, tq, P + tk)
-        self.register_buffer("owner", torch.cat([torch.arange(P), owner]), persistent=False)
+        self.register_buffer("owner", owner, persistent=False)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Attend within neighbourhoods; ``x`` is ``(B, prefix + rows * cols, C)``."""
@@ -219,25 +227,34 @@ class NeighborhoodAttention(Attention):
         """The tiled path (any device): each query tile attends to its halo and the prefix keys."""
         B, N, C = x.shape
         P, h, hd, T, tq = self.num_prefix_tokens, self.num_heads, self.head_dim, self.num_tiles, self.tile_queries
-        # Split (not indexed) projections: each gather's backward fills one zero tensor of its own width, where
-        # indexing a (B, N, 3, heads, head_dim) view filled one of the full width per slice (13 % of the time).
-        q_all, kv_all = self.qkv(x).split([C, 2 * C], dim=-1)  # (B, N, C), (B, N, 2C)
-        q_p, q = q_all.index_select(1, self.query_index).split([P, T * tq], dim=1)  # prefix, then tile queries
-        q = q.reshape(B * T, tq, h, hd).transpose(1, 2)  # (B * T, heads, tq, head_dim)
-        kv = kv_all.index_select(1, self.key_index).view(B * T, -1, 2, h, hd)
-        k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # (B * T, heads, P + tk, head_dim)
-        # 4-D with the mask repeated per image: the CPU's fused kernel is slower on 5-D inputs (measured).
+        # Three products rather than one split: the backward of a split (or unbind) concatenates the gradients, a
+        # copy as large as the halos. Measured on the CPU, as every choice in this method.
+        biases = self.qkv.bias.chunk(3) if self.qkv.bias is not None else (None,) * 3
+        q_all, k_all, v_all = (F.linear(x, w, b) for w, b in zip(self.qkv.weight.chunk(3), biases))  # (B, N, C)
+        q_p, q_all = q_all.split([P, N - P], dim=1)  # prefix and patch queries (a split's backward: one copy)
+        if self.tile_grid is not None:  # the tiles are a permutation of the patches: reshape, no index
+            q = q_all.reshape(B, *self.tile_grid, h, hd).permute(0, 1, 3, 5, 2, 4, 6)
+        else:
+            q = q_all.index_select(1, self.query_index).view(B, T, tq, h, hd).transpose(2, 3)
+        q = q.reshape(B * T, h, tq, hd)
+        k, v = (t.index_select(1, self.key_index).view(B * T, -1, h, hd).transpose(1, 2) for t in (k_all, v_all))
+        # 4-D with the mask repeated per image: the CPU's fused kernel is slower on 5-D inputs.
         mask = self.tile_mask.expand(B, -1, -1, -1, -1).flatten(0, 1)  # (B * T, 1, tq, P + tk)
         out = self.attend(self.q_norm(q), self.k_norm(k), v, mask)  # (B * T, heads, tq, head_dim)
-        out = out.transpose(1, 2).reshape(B, T * tq, C)
+        # Written once into the output in sequence order (a concatenation and a gather were two more copies).
+        y = x.new_empty(B, N, C)
+        if self.tile_grid is not None:
+            nr, tr, nc, tc = self.tile_grid
+            tiles = out.view(B, nr, nc, h, tr, tc, hd).permute(0, 1, 4, 2, 5, 3, 6)  # (B, nr, tr, nc, tc, heads, hd)
+            y[:, P:].view(B, nr, tr, nc, tc, h, hd).copy_(tiles)
+        else:
+            y[:, P:] = out.transpose(1, 2).reshape(B, T * tq, C).index_select(1, self.owner)
         if P:
             # Prefix queries attend to every token: cost O(P · N).
             q_p = self.q_norm(q_p.reshape(B, P, h, hd).transpose(1, 2))  # (B, heads, P, head_dim)
-            k_all, v_all = kv_all.reshape(B, N, 2, h, hd).permute(2, 0, 3, 1, 4).unbind(0)  # (B, heads, N, hd)
-            out_p = self.attend(q_p, self.k_norm(k_all), v_all).transpose(1, 2).reshape(B, P, C)
-            out = torch.cat([out_p, out], dim=1)
-        out = out.index_select(1, self.owner)  # (B, N, C) in sequence order
-        return self.proj_drop(self.proj(out))
+            k_all, v_all = (t.view(B, N, h, hd).transpose(1, 2) for t in (k_all, v_all))  # (B, heads, N, head_dim)
+            y[:, :P] = self.attend(q_p, self.k_norm(k_all), v_all).transpose(1, 2).reshape(B, P, C)
+        return self.proj_drop(self.proj(y))
 
     def block_mask(self, device: torch.device) -> BlockMask:
         """The FlexAttention ``BlockMask`` of this geometry on ``device``, built once and shared across blocks."""
