@@ -229,8 +229,9 @@ class NeighborhoodAttention(Attention):
         P, h, hd, T, tq = self.num_prefix_tokens, self.num_heads, self.head_dim, self.num_tiles, self.tile_queries
         # Three products rather than one split: the backward of a split (or unbind) concatenates the gradients, a
         # copy as large as the halos. Measured on the CPU, as every choice in this method.
-        biases = self.qkv.bias.chunk(3) if self.qkv.bias is not None else (None,) * 3
-        q_all, k_all, v_all = (F.linear(x, w, b) for w, b in zip(self.qkv.weight.chunk(3), biases))  # (B, N, C)
+        w_q, w_k, w_v = self.qkv.weight.chunk(3)
+        b_q, b_k, b_v = self.qkv.bias.chunk(3) if self.qkv.bias is not None else (None, None, None)
+        q_all, k_all, v_all = F.linear(x, w_q, b_q), F.linear(x, w_k, b_k), F.linear(x, w_v, b_v)  # (B, N, C)
         q_p, q_all = q_all.split([P, N - P], dim=1)  # prefix and patch queries (a split's backward: one copy)
         if self.tile_grid is not None:  # the tiles are a permutation of the patches: reshape, no index
             q = q_all.reshape(B, *self.tile_grid, h, hd).permute(0, 1, 3, 5, 2, 4, 6)

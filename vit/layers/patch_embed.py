@@ -6,6 +6,8 @@ Xiao et al., "Early Convolutions Help Transformers See Better" (NeurIPS 2021).
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 import torch.nn.functional as F
 from timm.layers import ConvNormAct
@@ -67,7 +69,7 @@ class PatchEmbed(nn.Module):
             depth = patch.bit_length() - 1  # one stride-2 convolution per halving
             channels = tuple(embed_dim // 2 ** (depth - 1 - i) for i in range(depth))
             self.stem = nn.Sequential(
-                *(ConvNormAct(c_in, c_out, 3, stride=2) for c_in, c_out in zip((in_chans, *channels), channels))
+                *(ConvNormAct(c_in, c_out, 3, stride=2) for c_in, c_out in pairwise((in_chans, *channels)))
             )
             self.proj = nn.Conv2d(channels[-1], embed_dim, kernel_size=1, bias=bias)
         else:
