@@ -168,6 +168,33 @@ def test_compare_series_keeps_the_resumed_value_of_a_repeated_epoch(offline_runs
     assert xs == [0, 1, 2, 3, 4] and ys == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
 
 
+def test_compare_series_in_minutes_continues_the_clock_of_a_resumed_run():
+    from vit.compare import Run, series
+
+    # Two parts: the second one's W&B clock starts at 0 again; the downtime between them is not counted.
+    history = [
+        {"_runtime": 60.0, "epoch": 0, "val/acc": 0.2},
+        {"_runtime": 90.0, "train/loss_epoch": 1.0},
+        {"_runtime": 120.0, "epoch": 1, "val/acc": 0.3},
+        {"_runtime": 30.0, "epoch": 2, "val/acc": 0.4},
+        {"epoch": 3, "val/acc": 0.5},  # no clock: left out of the time axis
+    ]
+    run = Run(name="r", source="r", history=history)
+    xs, ys = series(run, "val/acc", "minutes")
+    assert xs == pytest.approx([1.0, 2.0, 2.5]) and ys == pytest.approx([0.2, 0.3, 0.4])
+    assert series(run, "val/acc")[0] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="x_axis must be one of"):
+        series(run, "val/acc", "hours")
+
+
+def test_compare_plots_against_minutes(offline_runs, compare, monkeypatch):
+    monkeypatch.chdir(offline_runs.parent)
+    result = compare(offline_runs, "--x", "minutes")
+    assert result.returncode == 0, result.stderr
+    plot = offline_runs / "compare" / "val_acc_minutes.png"
+    assert f"wrote {Path('runs') / 'compare' / 'val_acc_minutes.png'}" in result.stdout and plot.is_file()
+
+
 # ------------------------------------------------------------------------------------------------------ sweeps
 def sweep_combinations(path: Path) -> list[dict]:
     """Every combination of a grid sweep's swept values (``values`` lists; single ``value`` entries included)."""

@@ -10,7 +10,8 @@ nothing needs a network. Only fit runs that finished are compared unless ``--all
 (the same W&B run id, or the same run folder ``runs/<config>/<run name>/``) count as one run. Settings are compared key
 by key in the nested run config that ``vit fit`` logs (``model.lr``, ``data.dataset``, ...); only the keys whose
 values differ between the runs are shown, beside the attention each run used (``global``, ``window``, ``sliding``).
-The plot (``--plot``, default ``runs/compare/<metric>.png``) draws every run's curve of the metric against the epoch.
+The plot (``--plot``, default ``runs/compare/<metric>.png``) draws every run's curve of the metric against the epoch, or
+with ``--x minutes`` against the minutes of run time (``runs/compare/<metric>_minutes.png``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from vit.compare.report import attention, best, differing_keys, last, plot, series, table, throughput
+from vit.compare.report import X_AXES, attention, best, differing_keys, last, plot, series, table, throughput
 from vit.compare.runs import InputError, Run, find_run_files, merge_resumed, read_offline_runs, read_online_runs
 
 __all__ = [
+    "X_AXES",
     "InputError",
     "Run",
     "attention",
@@ -61,9 +63,11 @@ def select(runs: list[Run], everything: bool = False) -> tuple[list[Run], str | 
     return kept, f"left out {sum(left.values())} run(s): {what}; --all shows them"
 
 
-def default_plot(metric: str) -> Path:
-    """``runs/compare/<metric>.png`` (``val/acc`` -> ``val_acc``), beside the runs and never in the repository root."""
-    return Path("runs") / "compare" / f"{metric.replace('/', '_')}.png"
+def default_plot(metric: str, x_axis: str = "epoch") -> Path:
+    """``runs/compare/<metric>.png`` (``val/acc`` -> ``val_acc``; ``val_acc_minutes.png`` against time), beside the
+    runs and never in the repository root."""
+    suffix = "" if x_axis == "epoch" else f"_{x_axis}"
+    return Path("runs") / "compare" / f"{metric.replace('/', '_')}{suffix}.png"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metric", default="val/acc", help="metric to rank and plot (default: val/acc)")
     parser.add_argument("--all", action="store_true", help="also validate/test/predict runs and unfinished runs")
     parser.add_argument("--plot", type=Path, default=None, help="PNG to write (default: runs/compare/<metric>.png)")
+    parser.add_argument(
+        "--x", dest="x_axis", choices=sorted(X_AXES), default="epoch", help="plot against the epoch or the minutes"
+    )
     args = parser.parse_args(argv)
     try:
         if args.project and args.runs:
@@ -100,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(runs, args.metric, status=args.all))
     if note:
         print(note, file=sys.stderr)
-    path = args.plot or default_plot(args.metric)
-    if plot(runs, args.metric, path):
+    path = args.plot or default_plot(args.metric, args.x_axis)
+    if plot(runs, args.metric, path, args.x_axis):
         print(f"\nwrote {path}")
     else:
         print(f"\nno run logged {args.metric}: no plot written", file=sys.stderr)

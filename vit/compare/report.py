@@ -16,22 +16,42 @@ where outputs were written."""
 ATTENTION_KINDS = ("global", "window", "sliding")
 
 
-def series(run: Run, metric: str) -> tuple[list[float], list[float]]:
-    """``(x, y)`` of a metric over the run: x is the epoch (else the global step, else W&B's step).
+X_AXES = {"epoch": "epoch", "minutes": "minutes of run time (W&B _runtime)"}
+"""What a curve can be drawn against, and the axis label."""
 
-    A point logged again at the same x (a resumed run repeating the epoch it was stopped in) keeps the later value.
+
+def series(run: Run, metric: str, x_axis: str = "epoch") -> tuple[list[float], list[float]]:
+    """``(x, y)`` of a metric over the run.
+
+    With ``x_axis="epoch"`` x is the epoch (else the global step, else W&B's step); a point logged again at the same
+    x (a resumed run repeating the epoch it was stopped in) keeps the later value. With ``"minutes"`` x is W&B's
+    ``_runtime`` in minutes, continued across the parts of a resumed run (each part's clock starts at 0 again), so
+    the time between a stop and its resume is not counted.
     """
+    if x_axis not in X_AXES:
+        raise ValueError(f"x_axis must be one of {sorted(X_AXES)}, got {x_axis!r}")
     points: dict[float, float] = {}
+    offset = previous = 0.0
     for index, row in enumerate(run.history):
+        runtime = number(row.get("_runtime"))
+        if runtime is not None:
+            if runtime < previous:  # a resumed part: its clock starts again
+                offset += previous
+            previous = runtime
         y = number(row.get(metric))
         if y is None:
             continue
-        for key in ("epoch", "trainer/global_step", "_step"):
-            x = number(row.get(key))
-            if x is not None:
-                break
+        if x_axis == "minutes":
+            if runtime is None:
+                continue
+            x = (offset + runtime) / 60
         else:
-            x = float(index)
+            for key in ("epoch", "trainer/global_step", "_step"):
+                x = number(row.get(key))
+                if x is not None:
+                    break
+            else:
+                x = float(index)
         points.pop(x, None)  # re-insert: the later value and the later position
         points[x] = y
     return list(points), list(points.values())
@@ -152,8 +172,9 @@ def table(runs: list[Run], metric: str, status: bool = False) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: list[Run], metric: str, path: Path) -> bool:
-    """Draw every run's ``metric`` against the epoch into a PNG (legend: name and attention); False when none has it."""
+def plot(runs: list[Run], metric: str, path: Path, x_axis: str = "epoch") -> bool:
+    """Draw every run's ``metric`` against the epoch (or the minutes of run time, ``x_axis="minutes"``) into a PNG
+    (legend: name and attention); False when none has it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -162,15 +183,16 @@ def plot(runs: list[Run], metric: str, path: Path) -> bool:
     ax = figure.add_subplot()
     drawn = 0
     for run in runs:
-        xs, ys = series(run, metric)
+        xs, ys = series(run, metric, x_axis)
         if ys:
             kind = attention(run)
             ax.plot(xs, ys, marker="o", markersize=3, label=f"{run.name} ({kind})" if kind else run.name)
             drawn += 1
     if not drawn:
         return False
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("epoch")
+    if x_axis == "epoch":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(X_AXES[x_axis])
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} of {drawn} run(s)")
     ax.grid(alpha=0.3)

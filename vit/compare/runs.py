@@ -229,7 +229,10 @@ def read_online_runs(project: str, group: str | None, last: int | None, metric: 
         api = wandb.Api(timeout=30)
         filters = {"group": group} if group else None
         for run in api.runs(project, filters=filters, order="-created_at", per_page=min(last or 50, 200)):
-            history = [*run.scan_history(keys=[metric, "epoch"]), *run.scan_history(keys=["train/loss_epoch", "epoch"])]
+            history = [
+                *run.scan_history(keys=[metric, "epoch", "_runtime"]),
+                *run.scan_history(keys=["train/loss_epoch", "epoch"]),
+            ]
             config, summary = flatten(dict(run.config)), dict(run.summary_metrics)
             runs.append(
                 Run(
