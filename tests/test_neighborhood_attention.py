@@ -148,6 +148,16 @@ def test_dense_weights_follow_the_pattern(rows, cols, k, d, prefix, tile):
     torch.testing.assert_close(sliding.proj(out), sliding(x), atol=1e-5, rtol=1e-5)
 
 
+def test_bf16_autocast_keeps_the_attention_dtype():
+    sliding, dense = _pair(8, 8, 3, 1, 1, 8)
+    pattern = reference_pattern(8, 8, 3, 1, 1)
+    x = torch.randn(2, 65, 48)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, want = sliding(x), dense(x, attn_mask=pattern)
+    assert out.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), want.float(), atol=3e-2, rtol=3e-2)
+
+
 def test_buffers_grow_linearly_with_the_grid():
     def buffer_elements(side):
         layer = NeighborhoodAttention(32, 2, grid_size=side, kernel_size=7)

@@ -243,7 +243,7 @@ class NeighborhoodAttention(Attention):
         mask = self.tile_mask.expand(B, -1, -1, -1, -1).flatten(0, 1)  # (B * T, 1, tq, P + tk)
         out = self.attend(self.q_norm(q), self.k_norm(k), v, mask)  # (B * T, heads, tq, head_dim)
         # Written once into the output in sequence order (a concatenation and a gather were two more copies).
-        y = x.new_empty(B, N, C)
+        y = out.new_empty(B, N, C)  # the attention's dtype (bf16 under autocast), as the projection wants it
         if self.tile_grid is not None:
             nr, tr, nc, tc = self.tile_grid
             tiles = out.view(B, nr, nc, h, tr, tc, hd).permute(0, 1, 4, 2, 5, 3, 6)  # (B, nr, tr, nc, tc, heads, hd)
