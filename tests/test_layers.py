@@ -67,6 +67,8 @@ def test_conv_stem_rejects_patch_sizes_it_cannot_halve_to():
     for patch in (3, 6, (4, 8)):
         with pytest.raises(ValueError, match=r"conv_stem needs a square power-of-two patch size"):
             PatchEmbed(24, patch, conv_stem=True)
+    with pytest.raises(ValueError, match=r"halves the channels 3 times from embed_dim 4: use embed_dim >= 8"):
+        PatchEmbed(32, 16, embed_dim=4, conv_stem=True)
 
 
 def test_sincos_table_matches_formula():

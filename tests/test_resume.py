@@ -383,6 +383,13 @@ def test_non_finite_weights_are_never_saved():
         module.model.head.bias[0] = float("inf")
     with pytest.raises(NonFiniteError, match=r"refusing to save a checkpoint at step 7: parameter model.head.bias"):
         NonFiniteGuard().on_save_checkpoint(SimpleNamespace(global_step=7), module, {})
+    stem = ImageClassifier(
+        "vit_tiny_patch4_32", num_classes=10, img_size=16, model_overrides={**TINY, "conv_stem": True}
+    )
+    with torch.no_grad():  # BatchNorm statistics are weights too
+        stem.model.patch_embed.stem[0].bn.running_var[0] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"buffer model.patch_embed.stem.0.bn.running_var is not finite"):
+        NonFiniteGuard().on_save_checkpoint(SimpleNamespace(global_step=7), stem, {})
 
 
 # ------------------------------------------------------------------------------------------------ safe loading

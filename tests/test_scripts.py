@@ -169,19 +169,26 @@ def test_compare_series_keeps_the_resumed_value_of_a_repeated_epoch(offline_runs
 
 
 def test_compare_series_in_minutes_continues_the_clock_of_a_resumed_run():
-    from vit.compare import Run, series
+    from vit.compare import Run, merge_resumed, series
 
-    # Two parts: the second one's W&B clock starts at 0 again; the downtime between them is not counted.
-    history = [
+    # Two parts of one run (same W&B id): the second one's clock starts at 0 again, and the first part's last
+    # row is its latest time; the pause between the parts is not counted.
+    first = [
         {"_runtime": 60.0, "epoch": 0, "val/acc": 0.2},
         {"_runtime": 90.0, "train/loss_epoch": 1.0},
-        {"_runtime": 120.0, "epoch": 1, "val/acc": 0.3},
-        {"_runtime": 30.0, "epoch": 2, "val/acc": 0.4},
+    ]
+    second = [
+        {"_runtime": 30.0, "epoch": 1, "val/acc": 0.3},
+        {"_runtime": 150.0, "epoch": 2, "val/acc": 0.4},
         {"epoch": 3, "val/acc": 0.5},  # no clock: left out of the time axis
     ]
-    run = Run(name="r", source="r", history=history)
+    parts = [
+        Run(name="r", source=f"p{i}", history=h, run_id="r1", kind="fit", start=f"t{i}")
+        for i, h in ((0, first), (1, second))
+    ]
+    (run,) = merge_resumed(parts)
     xs, ys = series(run, "val/acc", "minutes")
-    assert xs == pytest.approx([1.0, 2.0, 2.5]) and ys == pytest.approx([0.2, 0.3, 0.4])
+    assert xs == pytest.approx([1.0, 2.0, 4.0]) and ys == pytest.approx([0.2, 0.3, 0.4])
     assert series(run, "val/acc")[0] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="x_axis must be one of"):
         series(run, "val/acc", "hours")

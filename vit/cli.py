@@ -67,7 +67,8 @@ from .models.checkpoint_errors import (
 EXIT_BAD_INPUT = 2
 """Bad input: an argument, config file, data set or checkpoint that cannot work (one ``error:`` line)."""
 EXIT_NON_FINITE = 3
-"""Training stopped at a non-finite loss or gradient (the weights are still finite, the last checkpoint kept)."""
+"""Training stopped at a non-finite loss or gradient (the last good checkpoint is kept; with the default
+``--nonfinite.check_every_n_steps 1`` the weights in memory are still finite too)."""
 EXIT_STATUSES: dict[type[BaseException], int] = {
     DataError: EXIT_BAD_INPUT,
     ConfigError: EXIT_BAD_INPUT,

@@ -244,14 +244,16 @@ class ImageClassifier(LightningModule):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # The rate this step uses; under layer decay the largest one (the head's).
-        self.log("train/lr", max(g["lr"] for g in self.trainer.optimizers[0].param_groups), on_step=True)
+        # Python numbers are logged as CPU tensors: Lightning would copy a number to the GPU, a synchronisation.
+        lr = max(g["lr"] for g in self.trainer.optimizers[0].param_groups)
+        self.log("train/lr", torch.tensor(lr), on_step=True)
         now = time.perf_counter()
         if self._batch_start is not None:
             # The one owner of training throughput (the run summary copies its mean): images of the previous step.
             images = self._last_batch_size * self.trainer.world_size
             self._timed_images += images
             self._timed_seconds += now - self._batch_start
-            self.log("train/img_per_sec", images / (now - self._batch_start), on_step=True, prog_bar=True)
+            self.log("train/img_per_sec", torch.tensor(images / (now - self._batch_start)), on_step=True, prog_bar=True)
         self._batch_start = now
         self._last_batch_size = batch[0].shape[0]
 
@@ -271,8 +273,9 @@ class ImageClassifier(LightningModule):
             loss = self.criterion(logits, y)
         self.train_metrics.update(logits.detach(), y)
         # The step value is this rank's loss (a sync_dist here would all-reduce, a host sync, every step); the epoch
-        # mean is reduced over ranks once, at the epoch's end.
-        self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=True)
+        # mean is reduced over ranks once, at the epoch's end. The progress bar reads its values on the host at every
+        # refresh: the step loss is shown there on the CPU only (on a GPU it goes to the logger, every n steps).
+        self.log("train/loss_step", loss, on_step=True, on_epoch=False, prog_bar=loss.device.type == "cpu")
         self.log("train/loss_epoch", loss, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True)
         self._log_metrics(self.train_metrics, on_step=False, prog_bar=True)
         return loss

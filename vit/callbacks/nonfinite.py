@@ -1,4 +1,5 @@
-"""Stop at the first non-finite loss or gradient, before the optimizer step, and never save non-finite weights."""
+"""Stop at the first non-finite loss or gradient (before the optimizer step, or within ``check_every_n_steps``), and
+never save non-finite weights."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ class NonFiniteGuard(Callback):
 
     Checking a value on the host waits for the device: on a GPU that is a synchronisation every step, which stalls
     the queue of kernels. With ``check_every_n_steps = n > 1`` the checks become flags on the device, read once every
-    ``n`` optimizer steps and before every checkpoint is written: the run then stops up to ``n`` steps after the first
-    non-finite value, and the weights of those steps (possibly non-finite) are never saved.
+    ``n`` optimizer steps, before validation and before every checkpoint is written (reduced over DDP ranks, so all
+    stop together): the run then stops up to ``n`` steps after the first non-finite value, and the weights of those
+    steps (possibly non-finite) are never saved. Buffers (BatchNorm statistics) are checked with the parameters.
 
     Args:
         check_gradients: Also check the gradients before each optimizer step (one reduction over them per step).
@@ -77,15 +79,28 @@ class NonFiniteGuard(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_step % self.check_every_n_steps == 0:
+        # After an optimizer step only (not between accumulated micro-batches), every n steps.
+        if trainer.global_step > self._since and trainer.global_step % self.check_every_n_steps == 0:
             self._read_flags(trainer)
+
+    # Before validation and at the epoch's end (before the checkpoint callbacks, which run last, save): validation
+    # never runs on weights a deferred check has not cleared, and weights-only checkpoints, for which Lightning calls
+    # no on_save_checkpoint, are covered too.
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self._read_flags(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._read_flags(trainer)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self._read_flags(trainer)
-        for name, param in pl_module.named_parameters():
-            if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+        parameters = {name for name, _ in pl_module.named_parameters()}
+        for name, tensor in pl_module.state_dict().items():  # what is saved: parameters and persistent buffers
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                kind = "parameter" if name in parameters else "buffer"
                 raise NonFiniteError(
-                    f"refusing to save a checkpoint at step {trainer.global_step}: parameter {name} is not finite. "
+                    f"refusing to save a checkpoint at step {trainer.global_step}: {kind} {name} is not finite. "
                     f"The previous checkpoint is kept. {_LIKELY_CAUSES}"
                 )
 
@@ -99,13 +114,14 @@ class NonFiniteGuard(Callback):
         flags, since, self._flags, self._since = self._flags, self._since, None, trainer.global_step
         if flags is None:
             return
+        if getattr(trainer, "world_size", 1) > 1:  # every rank reads at the same steps: all stop, or none
+            flags = trainer.strategy.reduce(flags.float(), reduce_op="max").bool()
         loss, grad = flags.tolist()
         if loss or grad:
             what = " and ".join(kind for kind, bad in (("loss", loss), ("gradient", grad)) if bad)
+            steps = f"{since}..{max(since, trainer.global_step - 1)}"
             raise NonFiniteError(
-                non_finite_message(
-                    trainer, f"non-finite {what} in steps {since}..{trainer.global_step - 1}", self.check_every_n_steps
-                )
+                non_finite_message(trainer, f"non-finite {what} in steps {steps}", self.check_every_n_steps)
             )
 
 

@@ -100,7 +100,8 @@ class ResumeCheckpoint(Checkpoint):
             killed run loses at most the steps since.
         save_on_signal: On SIGTERM (cluster preemption) or SIGINT (Ctrl-C), finish the current step, write
             ``last.ckpt`` and exit with status 128 + signal number (143 for SIGTERM, 130 for SIGINT). A second
-            Ctrl-C stops at once, without a checkpoint.
+            Ctrl-C stops at once, without a checkpoint. Under DDP the step is the next one at which the ranks
+            agree (``signal_sync_every_n_steps``).
         signal_sync_every_n_steps: With several processes (DDP), the ranks agree on a received signal every this
             many optimizer steps, so that all of them save and stop at the same step. The agreement is an
             all-reduce read on the host, which waits for the device: not every step.

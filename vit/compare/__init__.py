@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--last", type=int, default=None, help="with --project: only the N most recent runs")
     parser.add_argument("--metric", default="val/acc", help="metric to rank and plot (default: val/acc)")
     parser.add_argument("--all", action="store_true", help="also validate/test/predict runs and unfinished runs")
-    parser.add_argument("--plot", type=Path, default=None, help="PNG to write (default: runs/compare/<metric>.png)")
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="PNG to write (default: runs/compare/<metric>[_minutes].png)"
+    )
     parser.add_argument(
         "--x", dest="x_axis", choices=sorted(X_AXES), default="epoch", help="plot against the epoch or the minutes"
     )

@@ -25,26 +25,20 @@ def series(run: Run, metric: str, x_axis: str = "epoch") -> tuple[list[float], l
 
     With ``x_axis="epoch"`` x is the epoch (else the global step, else W&B's step); a point logged again at the same
     x (a resumed run repeating the epoch it was stopped in) keeps the later value. With ``"minutes"`` x is W&B's
-    ``_runtime`` in minutes, continued across the parts of a resumed run (each part's clock starts at 0 again), so
-    the time between a stop and its resume is not counted.
+    ``_runtime`` in minutes (:func:`~vit.compare.runs.merge_resumed` continues it across the parts of a resumed run).
     """
     if x_axis not in X_AXES:
         raise ValueError(f"x_axis must be one of {sorted(X_AXES)}, got {x_axis!r}")
     points: dict[float, float] = {}
-    offset = previous = 0.0
     for index, row in enumerate(run.history):
-        runtime = number(row.get("_runtime"))
-        if runtime is not None:
-            if runtime < previous:  # a resumed part: its clock starts again
-                offset += previous
-            previous = runtime
         y = number(row.get(metric))
         if y is None:
             continue
         if x_axis == "minutes":
+            runtime = number(row.get("_runtime"))
             if runtime is None:
                 continue
-            x = (offset + runtime) / 60
+            x = runtime / 60
         else:
             for key in ("epoch", "trainer/global_step", "_step"):
                 x = number(row.get(key))

@@ -207,7 +207,7 @@ def merge_resumed(parts: list[Run]) -> list[Run]:
                 group=last.group,
                 config=config,
                 summary=summary,
-                history=[row for run in members for row in run.history],
+                history=_continued_history(members),
                 run_id=last.run_id,
                 kind=last.kind,
                 state=last.state,
@@ -217,6 +217,23 @@ def merge_resumed(parts: list[Run]) -> list[Run]:
             )
         )
     return merged
+
+
+def _continued_history(members: list[Run]) -> list[dict[str, Any]]:
+    """The parts' histories one after the other, each part's ``_runtime`` moved on by the run time of the parts
+    before it (every W&B run's clock starts at 0): run time without the pauses between the parts."""
+    rows: list[dict[str, Any]] = []
+    offset = 0.0
+    for run in members:
+        end = 0.0
+        for row in run.history:
+            runtime = number(row.get("_runtime"))
+            if runtime is not None:
+                end = max(end, runtime)
+                row = {**row, "_runtime": offset + runtime}
+            rows.append(row)
+        offset += end
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------- online runs

@@ -67,6 +67,11 @@ class PatchEmbed(nn.Module):
                     f"conv_stem needs a square power-of-two patch size (2, 4, 8, 16, ...), got {self.patch_size}"
                 )
             depth = patch.bit_length() - 1  # one stride-2 convolution per halving
+            if embed_dim < 2 ** (depth - 1):
+                raise ValueError(
+                    f"conv_stem with patch size {patch} halves the channels {depth - 1} times from embed_dim "
+                    f"{embed_dim}: use embed_dim >= {2 ** (depth - 1)}"
+                )
             channels = tuple(embed_dim // 2 ** (depth - 1 - i) for i in range(depth))
             self.stem = nn.Sequential(
                 *(ConvNormAct(c_in, c_out, 3, stride=2) for c_in, c_out in pairwise((in_chans, *channels)))
