@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..layers.utils import eval_mode
 from .capture import attention_modules
 from .rollout import RolloutPool, head_pool
 
@@ -141,13 +142,11 @@ def attention_attribution(model: nn.Module, images: torch.Tensor, target: Any = 
     param = next(model.parameters(), None)
     if param is not None:
         images = images.to(param.device)
-    training = {module: module.training for module in model.modules()}
     handles = []
     try:
-        model.eval()
         for i, module in enumerate(modules):
             handles.append(module.register_forward_hook(make_hook(i), with_kwargs=True))
-        with torch.enable_grad():
+        with eval_mode(model), torch.enable_grad():
             # The input requires grad so that every A is in the graph even when the parameters are frozen.
             logits = model.forward(images.detach().requires_grad_(True))  # eager even after model.compile()
             target = resolve_target(target, logits.detach())
@@ -160,8 +159,6 @@ def attention_attribution(model: nn.Module, images: torch.Tensor, target: Any = 
     finally:
         for handle in handles:
             handle.remove()
-        for module, flag in training.items():
-            module.training = flag
     pool = head_pool(model)
     relevance = relevance_from_gradients(
         [a.detach() for a in order], gradients, num_prefix_tokens=model.num_prefix_tokens, pool=pool

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers.utils import eval_mode
 from .attribution import resolve_target
 
 Baseline = Literal["mean", "blur"]
@@ -152,42 +153,36 @@ def faithfulness(
     param = next(model.parameters(), None)
     if param is not None:
         images = images.to(param.device)
-    training = {module: module.training for module in model.modules()}
-    try:
-        model.eval()
-        with torch.no_grad():
-            intact = model.forward(images).float()
-            target = resolve_target(target, intact)
-            if baseline == "mean":
-                fill = torch.zeros_like(images)
-            else:
-                fill = gaussian_blur(images, sigma=max(H // grid_h, W // grid_w) / 2)
-            ends = _probabilities(model, torch.cat([images, fill]), target.repeat(2), batch_size).view(2, B)
-            counts = removal_counts(n, steps)
-            orders: dict[str, list[torch.Tensor]] = {
-                name: [m.reshape(B, n).to(images.device).float().argsort(dim=1, descending=True, stable=True)]
-                for name, m in maps.items()
-            }
-            if num_random > 0:
-                orders[RANDOM] = []
-                for seed in range(num_random):
-                    generator = torch.Generator().manual_seed(seed)
-                    perms = torch.stack([torch.randperm(n, generator=generator) for _ in range(B)])
-                    orders[RANDOM].append(perms.to(images.device))
-            curves: dict[str, dict[str, torch.Tensor]] = {"deletion": {}, "insertion": {}}
-            for name, candidates in orders.items():
-                per_seed_del, per_seed_ins = [], []
-                for indices in candidates:
-                    inner_del, inner_ins = _curves(
-                        model, images, fill, indices, (grid_h, grid_w), target, counts[1:-1], batch_size
-                    )
-                    per_seed_del.append(torch.cat([ends[0, :, None], inner_del, ends[1, :, None]], dim=1))
-                    per_seed_ins.append(torch.cat([ends[1, :, None], inner_ins, ends[0, :, None]], dim=1))
-                curves["deletion"][name] = torch.stack(per_seed_del)  # (seeds, B, steps + 1)
-                curves["insertion"][name] = torch.stack(per_seed_ins)
-    finally:
-        for module, flag in training.items():
-            module.training = flag
+    with eval_mode(model), torch.no_grad():
+        intact = model.forward(images).float()
+        target = resolve_target(target, intact)
+        if baseline == "mean":
+            fill = torch.zeros_like(images)
+        else:
+            fill = gaussian_blur(images, sigma=max(H // grid_h, W // grid_w) / 2)
+        ends = _probabilities(model, torch.cat([images, fill]), target.repeat(2), batch_size).view(2, B)
+        counts = removal_counts(n, steps)
+        orders: dict[str, list[torch.Tensor]] = {
+            name: [m.reshape(B, n).to(images.device).float().argsort(dim=1, descending=True, stable=True)]
+            for name, m in maps.items()
+        }
+        if num_random > 0:
+            orders[RANDOM] = []
+            for seed in range(num_random):
+                generator = torch.Generator().manual_seed(seed)
+                perms = torch.stack([torch.randperm(n, generator=generator) for _ in range(B)])
+                orders[RANDOM].append(perms.to(images.device))
+        curves: dict[str, dict[str, torch.Tensor]] = {"deletion": {}, "insertion": {}}
+        for name, candidates in orders.items():
+            per_seed_del, per_seed_ins = [], []
+            for indices in candidates:
+                inner_del, inner_ins = _curves(
+                    model, images, fill, indices, (grid_h, grid_w), target, counts[1:-1], batch_size
+                )
+                per_seed_del.append(torch.cat([ends[0, :, None], inner_del, ends[1, :, None]], dim=1))
+                per_seed_ins.append(torch.cat([ends[1, :, None], inner_ins, ends[0, :, None]], dim=1))
+            curves["deletion"][name] = torch.stack(per_seed_del)  # (seeds, B, steps + 1)
+            curves["insertion"][name] = torch.stack(per_seed_ins)
 
     fractions = torch.tensor(counts, dtype=torch.float64) / n
     result: dict[str, Any] = {"per_image": {}}
