@@ -114,7 +114,7 @@ class NonFiniteGuard(Callback):
         flags, since, self._flags, self._since = self._flags, self._since, None, trainer.global_step
         if flags is None:
             return
-        if getattr(trainer, "world_size", 1) > 1:  # every rank reads at the same steps: all stop, or none
+        if trainer.world_size > 1:  # every rank reads at the same steps: all stop, or none
             flags = trainer.strategy.reduce(flags.float(), reduce_op="max").bool()
         loss, grad = flags.tolist()
         if loss or grad:
