@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from .resume import last_checkpoint_path
+from .resume import last_checkpoint_path, sync_epoch_metrics
 
 
 class NonFiniteError(RuntimeError):
@@ -91,6 +91,7 @@ class NonFiniteGuard(Callback):
             self._read_flags(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        sync_epoch_metrics(trainer)  # before the reduce in _read_flags
         self._read_flags(trainer)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:

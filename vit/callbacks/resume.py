@@ -211,6 +211,7 @@ class ResumeCheckpoint(Checkpoint):
             self._save_last(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        sync_epoch_metrics(trainer)  # before the save's barrier
         if _skip_saving(trainer):
             return
         callback = _model_checkpoint(trainer)
@@ -248,6 +249,18 @@ def _train_loaders(trainer: Trainer) -> list[Any]:
     if isinstance(loaders, Mapping):
         return list(loaders.values())
     return list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+
+
+def sync_epoch_metrics(trainer: Trainer) -> None:
+    """Reduce the training epoch's ``sync_dist`` metrics now, on every rank, before a collective of our own.
+
+    Lightning reduces them lazily, when first read: rank 0's progress bar reads them in its ``on_train_epoch_end``,
+    the other ranks only after every callback. A barrier or all-reduce issued by a callback in between pairs with
+    rank 0's metric reduction instead of its own, and DDP hangs. Reading them here (cached afterwards) keeps the
+    ranks' collectives in the same order, whichever callback runs first.
+    """
+    if trainer.world_size > 1:
+        trainer.callback_metrics  # noqa: B018  (the read computes and caches the reduced values)
 
 
 def last_checkpoint_path(trainer: Trainer) -> Path:
