@@ -159,6 +159,23 @@ def test_stochastic_depth_increases_linearly():
     assert isinstance(model.blocks[0].drop_path1, torch.nn.Identity)
 
 
+def test_patch_dropout_matches_timm_in_training_and_keeps_every_patch_in_eval():
+    ours, reference = _timm_pair("vit_tiny_patch4_32", depth=2, patch_drop_rate=0.5, reg_tokens=1)
+    ours.load_state_dict(reference.state_dict(), strict=True)
+    seen = []
+    ours.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[1]))
+    x = _input(ours)
+    ours.train(), reference.train()
+    torch.manual_seed(3)
+    logits = ours(x)
+    torch.manual_seed(3)  # the same random choice of patches
+    torch.testing.assert_close(logits, reference(x), atol=1e-5, rtol=1e-5)
+    ours.eval(), reference.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), reference(x), atol=1e-5, rtol=1e-5)
+    assert seen == [2 + 32, 2 + 64]  # class + register token, then half of the 8 x 8 patches / all of them
+
+
 def test_forward_head_and_reset_classifier():
     model = vit.create_model("vit_tiny_patch4_32", depth=2).eval()
     x = _input(model)
@@ -179,6 +196,8 @@ def test_forward_head_and_reset_classifier():
         (dict(global_pool="max"), r"global_pool"),
         (dict(pos_embed="rope"), r"pos_embed"),
         (dict(reg_tokens=-1), r"reg_tokens"),
+        (dict(patch_drop_rate=1.0), r"patch_drop_rate must be in \[0, 1\), got 1.0"),
+        (dict(patch_drop_rate=0.5, window_size=4), r"patch_drop_rate 0.5 needs global attention in every block"),
     ],
 )
 def test_bad_arguments_raise_value_error(kwargs, message):

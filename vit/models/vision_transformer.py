@@ -17,7 +17,7 @@ from functools import partial
 from typing import Literal
 
 import torch
-from timm.layers import trunc_normal_
+from timm.layers import PatchDropout, trunc_normal_
 from torch import nn
 
 from ..layers import Attention, Block, NeighborhoodAttention, PatchEmbed, WindowAttention, build_sincos_2d_pos_embed
@@ -53,6 +53,9 @@ class VisionTransformer(nn.Module):
         fc_norm: Normalise the pooled features instead of the tokens; ``None`` means ``global_pool == "avg"``.
         drop_rate: Dropout before the head.
         pos_drop_rate: Dropout after adding position embeddings.
+        patch_drop_rate: Fraction of patch tokens dropped at random per image during training (PatchDropout, Liu
+            et al. 2023; timm's layer): about that much less work per step in the blocks, all tokens at evaluation.
+            Global attention only (windows need the whole grid).
         proj_drop_rate: Dropout after attention projections and in the MLPs.
         attn_drop_rate: Dropout on attention weights.
         drop_path_rate: Stochastic-depth rate of the last block, increasing linearly from 0 over depth.
@@ -93,6 +96,7 @@ class VisionTransformer(nn.Module):
         fc_norm: bool | None = None,
         drop_rate: float = 0.0,
         pos_drop_rate: float = 0.0,
+        patch_drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
@@ -128,6 +132,13 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"window_dilation must be positive, got {window_dilation}")
         if window_type == "block" and window_dilation != 1:
             raise ValueError(f"window_dilation {window_dilation} needs window_type='sliding'")
+        if not 0 <= patch_drop_rate < 1:
+            raise ValueError(f"patch_drop_rate must be in [0, 1), got {patch_drop_rate}")
+        if patch_drop_rate and window_size and len(set(global_attn_indexes)) < depth:
+            raise ValueError(
+                f"patch_drop_rate {patch_drop_rate} needs global attention in every block: window blocks attend over "
+                "the whole patch grid; use patch_drop_rate=0 with window_size > 0"
+            )
         bad = [i for i in global_attn_indexes if not 0 <= i < depth]
         if bad:
             raise ValueError(f"global_attn_indexes {bad} out of range for depth {depth} (valid: 0..{depth - 1})")
@@ -159,6 +170,9 @@ class VisionTransformer(nn.Module):
         else:
             self.pos_embed = None
         self.pos_drop = nn.Dropout(pos_drop_rate)
+        self.patch_drop = (
+            PatchDropout(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens) if patch_drop_rate else nn.Identity()
+        )
 
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth, linear in depth
         blocks = []
@@ -267,7 +281,7 @@ class VisionTransformer(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images ``(B, C, H, W)`` to normalised tokens ``(B, prefix + N, embed_dim)``."""
         x = self.patch_embed(x)  # (B, N, C)
-        x = self._pos_embed(x)  # (B, prefix + N, C)
+        x = self.patch_drop(self._pos_embed(x))  # (B, prefix + N, C); fewer patches when training with patch_drop
         x = self.blocks(x)
         return self.norm(x)
 
