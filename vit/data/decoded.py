@@ -26,6 +26,7 @@ from pathlib import Path
 import albumentations as A
 import numpy as np
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.utils.data import Dataset
 
 from vit.data.datasets import DataError, load_rgb
@@ -217,7 +218,10 @@ def cached(path: Path | None, build: callable) -> DecodedSplit:  # type: ignore[
         return split
     split = build()
     if path is not None and not writable(path.parent):
-        log.warning("%s is read-only: the decoded images stay in memory only (choose --data.cache_dir)", path.parent)
+        if rank_zero_only.rank == 0:  # once, not once per DDP process
+            log.warning(
+                "%s is read-only: the decoded images stay in memory only (choose --data.cache_dir)", path.parent
+            )
     elif path is not None and save_cache(split, path):
         log.info("decoded %d images once, cached in %s", len(split), path)
     return split

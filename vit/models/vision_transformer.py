@@ -170,9 +170,8 @@ class VisionTransformer(nn.Module):
         else:
             self.pos_embed = None
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        self.patch_drop = (
-            PatchDropout(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens) if patch_drop_rate else nn.Identity()
-        )
+        drop = PatchDropout(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens) if patch_drop_rate else None
+        self.patch_drop = drop or nn.Identity()
 
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth, linear in depth
         blocks = []
