@@ -87,10 +87,14 @@ def test_last_without_any_run_starts_a_new_one(tmp_path, capsys):
 
 
 def test_a_run_that_fails_before_writing_leaves_no_folder(tmp_path, capsys):
+    (tmp_path / "quickstart").mkdir()  # as an earlier run of this config leaves it
     with pytest.raises(SystemExit) as exit_info:
         cli_main(run_args(tmp_path, "--model.model_overrides", "{depth: 2, global_attn_indexes: [5]}"))
     assert exit_info.value.code == 2 and "global_attn_indexes" in capsys.readouterr().err
-    assert list((tmp_path / "quickstart").iterdir()) == []
+    assert list((tmp_path / "quickstart").iterdir()) == []  # the config's folder existed before: it stays
+    with pytest.raises(SystemExit):  # the first run of a config: its folder and a new runs folder go too
+        cli_main(run_args(tmp_path / "new", "--model.model_overrides", "{depth: 2, global_attn_indexes: [5]}"))
+    assert not (tmp_path / "new").exists()
 
 
 def test_evaluating_last_writes_below_the_run_and_leaves_its_files_alone(tmp_path):

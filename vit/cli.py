@@ -251,7 +251,7 @@ def run_folder_of(checkpoint: str | Path) -> Path | None:
     return path.parent.parent if path.parent.name == "checkpoints" else None
 
 
-_CLAIMED: list[Path] = []  # run folders created by this process, removed again if a run fails before using them
+_CLAIMED: list[Path] = []  # folders created by this process for runs, removed again if a run fails before using them
 
 RUN_DIR_ENV = "VIT_RUN_DIR"
 """Environment variable through which the DDP processes Lightning starts find rank 0's run folder."""
@@ -262,9 +262,10 @@ def claim_folder(folder: Path) -> Path:
     runs started in the same second get two folders)."""
     candidate, n = folder, 1
     while True:
+        created = [p for p in (candidate, *candidate.parents) if not p.exists()]  # the folder and new parents
         try:
             candidate.mkdir(parents=True)
-            _CLAIMED.append(candidate)
+            _CLAIMED.extend(created)  # innermost first, the order in which empty ones are removed
             return candidate
         except FileExistsError:
             n += 1
