@@ -136,8 +136,9 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"patch_drop_rate must be in [0, 1), got {patch_drop_rate}")
         if patch_drop_rate and window_size and len(set(global_attn_indexes)) < depth:
             raise ValueError(
-                f"patch_drop_rate {patch_drop_rate} needs global attention in every block: window blocks attend over "
-                "the whole patch grid; use patch_drop_rate=0 with window_size > 0"
+                f"patch_drop_rate {patch_drop_rate} needs global attention in every block: a window block needs every "
+                "patch of the grid to form its windows; set patch_drop_rate=0 (--model.model_overrides.patch_drop_rate "
+                "0) with window_size > 0"
             )
         bad = [i for i in global_attn_indexes if not 0 <= i < depth]
         if bad:
