@@ -134,15 +134,16 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"window_dilation {window_dilation} needs window_type='sliding'")
         if not 0 <= patch_drop_rate < 1:
             raise ValueError(f"patch_drop_rate must be in [0, 1), got {patch_drop_rate}")
+        bad = [i for i in global_attn_indexes if not 0 <= i < depth]
+        if bad:
+            raise ValueError(f"global_attn_indexes {bad} out of range for depth {depth} (valid: 0..{depth - 1})")
+        # after the range check: the indexes are then valid, so fewer distinct ones than depth means window blocks
         if patch_drop_rate and window_size and len(set(global_attn_indexes)) < depth:
             raise ValueError(
                 f"patch_drop_rate {patch_drop_rate} needs global attention in every block: a window block needs every "
                 "patch of the grid to form its windows; set patch_drop_rate=0 (--model.model_overrides.patch_drop_rate "
                 "0) with window_size > 0"
             )
-        bad = [i for i in global_attn_indexes if not 0 <= i < depth]
-        if bad:
-            raise ValueError(f"global_attn_indexes {bad} out of range for depth {depth} (valid: 0..{depth - 1})")
 
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -171,8 +172,9 @@ class VisionTransformer(nn.Module):
         else:
             self.pos_embed = None
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        drop = PatchDropout(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens) if patch_drop_rate else None
-        self.patch_drop = drop or nn.Identity()
+        self.patch_drop: nn.Module = nn.Identity()
+        if patch_drop_rate:
+            self.patch_drop = PatchDropout(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens)
 
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth, linear in depth
         blocks = []
