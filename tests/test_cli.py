@@ -310,20 +310,41 @@ def test_wandb_logs_offline_without_credentials(tmp_path, monkeypatch, caplog):
 
 # --------------------------------------------------------------------------------------------------- training
 @pytest.mark.slow
-def test_ddp_two_cpu_processes_write_one_checkpoint(tmp_path):
+def test_ddp_two_cpu_processes_draw_their_own_numbers_and_resume_bit_identically(tmp_path):
     # 64 images, batches of 8, two processes: DistributedSampler gives each 32 images, so 4 steps per epoch.
     # Epoch 0 has no validation, so the end-of-epoch save and the deferred non-finite check issue collectives while
     # rank 0's progress bar reduces the epoch loss: this hung before sync_epoch_metrics.
-    cmd = [sys.executable, "-m", "vit", "fit", "--config", "quickstart", *SMALL, *TINY_VIT]
-    cmd += ["--data.synthetic_size", "64", "--trainer.max_epochs", "2", "--trainer.check_val_every_n_epoch", "2"]
-    cmd += ["--nonfinite.check_every_n_steps", "3", "--trainer.logger", "false"]
-    cmd += ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp", *dirs(tmp_path)]
-    done = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    model = "{embed_dim: 32, depth: 2, num_heads: 2, drop_rate: 0.1, patch_drop_rate: 0.5}"  # random every step
+    cmd = [sys.executable, "-m", "vit", "fit", "--config", "quickstart", *SMALL, *TINY_VIT[:2]]
+    cmd += ["--model.model_overrides", model, "--data.synthetic_size", "64", "--trainer.max_epochs", "2"]
+    cmd += ["--trainer.check_val_every_n_epoch", "2", "--nonfinite.check_every_n_steps", "3"]
+    cmd += ["--trainer.logger", "false", "--resume.signal_sync_every_n_steps", "1"]
+    cmd += ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    env = {**subprocess_env(), "PYTHONPATH": str(ROOT / "tests")}  # test_resume.Fault
+
+    def fit(root: Path, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*cmd, *dirs(root), *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    done = fit(tmp_path / "whole")
     assert done.returncode == 0, done.stderr[-3000:]
-    files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    files = sorted(p.name for p in (tmp_path / "whole" / "ckpt").iterdir())
     assert len(files) == 2 and "last.ckpt" in files, files
-    checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
-    assert checkpoint["global_step"] == 8
+    whole = torch.load(tmp_path / "whole" / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert whole["global_step"] == 8
+    states = next(v for k, v in whole["callbacks"].items() if k.startswith("ResumeCheckpoint"))["rng_per_rank"]
+    assert len(states) == 2 and not torch.equal(states[0]["torch"], states[1]["torch"])  # seed + rank, as timm
+
+    # SIGTERM reaches both ranks inside step 5 (mid-epoch 1): they agree, save, exit 143; the resumed run then
+    # gives each rank its own random state back, so it ends where the uninterrupted run did.
+    stopped = fit(tmp_path / "cut", "--trainer.callbacks", '[{"class_path": "test_resume.Fault", '
+                  '"init_args": {"step": 5, "kind": "sigterm"}}]')
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    resumed = fit(tmp_path / "cut", "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    cut = torch.load(tmp_path / "cut" / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert cut["global_step"] == 8
+    for key, value in whole["state_dict"].items():
+        assert torch.equal(value, cut["state_dict"][key]), key
 
 
 @pytest.mark.slow

@@ -3,13 +3,15 @@
 :class:`ResumeCheckpoint` (``--resume.*`` on the command line) writes ``last.ckpt`` at the end of every epoch, every
 ``every_n_train_steps`` optimizer steps, and on SIGTERM or SIGINT after the current step (then the run exits with
 status ``128 + signal``, 143 or 130, printing the resume command). It keeps the global random states (torch, CUDA,
-NumPy, ``random``) in every checkpoint, restores them on resume and shields the training streams from validation, so
-a resumed run is bit-identical. The data side (an order and augmentations that are a function of ``(seed, epoch)``,
+NumPy, ``random``) of every rank in every checkpoint, restores them on resume and shields the training streams from
+validation, so a resumed run is bit-identical. Under DDP each rank draws its own numbers (dropout, drop-path and
+PatchDropout masks differ between ranks), seeded with ``seed + rank`` as timm's training script does. The data side (an order and augmentations that are a function of ``(seed, epoch)``,
 a loader that resumes mid-epoch) is in :mod:`vit.data.sampler`.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import sys
@@ -83,6 +85,18 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
 
 
+def seed_rank(seed: int, rank: int) -> None:
+    """Seed the global random streams (torch, CUDA, NumPy, ``random``) of DDP rank ``rank`` with ``seed + rank``.
+
+    Args:
+        seed: The run's seed (``seed_everything``).
+        rank: The global rank.
+    """
+    torch.manual_seed(seed + rank)
+    np.random.seed((seed + rank) % 2**32)
+    random.seed(seed + rank)
+
+
 class ResumeCheckpoint(Checkpoint):
     """``last.ckpt`` at every epoch end, every ``every_n_train_steps`` steps and on SIGTERM/SIGINT, holding what a
     bit-identical resume needs (the random states; the data position is the loader's, :mod:`vit.data.sampler`).
@@ -123,16 +137,31 @@ class ResumeCheckpoint(Checkpoint):
         self._handlers: dict[int, Any] = {}
         self._last_step = -1
         self._loader_states: list[dict[str, Any]] = []
+        self._rank, self._world_size = 0, 1
 
     # ------------------------------------------------------------------------------------------- random state
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._rank, self._world_size = trainer.global_rank, trainer.world_size  # before a checkpoint is restored
+
     def state_dict(self) -> dict[str, Any]:
-        """The random state the next training batch will start from."""
-        return {"rng": self._pending if self._pending is not None else rng_state()}
+        """The random state the next training batch will start from, of every rank (``rng`` is rank 0's).
+
+        Under DDP this gathers the ranks' states, so it must run on every rank, as ``Trainer.save_checkpoint``
+        does."""
+        state = self._pending if self._pending is not None else rng_state()
+        if self._world_size == 1 or not torch.distributed.is_initialized():
+            return {"rng": state}
+        states: list[Any] = [None] * self._world_size
+        torch.distributed.all_gather_object(states, state)
+        return {"rng": states[0], "rng_per_rank": states}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Keep the checkpoint's random state; it is applied right before the first training batch (after the
-        sanity check, data loading and anything else that draws random numbers while a run starts)."""
-        self._pending = state_dict.get("rng")
+        """Keep this rank's random state from the checkpoint; it is applied right before the first training batch
+        (after the sanity check, data loading and anything else that draws random numbers while a run starts). A
+        checkpoint from a different number of processes gives every rank rank 0's state."""
+        per_rank = state_dict.get("rng_per_rank") or []
+        own = len(per_rank) == self._world_size and self._rank < len(per_rank)
+        self._pending = per_rank[self._rank] if own else state_dict.get("rng")
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         # Lightning restores the training loader's position only when it builds the loader after the checkpoint is
@@ -155,6 +184,8 @@ class ResumeCheckpoint(Checkpoint):
 
     # ---------------------------------------------------------------------------- step and signal checkpoints
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.global_rank > 0 and self._pending is None:  # a fresh DDP run: every rank its own random stream
+            seed_rank(int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed())), trainer.global_rank)
         self._signal = None
         self._last_step = trainer.global_step
         if self._loader_states:  # the loader is built but not yet iterated: position it where the checkpoint was
