@@ -71,6 +71,29 @@ def test_split_is_decoded_once_and_read_back_from_the_cache(tmp_path: Path, monk
     assert torch.equal(again.train_dataset.images, first.images)
 
 
+def test_prepare_data_decodes_into_the_cache_the_other_processes_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Lightning calls prepare_data on one process per node and setup on every process after it: under DDP only the
+    # first decodes. Fitting needs both splits; testing needs the train split too, for a folder's own statistics.
+    root = _folder(tmp_path / "data")
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.state.fn = "test"
+    first = _dm(root)
+    first.trainer = trainer
+    first.prepare_data()
+    assert [f.name.split("-")[0] for f in _cache_files(root)] == ["train", "val"]
+    assert isinstance(first.val_dataset, DecodedSplit)
+
+    def no_decoding(*args: object, **kwargs: object) -> None:
+        raise AssertionError("another process decoded the files again")
+
+    monkeypatch.setattr(decoded_module, "decode_files", no_decoding)
+    other = _dm(root)
+    other.setup("fit")
+    assert other.train_dataset.images.shape == (8, 3, 32, 32) and other.mean == first.mean
+
+
 def test_a_changed_folder_gets_a_new_cache(tmp_path: Path) -> None:
     root = _folder(tmp_path / "data")
     _dm(root).setup("fit")

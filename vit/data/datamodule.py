@@ -224,9 +224,17 @@ class ImageDataModule(pl.LightningDataModule):
 
     # ------------------------------------------------------------------------------------------- building data
     def prepare_data(self) -> None:
-        """Download CIFAR when ``download`` is set (Lightning runs this on one process per node)."""
+        """Download CIFAR when ``download`` is set, and decode the splits the run needs into the decoded-once cache.
+
+        Lightning runs this on one process per node, then the others wait: under DDP they read the cache in
+        :meth:`setup` instead of all decoding the same files at once.
+        """
         if self.download and self.spec.download is not None:
             self.spec.download(self.cifar_root)
+        if self.decoded:
+            stage = self.trainer.state.fn if self.trainer is not None else None
+            self.setup(stage if stage is not None else "fit")
+            self._statistics()  # a folder's own statistics come from its train split (decoded and cached here)
 
     def setup(self, stage: str | None = None) -> None:
         """Build ``train_dataset`` (for ``fit``), ``val_dataset`` (always) and ``predict_dataset`` (``predict_dir``).
