@@ -156,10 +156,15 @@ def digits_val_labels() -> np.ndarray:
     return np.asarray(data.val_dataset.labels)
 
 
-def test_every_n_epochs(tmp_path):
-    fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, every_n_epochs=2, statistics=False)], max_epochs=2)
+def test_every_n_epochs_and_the_final_model(tmp_path):
+    fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, every_n_epochs=2, statistics=False)], max_epochs=3)
     fit.fit(tiny_module(), digits())
-    assert sorted(p.name for p in (tmp_path / "rollout").iterdir()) == ["attribution_epoch_001.png", "epoch_001.png"]
+    pngs = sorted(p.name for p in (tmp_path / "rollout").iterdir())  # epoch 1 (every 2nd) and epoch 2, the last
+    assert pngs == ["attribution_epoch_001.png", "attribution_epoch_002.png", "epoch_001.png", "epoch_002.png"]
+    # A run that only validates explains the model it validates, whatever every_n_epochs says.
+    check = trainer(tmp_path / "v", [AttentionRolloutLogger(num_images=2, every_n_epochs=5, statistics=False)])
+    check.validate(tiny_module(), digits())
+    assert sorted(p.name for p in (tmp_path / "v" / "rollout").iterdir()) == ["attribution_epoch_000.png", "epoch_000.png"]
 
 
 def collapse_warnings(record) -> list[str]:

@@ -87,8 +87,16 @@ def explained_model(pl_module: LightningModule) -> nn.Module:
     return model
 
 
+def _final_validation(trainer: Trainer) -> bool:
+    """Whether this validation sees the final model: the last epoch of a fit (``max_epochs``), or a run that only
+    validates."""
+    if trainer.state.fn != "fit":
+        return True
+    return trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch + 1
+
+
 class AttentionRolloutLogger(Callback):
-    """Explain a fixed set of validation images after every ``every_n_epochs``-th validation.
+    """Explain a fixed set of validation images after every ``every_n_epochs``-th validation and the final one.
 
     When fitting or validating starts, ``num_images`` validation images are fixed (:func:`select_indices`: the
     first image of distinct classes), kept as the data gives them (uint8 when the data module normalises on the
@@ -115,7 +123,8 @@ class AttentionRolloutLogger(Callback):
 
     Args:
         num_images: How many validation images to explain.
-        every_n_epochs: Explain after the validation of every n-th epoch (epochs ``n - 1``, ``2n - 1``, ...).
+        every_n_epochs: Explain after the validation of every n-th epoch (epochs ``n - 1``, ``2n - 1``, ...), and
+            after the validation of the last epoch of a fit (``max_epochs``) and of a run that only validates.
         head_fusion: How a block's heads are fused in the rollout: ``mean``, ``max`` or ``min``.
         discard_ratio: Fraction in ``[0, 1)`` of the weakest patch-key attention entries dropped per block before
             rolling out (sharper maps for large models, e.g. 0.9).
@@ -227,7 +236,8 @@ class AttentionRolloutLogger(Callback):
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
         epoch = trainer.current_epoch
-        if (epoch + 1) % self.every_n_epochs != 0 or epoch == self._last_epoch:
+        due = (epoch + 1) % self.every_n_epochs == 0 or _final_validation(trainer)
+        if not due or epoch == self._last_epoch:
             return
         self._last_epoch = epoch
         if self.images is None:  # no data module: take them from the validation loader
