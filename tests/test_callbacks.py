@@ -164,7 +164,8 @@ def test_every_n_epochs_and_the_final_model(tmp_path):
     # A run that only validates explains the model it validates, whatever every_n_epochs says.
     check = trainer(tmp_path / "v", [AttentionRolloutLogger(num_images=2, every_n_epochs=5, statistics=False)])
     check.validate(tiny_module(), digits())
-    assert sorted(p.name for p in (tmp_path / "v" / "rollout").iterdir()) == ["attribution_epoch_000.png", "epoch_000.png"]
+    pngs = sorted(p.name for p in (tmp_path / "v" / "rollout").iterdir())
+    assert pngs == ["attribution_epoch_000.png", "epoch_000.png"]
 
 
 def collapse_warnings(record) -> list[str]:

@@ -323,7 +323,8 @@ def test_ddp_two_cpu_processes_draw_their_own_numbers_and_resume_bit_identically
     env = {**subprocess_env(), "PYTHONPATH": str(ROOT / "tests")}  # test_resume.Fault
 
     def fit(root: Path, *extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*cmd, *dirs(root), *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        args = [*cmd, *dirs(root), *extra]
+        return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
     done = fit(tmp_path / "whole")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -336,8 +337,11 @@ def test_ddp_two_cpu_processes_draw_their_own_numbers_and_resume_bit_identically
 
     # SIGTERM reaches both ranks inside step 5 (mid-epoch 1): they agree, save, exit 143; the resumed run then
     # gives each rank its own random state back, so it ends where the uninterrupted run did.
-    stopped = fit(tmp_path / "cut", "--trainer.callbacks", '[{"class_path": "test_resume.Fault", '
-                  '"init_args": {"step": 5, "kind": "sigterm"}}]')
+    stopped = fit(
+        tmp_path / "cut",
+        "--trainer.callbacks",
+        '[{"class_path": "test_resume.Fault", "init_args": {"step": 5, "kind": "sigterm"}}]',
+    )
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     resumed = fit(tmp_path / "cut", "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -5,8 +5,9 @@
 status ``128 + signal``, 143 or 130, printing the resume command). It keeps the global random states (torch, CUDA,
 NumPy, ``random``) of every rank in every checkpoint, restores them on resume and shields the training streams from
 validation, so a resumed run is bit-identical. Under DDP each rank draws its own numbers (dropout, drop-path and
-PatchDropout masks differ between ranks), seeded with ``seed + rank`` as timm's training script does. The data side (an order and augmentations that are a function of ``(seed, epoch)``,
-a loader that resumes mid-epoch) is in :mod:`vit.data.sampler`.
+PatchDropout masks differ between ranks), seeded with ``seed + rank`` as timm's training script does. The data side
+(an order and augmentations that are a function of ``(seed, epoch)``, a loader that resumes mid-epoch) is in
+:mod:`vit.data.sampler`.
 """
 
 from __future__ import annotations
