@@ -36,11 +36,12 @@ def digits() -> ImageDataModule:
     return ImageDataModule(dataset="digits", img_size=32, batch_size=16, num_workers=0, seed=0)
 
 
-def trainer(tmp_path, callbacks, logger=False, max_epochs=1) -> pl.Trainer:
+def trainer(tmp_path, callbacks, logger=False, max_epochs=1, max_steps=-1) -> pl.Trainer:
     return pl.Trainer(
         default_root_dir=tmp_path,
         accelerator="cpu",
         max_epochs=max_epochs,
+        max_steps=max_steps,
         limit_train_batches=3,
         limit_val_batches=1,
         num_sanity_val_steps=0,
@@ -166,6 +167,14 @@ def test_every_n_epochs_and_the_final_model(tmp_path):
     check.validate(tiny_module(), digits())
     pngs = sorted(p.name for p in (tmp_path / "v" / "rollout").iterdir())
     assert pngs == ["attribution_epoch_000.png", "epoch_000.png"]
+    # A fit that max_steps stops in epoch 1 of 5 (3 steps per epoch): its last model is explained, without the
+    # faithfulness scores, which follow the every-n-th epochs only.
+    logger = AttentionRolloutLogger(num_images=2, every_n_epochs=5, statistics=False, faithfulness_every_n=1)
+    stopped = trainer(tmp_path / "s", [logger], max_epochs=5, max_steps=6)
+    stopped.fit(tiny_module(), digits())
+    pngs = sorted(p.name for p in (tmp_path / "s" / "rollout").iterdir())
+    assert pngs == ["attribution_epoch_001.png", "epoch_001.png"]
+    assert not any(key.startswith("explain/") for key in stopped.callback_metrics)
 
 
 def collapse_warnings(record) -> list[str]:

@@ -148,7 +148,8 @@ class ResumeCheckpoint(Checkpoint):
         """The random state the next training batch will start from, of every rank (``rng`` is rank 0's).
 
         Under DDP this gathers the ranks' states, so it must run on every rank, as ``Trainer.save_checkpoint``
-        does."""
+        does. A save on one rank alone (SLURM's SIGUSR1 requeue handler, a save on an exception raised by one rank)
+        waits for the others here, as Lightning's own save barrier already did."""
         state = self._pending if self._pending is not None else rng_state()
         if self._world_size == 1 or not torch.distributed.is_initialized():
             return {"rng": state}

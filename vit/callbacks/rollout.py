@@ -88,15 +88,15 @@ def explained_model(pl_module: LightningModule) -> nn.Module:
 
 
 def _final_validation(trainer: Trainer) -> bool:
-    """Whether this validation sees the final model: the last epoch of a fit (``max_epochs``), or a run that only
-    validates."""
-    if trainer.state.fn != "fit":
+    """Whether this validation sees the final model: the last epoch of a fit (``max_epochs``), a fit that is
+    stopping (``max_time``, ``max_steps``, early stopping), or a run that only validates."""
+    if trainer.state.fn != "fit" or trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step:
         return True
     return trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch + 1
 
 
 class AttentionRolloutLogger(Callback):
-    """Explain a fixed set of validation images after every ``every_n_epochs``-th validation and the final one.
+    """Explain a fixed set of validation images after every ``every_n_epochs``-th validation and the final model's.
 
     When fitting or validating starts, ``num_images`` validation images are fixed (:func:`select_indices`: the
     first image of distinct classes), kept as the data gives them (uint8 when the data module normalises on the
@@ -124,7 +124,9 @@ class AttentionRolloutLogger(Callback):
     Args:
         num_images: How many validation images to explain.
         every_n_epochs: Explain after the validation of every n-th epoch (epochs ``n - 1``, ``2n - 1``, ...), and
-            after the validation of the last epoch of a fit (``max_epochs``) and of a run that only validates.
+            also after a validation of the final model: in the last epoch (``max_epochs``), when the fit is stopping
+            (``max_time``, ``max_steps``, early stopping; only if that epoch is validated), and in a run that only
+            validates. Faithfulness scores follow the every-n-th epochs only.
         head_fusion: How a block's heads are fused in the rollout: ``mean``, ``max`` or ``min``.
         discard_ratio: Fraction in ``[0, 1)`` of the weakest patch-key attention entries dropped per block before
             rolling out (sharper maps for large models, e.g. 0.9).
@@ -236,8 +238,8 @@ class AttentionRolloutLogger(Callback):
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
         epoch = trainer.current_epoch
-        due = (epoch + 1) % self.every_n_epochs == 0 or _final_validation(trainer)
-        if not due or epoch == self._last_epoch:
+        regular = (epoch + 1) % self.every_n_epochs == 0
+        if not (regular or _final_validation(trainer)) or epoch == self._last_epoch:
             return
         self._last_epoch = epoch
         if self.images is None:  # no data module: take them from the validation loader
@@ -256,7 +258,7 @@ class AttentionRolloutLogger(Callback):
         metrics = explanation.metrics()
         maps = {"rollout": explanation.rollout}
         logged = (epoch + 1) // self.every_n_epochs  # this is the n-th logged epoch
-        score = self.faithfulness_every_n > 0 and logged % self.faithfulness_every_n == 0
+        score = regular and self.faithfulness_every_n > 0 and logged % self.faithfulness_every_n == 0
         if self.attribution or score:
             attribution = _warn_on_failure("attention attribution", epoch, lambda: self._attribute(model))
             if attribution is None:  # a model the rule cannot read: warned once, rollout goes on alone
