@@ -162,11 +162,14 @@ def test_every_n_epochs_and_the_final_model(tmp_path):
     fit.fit(tiny_module(), digits())
     pngs = sorted(p.name for p in (tmp_path / "rollout").iterdir())  # epoch 1 (every 2nd) and epoch 2, the last
     assert pngs == ["attribution_epoch_001.png", "attribution_epoch_002.png", "epoch_001.png", "epoch_002.png"]
-    # A run that only validates explains the model it validates, whatever every_n_epochs says.
+    # A run that only validates explains the model it validates, whatever every_n_epochs says; validating a
+    # checkpoint, the pictures carry the epoch it was saved in (a finished fit's: max_epochs).
     check = trainer(tmp_path / "v", [AttentionRolloutLogger(num_images=2, every_n_epochs=5, statistics=False)])
     check.validate(tiny_module(), digits())
+    fit.save_checkpoint(tmp_path / "fit.ckpt")
+    check.validate(tiny_module(), digits(), ckpt_path=tmp_path / "fit.ckpt")
     pngs = sorted(p.name for p in (tmp_path / "v" / "rollout").iterdir())
-    assert pngs == ["attribution_epoch_000.png", "epoch_000.png"]
+    assert pngs == ["attribution_epoch_000.png", "attribution_epoch_003.png", "epoch_000.png", "epoch_003.png"]
     # A fit that max_steps stops in epoch 1 of 5 (3 steps per epoch): its last model is explained, without the
     # faithfulness scores, which follow the every-n-th epochs only.
     logger = AttentionRolloutLogger(num_images=2, every_n_epochs=5, statistics=False, faithfulness_every_n=1)

@@ -197,6 +197,7 @@ class AttentionRolloutLogger(Callback):
         self.std: Sequence[float] | None = None
         self.output_dir: Path | None = None
         self._last_epoch: int | None = None
+        self._checkpoint_epoch: int | None = None  # the epoch a validated checkpoint was saved in
         self._collapsed: set[int] = set()
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -205,7 +206,7 @@ class AttentionRolloutLogger(Callback):
             return
         attention_modules(explained_model(pl_module))  # a model without explainable attention fails here, clearly
         self.output_dir = Path(trainer.default_root_dir) / "rollout"
-        self._last_epoch, self._collapsed = None, set()
+        self._last_epoch, self._checkpoint_epoch, self._collapsed = None, None, set()
         datamodule = trainer.datamodule
         if datamodule is None or not trainer.is_global_zero:
             return
@@ -234,6 +235,9 @@ class AttentionRolloutLogger(Callback):
             )
         self.images, self.labels, self.indices = batch, labels, indices
 
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._checkpoint_epoch = checkpoint.get("epoch")
+
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
@@ -242,6 +246,8 @@ class AttentionRolloutLogger(Callback):
         if not (regular or _final_validation(trainer)) or epoch == self._last_epoch:
             return
         self._last_epoch = epoch
+        if trainer.state.fn != "fit" and self._checkpoint_epoch is not None:
+            epoch = self._checkpoint_epoch  # `vit validate --ckpt_path`: the pictures carry the checkpoint's epoch
         if self.images is None:  # no data module: take them from the validation loader
             loaders = trainer.val_dataloaders
             self.fix_images((loaders[0] if isinstance(loaders, (list, tuple)) else loaders).dataset)
