@@ -27,6 +27,7 @@ from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from timm.utils import random_seed
 
 
 class Preempted(SystemExit):
@@ -84,18 +85,6 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     )
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-
-
-def seed_rank(seed: int, rank: int) -> None:
-    """Seed the global random streams (torch, CUDA, NumPy, ``random``) of DDP rank ``rank`` with ``seed + rank``.
-
-    Args:
-        seed: The run's seed (``seed_everything``).
-        rank: The global rank.
-    """
-    torch.manual_seed(seed + rank)
-    np.random.seed((seed + rank) % 2**32)
-    random.seed(seed + rank)
 
 
 class ResumeCheckpoint(Checkpoint):
@@ -187,7 +176,8 @@ class ResumeCheckpoint(Checkpoint):
     # ---------------------------------------------------------------------------- step and signal checkpoints
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.global_rank > 0 and self._pending is None:  # a fresh DDP run: every rank its own random stream
-            seed_rank(int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed())), trainer.global_rank)
+            seed = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed() % 2**31))  # NumPy takes < 2**32
+            random_seed(seed, trainer.global_rank)  # timm's: seed + rank for torch, NumPy and random
         self._signal = None
         self._last_step = trainer.global_step
         if self._loader_states:  # the loader is built but not yet iterated: position it where the checkpoint was
