@@ -205,6 +205,30 @@ def test_lr_scales_linearly_with_global_batch():
 
 
 # -------------------------------------------------------------------------------------------------- EMA
+def test_unmasked_epochs_train_the_last_epochs_on_every_patch(tmp_path):
+    tokens = {}  # epoch -> token counts entering the first block
+
+    class Count(L.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            handle = pl_module.model.blocks[0].register_forward_pre_hook(
+                lambda module, args: tokens.setdefault(trainer.current_epoch, set()).add(args[0].shape[1])
+            )
+            self.handle = handle
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            self.handle.remove()
+
+    module = tiny(model_overrides={**TINY, "patch_drop_rate": 0.5}, unmasked_epochs=1)
+    trainer(tmp_path, max_epochs=3, limit_val_batches=0, callbacks=[Count()]).fit(module, loader(8, 4))
+    assert tokens == {0: {1 + 8}, 1: {1 + 8}, 2: {1 + 16}}  # class token + half, then all, of the 4x4 patches
+    assert module.model.patch_drop.prob == 0.0
+
+    with pytest.raises(ConfigError, match="unmasked_epochs 1 .*patch_drop_rate"):
+        tiny(unmasked_epochs=1)
+    with pytest.raises(ConfigError, match="unmasked_epochs must be >= 0"):
+        tiny(model_overrides={**TINY, "patch_drop_rate": 0.5}, unmasked_epochs=-1)
+
+
 def test_ema_tracks_weights_and_is_used_for_validation(tmp_path):
     weights = []
 
@@ -229,6 +253,48 @@ def test_ema_tracks_weights_and_is_used_for_validation(tmp_path):
         raw_loss = F.cross_entropy(module.model.eval()(x), y).item()
     assert metrics["val/loss"] == pytest.approx(ema_loss, rel=1e-5)
     assert abs(ema_loss - raw_loss) > 1e-6
+
+
+def test_test_time_augment_averages_the_probabilities_of_flipped_and_shifted_views(tmp_path):
+    x, y = next(iter(loader(64, 64)))
+    module = tiny(test_time_augment="flip_translate").eval()
+
+    def view(flip: bool, shift: int) -> torch.Tensor:  # numpy's reflect padding by 1 px (16 px / 16), then the crop
+        images = x.flip(-1) if flip else x
+        padded = torch.from_numpy(np.pad(images.numpy(), ((0, 0), (0, 0), (1, 1), (1, 1)), mode="reflect"))
+        return padded[..., 1 + shift : 17 + shift, 1 + shift : 17 + shift]
+
+    with torch.no_grad():
+        single = module.model(x).softmax(-1)
+        expected = torch.stack([module.model(view(f, s)).softmax(-1) for f in (0, 1) for s in (0, -1, 1)]).mean(0)
+    assert not torch.allclose(single, expected, atol=1e-3)
+
+    data = DataLoader(TensorDataset(x, y), batch_size=16)
+    predicted = torch.cat(trainer(tmp_path).predict(module, data))
+    torch.testing.assert_close(predicted, expected)
+    metrics = trainer(tmp_path).test(module, data, verbose=False)[0]
+    assert metrics["test/acc"] == pytest.approx((expected.argmax(-1) == y).float().mean().item())
+    assert metrics["test/acc_single_view"] == pytest.approx((single.argmax(-1) == y).float().mean().item())
+    assert metrics["test/loss"] == pytest.approx(F.nll_loss(expected.log(), y).item(), rel=1e-5)
+    # Validation sees the image alone.
+    assert trainer(tmp_path).validate(module, data, verbose=False)[0]["val/loss"] == pytest.approx(
+        F.nll_loss(single.log(), y).item(), rel=1e-5
+    )
+
+    module.hparams.test_time_augment = "flip"
+    with torch.no_grad():
+        flip = (single + module.model(x.flip(-1)).softmax(-1)) / 2
+    torch.testing.assert_close(torch.cat(trainer(tmp_path).predict(module, data)), flip)
+
+
+def test_no_test_time_augment_predicts_the_image_alone(tmp_path):
+    x, y = next(iter(loader(16, 16)))
+    module = tiny().eval()
+    data = DataLoader(TensorDataset(x, y), batch_size=8)
+    with torch.no_grad():
+        expected = module.model(x).softmax(-1)
+    torch.testing.assert_close(torch.cat(trainer(tmp_path).predict(module, data)), expected)
+    assert "test/acc_single_view" not in trainer(tmp_path).test(module, data, verbose=False)[0]
 
 
 # ------------------------------------------------------------------------------------------- weights and files

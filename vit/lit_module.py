@@ -12,7 +12,7 @@ import math
 import time
 import warnings
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
@@ -95,7 +95,15 @@ class ImageClassifier(LightningModule):
         ema_decay: Keep an exponential moving average of the weights with this decay (e.g. 0.9998), used for
             validation, test and prediction; ``None`` disables it.
         ema_warmup: Ramp the EMA decay up from 0 (timm's warm-up), useful for short runs.
+        unmasked_epochs: Train the last this many epochs (of ``trainer.max_epochs``) on every patch, with the model's
+            PatchDropout (``patch_drop_rate``) switched off: FLIP's unmasked tuning (Li et al., CVPR 2023), so the
+            final weights are tuned to the full token grid that evaluation sees. 0 keeps PatchDropout throughout.
         compile: Compile the network with ``torch.compile`` (parameter names are unchanged).
+        test_time_augment: Views whose class probabilities are averaged in ``test`` and ``predict`` (validation
+            during a fit always sees the image alone): ``"none"``; ``"flip"``, the image and its mirror image;
+            ``"flip_translate"``, those two and each shifted diagonally by ±1/16 of the side (2 px at 32 px,
+            reflect-padded as the training crop), six views (airbench's test-time augmentation). ``test`` then
+            also logs ``test/acc_single_view``, the accuracy on the image alone.
 
     Raises:
         ConfigError: For an unknown preset or override, sizes that disagree, or a decay outside its range.
@@ -124,7 +132,9 @@ class ImageClassifier(LightningModule):
         layer_decay: float | None = None,
         ema_decay: float | None = None,
         ema_warmup: bool = False,
+        unmasked_epochs: int = 0,
         compile: bool = False,
+        test_time_augment: Literal["none", "flip", "flip_translate"] = "none",
     ) -> None:
         super().__init__()
         with warnings.catch_warnings():  # Lightning warns about module arguments; we drop an object just below
@@ -138,6 +148,14 @@ class ImageClassifier(LightningModule):
             raise ConfigError(f"model.ema_decay must be in [0, 1), got {ema_decay}")
 
         self.model = self._build_model(model, num_classes, img_size, model_overrides or {})
+        self._patch_drop_rate = getattr(getattr(self.model, "patch_drop", None), "prob", 0.0)  # timm's PatchDropout
+        if unmasked_epochs < 0:
+            raise ConfigError(f"model.unmasked_epochs must be >= 0, got {unmasked_epochs}")
+        if unmasked_epochs and not self._patch_drop_rate:
+            raise ConfigError(
+                f"model.unmasked_epochs {unmasked_epochs} switches PatchDropout off at the end, but the model "
+                "has none: set model.model_overrides.patch_drop_rate (e.g. 0.5) or model.unmasked_epochs 0"
+            )
         self.num_classes = int(self.model.num_classes)
         self.model_ema = None
         if ema_decay is not None:
@@ -161,6 +179,9 @@ class ImageClassifier(LightningModule):
         self.train_metrics = self._metrics("train")
         self.val_metrics = self._metrics("val")
         self.test_metrics = self._metrics("test")
+        self.single_view_acc = None
+        if test_time_augment != "none":
+            self.single_view_acc = MulticlassAccuracy(self.num_classes, average="micro")
         # An input for Lightning's model summary, so it shows input/output sizes and real FLOPs instead of
         # "0 Total Flops" (not with compile: a batch of 1 would be compiled for nothing).
         patch_embed = getattr(self.model, "patch_embed", None)
@@ -241,6 +262,12 @@ class ImageClassifier(LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self._batch_start = None  # validation ran in between: restart the throughput clock
+        if self.hparams.unmasked_epochs:
+            max_epochs = self.trainer.max_epochs
+            if max_epochs is None or max_epochs < 0:
+                raise ConfigError("model.unmasked_epochs counts back from trainer.max_epochs: set trainer.max_epochs")
+            unmasked = self.current_epoch >= max_epochs - self.hparams.unmasked_epochs
+            self.model.patch_drop.prob = 0.0 if unmasked else self._patch_drop_rate  # timm's PatchDropout skips at 0
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # The rate this step uses; under layer decay the largest one (the head's).
@@ -287,9 +314,33 @@ class ImageClassifier(LightningModule):
             self.model_ema.update(self.model, step=self.global_step + 1)
 
     # --------------------------------------------------------------------------------------------- evaluation
+    def _test_time_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits of the images alone, and the log of the mean class probabilities over ``test_time_augment``'s
+        views (equal to the first when it is ``"none"``)."""
+        logits = self.eval_model(x)
+        views = [x]
+        if self.hparams.test_time_augment != "none":
+            views.append(x.flip(-1))
+        if self.hparams.test_time_augment == "flip_translate":
+            shift = max(1, round(x.shape[-1] / 16))
+            height, width = x.shape[-2:]
+            padded = F.pad(torch.cat(views[:2]), (shift,) * 4, mode="reflect")
+            for offset in (0, 2 * shift):  # up-left and down-right
+                views.extend(padded[..., offset : offset + height, offset : offset + width].chunk(2))
+        if len(views) == 1:
+            return logits, logits
+        probs = [logits.softmax(-1)] + [self.eval_model(view).softmax(-1) for view in views[1:]]
+        return logits, torch.stack(probs).mean(0).log()
+
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str, metrics: MetricCollection) -> None:
         x, y = batch
-        logits = self.eval_model(_check_images(x))
+        if stage == "test":
+            single_view, logits = self._test_time_logits(_check_images(x))
+            if self.single_view_acc is not None:
+                self.single_view_acc.update(single_view, y)
+                self.log("test/acc_single_view", self.single_view_acc, on_epoch=True)
+        else:
+            logits = self.eval_model(_check_images(x))
         loss = F.cross_entropy(logits, y)
         metrics.update(logits, y)
         self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=stage == "val", sync_dist=True, batch_size=len(x))
@@ -308,7 +359,7 @@ class ImageClassifier(LightningModule):
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         """Class probabilities ``(B, num_classes)`` for a batch of images (or ``(images, labels)`` pairs)."""
         x = batch[0] if isinstance(batch, (list, tuple)) else batch
-        return self.eval_model(_check_images(x)).softmax(dim=-1)
+        return self._test_time_logits(_check_images(x))[1].softmax(dim=-1)
 
     # ------------------------------------------------------------------------------------------- optimisation
     def global_batch_size(self) -> int:
