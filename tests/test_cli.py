@@ -163,6 +163,27 @@ def test_bad_model_setting_is_one_message(bad, culprit, capsys):
 
 
 @pytest.mark.parametrize(
+    "bad, message",
+    [
+        (["--trainer.max_epochs", "-1"], "error: the cosine schedule needs a length: set trainer.max_epochs or"),
+        (
+            ["--model.model_overrides", "{window_size: 0, patch_drop_rate: 0.5}", "--model.unmasked_epochs", "1"]
+            + ["--trainer.max_epochs", "-1", "--trainer.max_steps", "5"],
+            "error: model.unmasked_epochs counts back from trainer.max_epochs: set trainer.max_epochs",
+        ),
+    ],
+)
+def test_training_length_the_schedule_cannot_use_is_refused_before_the_run_starts(bad, message, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", "--config", "quickstart", "--runs_dir", str(runs), *bad])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1
+    assert not any(path.is_file() for path in runs.rglob("*"))  # no config, no W&B run, no checkpoint
+
+
+@pytest.mark.parametrize(
     "text, expected",
     [
         ("model:\n  lrr: 0.1\n", "error: unknown option model.lrr in {file} (value 0.1)"),

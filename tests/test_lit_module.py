@@ -195,6 +195,16 @@ def test_trainer_applies_schedule_per_step(tmp_path):
     assert module.lr_schedulers().get_last_lr()[0] == pytest.approx(1e-5)  # after the last step: min_lr
 
 
+def test_warmup_epochs_with_max_steps_only(tmp_path):
+    # max_epochs -1: Lightning estimates the length from max_steps without loading the loader; warm-up still counts
+    # the loader's 4 batches per epoch.
+    module = tiny(warmup_epochs=0.5)
+    trainer(tmp_path, max_epochs=-1, max_steps=6, limit_val_batches=0).fit(module, loader(16, 4))
+    assert module.schedule_steps() == (2, 6)
+    with pytest.raises(ConfigError, match="the cosine schedule needs a length"):
+        trainer(tmp_path, max_epochs=-1, limit_val_batches=0).fit(tiny(), loader(16, 4))
+
+
 def test_lr_scales_linearly_with_global_batch():
     module = tiny(lr=1e-3, lr_base_batch_size=512)
     fake = SimpleNamespace(datamodule=SimpleNamespace(batch_size=128), world_size=4, accumulate_grad_batches=2)

@@ -417,6 +417,8 @@ class VitCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         without_anonymous_setting(self.trainer)  # W&B's "anonymous setting has no effect" warning
+        if self.subcommand == "fit" and isinstance(self.model, ImageClassifier):
+            self.model.check_trainer(self.trainer)  # before the run folder gets its config and W&B run
 
     # Private helpers used: LightningCLI._parser gives the subcommand's parser (its callback keys) and
     # ._instantiate_trainer adds those callbacks (the public instantiate_trainer cannot leave one out). Works around:

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import LightningModule, Trainer
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
 from timm.loss import SoftTargetCrossEntropy
@@ -235,8 +235,24 @@ class ImageClassifier(LightningModule):
         """Images ``(B, C, H, W)`` to logits ``(B, num_classes)`` with the trained (non-EMA) weights."""
         return self.model(x)
 
+    def check_trainer(self, trainer: Trainer) -> None:
+        """Refuse a training length this module cannot schedule (the CLI calls it before a run writes anything).
+
+        Raises:
+            ConfigError: For endless training (``max_epochs`` -1 without ``max_steps``: the cosine schedule needs an
+                end), or ``unmasked_epochs`` without ``max_epochs`` to count back from.
+        """
+        if trainer.max_epochs not in (None, -1):
+            return
+        if trainer.max_steps == -1:
+            raise ConfigError("the cosine schedule needs a length: set trainer.max_epochs or trainer.max_steps")
+        if self.hparams.unmasked_epochs:
+            raise ConfigError("model.unmasked_epochs counts back from trainer.max_epochs: set trainer.max_epochs")
+
     def setup(self, stage: str) -> None:
         """Load the ``pretrained`` weights when fitting starts (a resumed checkpoint overrides them afterwards)."""
+        if stage == "fit" and self._trainer is not None:
+            self.check_trainer(self._trainer)
         if stage == "fit" and self.hparams.pretrained:
             load_pretrained(self.model, self.hparams.pretrained)
             if self.model_ema is not None:
@@ -263,10 +279,7 @@ class ImageClassifier(LightningModule):
     def on_train_epoch_start(self) -> None:
         self._batch_start = None  # validation ran in between: restart the throughput clock
         if self.hparams.unmasked_epochs:
-            max_epochs = self.trainer.max_epochs
-            if max_epochs is None or max_epochs < 0:
-                raise ConfigError("model.unmasked_epochs counts back from trainer.max_epochs: set trainer.max_epochs")
-            unmasked = self.current_epoch >= max_epochs - self.hparams.unmasked_epochs
+            unmasked = self.current_epoch >= self.trainer.max_epochs - self.hparams.unmasked_epochs
             self.model.patch_drop.prob = 0.0 if unmasked else self._patch_drop_rate  # timm's PatchDropout skips at 0
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -397,12 +410,14 @@ class ImageClassifier(LightningModule):
     def schedule_steps(self) -> tuple[int, int]:
         """``(warmup_steps, total_steps)`` in optimiser steps, from the trainer's length of training."""
         trainer = self.trainer
-        total = int(trainer.estimated_stepping_batches)
+        total = int(trainer.estimated_stepping_batches)  # finite: check_trainer ran in setup
         warmup = self.hparams.warmup_steps
         if not warmup and self.hparams.warmup_epochs > 0:
+            if trainer.train_dataloader is None:  # max_epochs -1 with max_steps: Lightning has not loaded it yet
+                trainer.fit_loop.setup_data()
             batches = trainer.num_training_batches
             if math.isinf(batches):
-                raise ValueError("warmup_epochs needs a sized training dataloader; set model.warmup_steps instead")
+                raise ConfigError("model.warmup_epochs needs a sized training dataloader; set model.warmup_steps")
             steps_per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
             warmup = round(self.hparams.warmup_epochs * steps_per_epoch)
         return min(warmup, total), total
