@@ -165,11 +165,11 @@ def test_bad_model_setting_is_one_message(bad, culprit, capsys):
 @pytest.mark.parametrize(
     "bad, message",
     [
-        (["--trainer.max_epochs", "-1"], "error: the cosine schedule needs a length: set trainer.max_epochs or"),
+        (["--trainer.max_epochs", "-1"], "error: the cosine schedule needs a length, but trainer.max_epochs is -1 and"),
         (
             ["--model.model_overrides", "{window_size: 0, patch_drop_rate: 0.5}", "--model.unmasked_epochs", "1"]
             + ["--trainer.max_epochs", "-1", "--trainer.max_steps", "5"],
-            "error: model.unmasked_epochs counts back from trainer.max_epochs: set trainer.max_epochs",
+            "error: model.unmasked_epochs 1 counts back from trainer.max_epochs, which is -1: set trainer.max_epochs",
         ),
     ],
 )

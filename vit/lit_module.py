@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
 from timm.loss import SoftTargetCrossEntropy
@@ -102,8 +103,9 @@ class ImageClassifier(LightningModule):
         test_time_augment: Views whose class probabilities are averaged in ``test`` and ``predict`` (validation
             during a fit always sees the image alone): ``"none"``; ``"flip"``, the image and its mirror image;
             ``"flip_translate"``, those two and each shifted diagonally by ±1/16 of the side (2 px at 32 px,
-            reflect-padded as the training crop), six views (airbench's test-time augmentation). ``test`` then
-            also logs ``test/acc_single_view``, the accuracy on the image alone.
+            reflect-padded as the training crop), six views with equal weights (airbench's mirror-and-translate
+            views, which shift by 1 px and average logits). ``test`` then also logs ``test/acc_single_view``, the
+            accuracy on the image alone.
 
     Raises:
         ConfigError: For an unknown preset or override, sizes that disagree, or a decay outside its range.
@@ -240,14 +242,26 @@ class ImageClassifier(LightningModule):
 
         Raises:
             ConfigError: For endless training (``max_epochs`` -1 without ``max_steps``: the cosine schedule needs an
-                end), or ``unmasked_epochs`` without ``max_epochs`` to count back from.
+                end), or ``unmasked_epochs`` without ``max_epochs`` to count back from (a warning when it is not
+                below ``max_epochs``).
         """
-        if trainer.max_epochs not in (None, -1):
-            return
-        if trainer.max_steps == -1:
-            raise ConfigError("the cosine schedule needs a length: set trainer.max_epochs or trainer.max_steps")
-        if self.hparams.unmasked_epochs:
-            raise ConfigError("model.unmasked_epochs counts back from trainer.max_epochs: set trainer.max_epochs")
+        max_epochs, max_steps, unmasked = trainer.max_epochs, trainer.max_steps, self.hparams.unmasked_epochs
+        endless = max_epochs in (None, -1)
+        if endless and max_steps == -1:
+            raise ConfigError(
+                f"the cosine schedule needs a length, but trainer.max_epochs is {max_epochs} and trainer.max_steps "
+                "is -1: set either (trainer.max_time alone leaves max_epochs at -1)"
+            )
+        if unmasked and endless:
+            raise ConfigError(
+                f"model.unmasked_epochs {unmasked} counts back from trainer.max_epochs, which is {max_epochs}: "
+                "set trainer.max_epochs"
+            )
+        if unmasked and unmasked >= max_epochs and not trainer.fast_dev_run:
+            rank_zero_warn(
+                f"model.unmasked_epochs {unmasked} is not less than trainer.max_epochs {max_epochs}: every epoch "
+                "trains on all patches, PatchDropout never runs"
+            )
 
     def setup(self, stage: str) -> None:
         """Load the ``pretrained`` weights when fitting starts (a resumed checkpoint overrides them afterwards)."""
@@ -278,6 +292,20 @@ class ImageClassifier(LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self._batch_start = None  # validation ran in between: restart the throughput clock
+        self._set_patch_dropout()
+
+    def on_train_start(self) -> None:
+        self._set_patch_dropout()  # a fit resumed inside an epoch does not run on_train_epoch_start for that epoch
+
+    def on_train_end(self) -> None:
+        if self.hparams.unmasked_epochs and self.current_epoch < self.trainer.max_epochs:
+            rank_zero_warn(
+                f"training stopped at step {self.global_step}, before the end of trainer.max_epochs "
+                f"{self.trainer.max_epochs} (max_time or max_steps), so model.unmasked_epochs "
+                f"{self.hparams.unmasked_epochs} did not run in full: the final weights were tuned with PatchDropout on"
+            )
+
+    def _set_patch_dropout(self) -> None:
         if self.hparams.unmasked_epochs:
             unmasked = self.current_epoch >= self.trainer.max_epochs - self.hparams.unmasked_epochs
             self.model.patch_drop.prob = 0.0 if unmasked else self._patch_drop_rate  # timm's PatchDropout skips at 0
@@ -335,15 +363,15 @@ class ImageClassifier(LightningModule):
         if self.hparams.test_time_augment != "none":
             views.append(x.flip(-1))
         if self.hparams.test_time_augment == "flip_translate":
-            shift = max(1, round(x.shape[-1] / 16))
             height, width = x.shape[-2:]
-            padded = F.pad(torch.cat(views[:2]), (shift,) * 4, mode="reflect")
-            for offset in (0, 2 * shift):  # up-left and down-right
-                views.extend(padded[..., offset : offset + height, offset : offset + width].chunk(2))
+            dy, dx = max(1, round(height / 16)), max(1, round(width / 16))
+            padded = F.pad(torch.cat(views[:2]), (dx, dx, dy, dy), mode="reflect")
+            for y, x0 in ((0, 0), (2 * dy, 2 * dx)):  # shifted down-right, then up-left
+                views.extend(padded[..., y : y + height, x0 : x0 + width].chunk(2))
         if len(views) == 1:
             return logits, logits
-        probs = [logits.softmax(-1)] + [self.eval_model(view).softmax(-1) for view in views[1:]]
-        return logits, torch.stack(probs).mean(0).log()
+        log_probs = [logits.log_softmax(-1)] + [self.eval_model(view).log_softmax(-1) for view in views[1:]]
+        return logits, torch.logsumexp(torch.stack(log_probs), dim=0) - math.log(len(views))  # log of the mean
 
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str, metrics: MetricCollection) -> None:
         x, y = batch

@@ -11,9 +11,11 @@ import csv
 import os
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 from PIL import Image
@@ -78,7 +80,8 @@ class PredictionWriter(BasePredictionWriter):
                 record[f"top{j + 1}_prob"] = f"{float(top_p[row, j]):.6f}"
             self.rows.append(record)
         if self.overlays and trainer.is_global_zero:
-            self._write_overlays(trainer, pl_module, batch, indices, [str(r["path"]) for r in self.rows[start:]])
+            paths = [str(r["path"]) for r in self.rows[start:]]
+            self._write_overlays(trainer, pl_module, batch, probs, indices, paths)
 
     def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.is_global_zero or not self.rows:
@@ -97,7 +100,13 @@ class PredictionWriter(BasePredictionWriter):
         sys.stdout.flush()
 
     def _write_overlays(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, indices: list[int], paths: list[str]
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        batch: Any,
+        probs: torch.Tensor,
+        indices: list[int],
+        paths: list[str],
     ) -> None:
         from ..explain import explain_images, render_panels
 
@@ -113,6 +122,8 @@ class PredictionWriter(BasePredictionWriter):
             mean=getattr(datamodule, "mean", None),
             std=getattr(datamodule, "std", None),
         )
+        # Captioned with the prediction written to the CSV (with test-time augmentation, the mean over the views).
+        explanation = replace(explanation, probs=probs, preds=probs.argmax(dim=1))
         folder = Path(trainer.default_root_dir) / "rollout"
         folder.mkdir(parents=True, exist_ok=True)
         for index, path, panel in zip(indices, paths, render_panels(explanation), strict=True):
