@@ -242,8 +242,7 @@ class ImageClassifier(LightningModule):
 
         Raises:
             ConfigError: For endless training (``max_epochs`` -1 without ``max_steps``: the cosine schedule needs an
-                end), or ``unmasked_epochs`` without ``max_epochs`` to count back from (a warning when it is not
-                below ``max_epochs``).
+                end), or ``unmasked_epochs`` without ``max_epochs`` to count back from.
         """
         max_epochs, max_steps, unmasked = trainer.max_epochs, trainer.max_steps, self.hparams.unmasked_epochs
         endless = max_epochs in (None, -1)
@@ -256,11 +255,6 @@ class ImageClassifier(LightningModule):
             raise ConfigError(
                 f"model.unmasked_epochs {unmasked} counts back from trainer.max_epochs, which is {max_epochs}: "
                 "set trainer.max_epochs"
-            )
-        if unmasked and unmasked >= max_epochs and not trainer.fast_dev_run:
-            rank_zero_warn(
-                f"model.unmasked_epochs {unmasked} is not less than trainer.max_epochs {max_epochs}: every epoch "
-                "trains on all patches, PatchDropout never runs"
             )
 
     def setup(self, stage: str) -> None:
@@ -296,6 +290,12 @@ class ImageClassifier(LightningModule):
 
     def on_train_start(self) -> None:
         self._set_patch_dropout()  # a fit resumed inside an epoch does not run on_train_epoch_start for that epoch
+        unmasked, max_epochs = self.hparams.unmasked_epochs, self.trainer.max_epochs
+        if unmasked and unmasked >= max_epochs and not self.trainer.fast_dev_run:
+            rank_zero_warn(
+                f"model.unmasked_epochs {unmasked} is not less than trainer.max_epochs {max_epochs}: every epoch "
+                "trains on all patches, PatchDropout never runs"
+            )
 
     def on_train_end(self) -> None:
         if self.hparams.unmasked_epochs and self.current_epoch < self.trainer.max_epochs:
