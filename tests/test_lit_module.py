@@ -214,7 +214,7 @@ def test_lr_scales_linearly_with_global_batch():
     module._trainer = None
 
 
-# -------------------------------------------------------------------------------------------------- EMA
+# --------------------------------------------------------------------------------------------- unmasked epochs
 class CountTokens(L.Callback):
     """Token counts entering the first block, per epoch."""
 
@@ -265,6 +265,7 @@ def test_unmasked_epochs_hold_after_a_resume_inside_the_epoch_and_warn_when_cut_
         trainer(tmp_path, max_epochs=3, max_steps=2, limit_val_batches=0).fit(module(), loader(16, 4))
 
 
+# --------------------------------------------------------------------------------------------------------- EMA
 def test_ema_tracks_weights_and_is_used_for_validation(tmp_path):
     weights = []
 
@@ -291,6 +292,7 @@ def test_ema_tracks_weights_and_is_used_for_validation(tmp_path):
     assert abs(ema_loss - raw_loss) > 1e-6
 
 
+# -------------------------------------------------------------------------------------- test-time augmentation
 def test_test_time_augment_averages_the_probabilities_of_flipped_and_shifted_views(tmp_path):
     x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     module = ImageClassifier(
