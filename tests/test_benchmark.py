@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from vit.bench import main
+from vit.bench.cli import parse_args
 from vit.bench.harness import summarize
 from vit.bench.memory import TensorMemoryTracker
 from vit.bench.model_suite import count_flops, peak_tflops
@@ -272,6 +273,14 @@ def test_bad_settings_are_one_error_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "error: --batch-sizes: give one batch size or one per model (2), got [2, 4, 8]"
     assert not any("Traceback" in line for line in err)
+
+
+def test_benchmark_keeps_freed_memory_unless_told_not_to(monkeypatch):
+    calls = []
+    monkeypatch.setattr("vit.bench.cli.keep_freed_memory", lambda: calls.append(1) or True)
+    assert parse_args(["--suite", "attention"]).freed_memory_kept is True
+    assert parse_args(["--suite", "attention", "--no-keep-freed-memory"]).freed_memory_kept is False
+    assert calls == [1]
 
 
 def test_package_never_reads_the_shared_folder():

@@ -225,9 +225,20 @@ def test_help_is_small_and_lists_every_option(capsys):
                 section == "model" and name in ("num_classes", "img_size")
             ):
                 assert f"--{section}.{name}" in listed, f"--{section}.{name}"  # (num_classes, img_size: linked)
-    for option in ("--runs_dir", "--ckpt_path", "--torch_num_threads", "--seed_everything"):
+    for option in ("--runs_dir", "--ckpt_path", "--torch_num_threads", "--keep_freed_memory", "--seed_everything"):
         assert option in listed
     assert "torch.nn.Identity" not in text and "known subclasses" not in text
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_keep_freed_memory_is_set_before_the_run_unless_false(keep, monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr("vit.cli.keep_freed_memory", lambda: calls.append("kept") or True)
+    args = ["fit", "--config", "quickstart", "--trainer.fast_dev_run", "true", "--trainer.logger", "false"]
+    args += [*SMALL, *TINY_VIT, *CPU, *dirs(tmp_path), "--torch_num_threads", "1"]
+    cli = cli_main(args + ([] if keep else ["--keep_freed_memory", "false"]))
+    assert cli.trainer.state.finished
+    assert calls == (["kept"] if keep else [])
 
 
 @pytest.mark.parametrize("kind", ["text", "random", "empty", "truncated"])

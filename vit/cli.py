@@ -13,6 +13,7 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassi
   ``nonfinite`` (:mod:`vit.callbacks.nonfinite`), ``run_summary`` (the end-of-fit report) and ``predictions``
   (``predictions.csv`` of ``vit predict``);
 - writes checkpoints atomically and reads them with ``weights_only=True`` (:mod:`vit.checkpoint_io`);
+- keeps freed CPU memory for reuse (``--keep_freed_memory``, :mod:`vit.allocator`);
 - logs to W&B offline when there are no credentials or no server, names runs and logs the nested config
   (:mod:`vit.loggers`);
 - turns every bad input into one ``error:`` line and an exit status from :data:`EXIT_STATUSES`, without usage
@@ -38,6 +39,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 
+from .allocator import keep_freed_memory
 from .callbacks.nonfinite import NonFiniteError, NonFiniteGuard
 from .callbacks.predictions import PredictionWriter
 from .callbacks.resume import ResumeCheckpoint
@@ -314,6 +316,13 @@ class VitCLI(LightningCLI):
             help="CPU threads for PyTorch's operators (torch.set_num_threads); null keeps PyTorch's default.",
         )
         parser.add_argument(
+            "--keep_freed_memory",
+            type=bool,
+            default=True,
+            help="glibc's malloc keeps freed blocks of up to 32 MiB for reuse instead of returning them to the system "
+            "and page-faulting them back in every step (vit.allocator); false keeps the C library's defaults.",
+        )
+        parser.add_argument(
             "--runs_dir",
             type=str,
             default="runs",
@@ -366,6 +375,8 @@ class VitCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("torch_num_threads"):
             torch.set_num_threads(config.torch_num_threads)
+        if config.get("keep_freed_memory"):
+            keep_freed_memory()
         self.run_dir = self._choose_run_folder(config)
         if self.subcommand != "fit" and not config.get("ckpt_path") and not _get(config, "model.pretrained"):
             sys.stderr.write(

@@ -121,7 +121,8 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
             r["speedup_vs_global_cpu_time"] = global_row["us_per_token_cpu_time"] / r["us_per_token_cpu_time"]
     print_table(
         f"attention ({device_name(device)}, {args.precision}, {torch.get_num_threads()} threads, "
-        f"median of {args.attn_reps} interleaved rounds)",
+        f"median of {args.attn_reps} interleaved rounds, malloc "
+        f"{'keeps freed memory' if getattr(args, 'freed_memory_kept', False) else 'defaults'})",
         rows,
         [
             ("grid", "grid", "d"),

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from vit.allocator import keep_freed_memory
 from vit.bench.harness import BenchError, environment, log, write_report
 
 SUITES = ("model", "attention", "data")
@@ -28,6 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16 = autocast")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--keep-freed-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="glibc malloc keeps freed blocks for reuse, as training does (vit.allocator); --no-keep-freed-memory "
+        "measures with the C library's defaults",
+    )
     model = parser.add_argument_group("model suite")
     model.add_argument("--models", nargs="+", help="presets (default: vit_small_patch16_224 [and _patch4_32 on CPU])")
     model.add_argument("--batch-sizes", nargs="+", type=int, help="one for all models or one per model")
@@ -58,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
-    """Parse ``argv`` and fill the device-dependent defaults; sets torch's thread count when ``--threads`` is given."""
+    """Parse ``argv`` and fill the device-dependent defaults; sets torch's thread count when ``--threads`` is given,
+    and glibc's malloc thresholds unless ``--no-keep-freed-memory`` (``args.freed_memory_kept`` says whether they
+    are set)."""
     args = (parser or build_parser()).parse_args(argv)
     cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
     args.device = "cuda" if cuda else "cpu"
@@ -74,6 +84,7 @@ def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParse
             setattr(args, key, value)
     if args.threads:
         torch.set_num_threads(args.threads)
+    args.freed_memory_kept = keep_freed_memory() if args.keep_freed_memory else False
     return args
 
 
