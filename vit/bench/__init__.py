@@ -8,10 +8,14 @@ with the date, versions, device name, thread count and every setting:
   (ours then timm, then timm then ours, ...) for several rounds after warm-up; per-round ratios (ours / timm, above
   1 means we are faster) and their median; peak tensor memory; FLOPs per image and, on CUDA, MFU.
 - ``attention``: forward + backward time and peak memory per token of ``vit.layers.Attention`` against
-  ``vit.layers.WindowAttention`` as the patch grid grows, for several window sizes.
+  ``vit.layers.WindowAttention`` (block windows) and ``vit.layers.NeighborhoodAttention`` (sliding windows) as the
+  patch grid grows, for several window and kernel sizes.
 - ``data``: images/s of one worker (one core, main process) for our albumentations pipelines and torchvision v2
   equivalents: the CIFAR preset on 32×32 images, and JPEG decode -> random-resized crop 224 -> flip -> normalise,
   with the normalisation in the worker or, as ``ImageDataModule`` does it, on the device after the copy.
+
+Every suite runs with glibc's malloc keeping freed memory for reuse (:mod:`vit.allocator`), as ``vit`` commands do;
+``--no-keep-freed-memory`` measures with the C library's defaults.
 
 The ``model`` and ``attention`` suites import only torch, timm and ``vit``'s model code; albumentations, OpenCV,
 torchvision and ``vit.data`` are imported by the ``data`` suite only.
