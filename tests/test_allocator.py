@@ -4,15 +4,12 @@ CLI's switches are tested beside their other options)."""
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 
 import pytest
 
 from vit import allocator
-
-GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 # Four 8 MiB blocks alive together, then all freed: 32 MiB at the top of the heap is more than glibc's adaptive trim
 # threshold (twice the largest block it has unmapped), so by default it returns them and faults them back in.
@@ -33,7 +30,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-@pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
+@pytest.mark.skipif(not allocator.is_glibc(), reason="glibc's malloc only")
 def test_freed_blocks_are_reused_without_page_faults():
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 
 _M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's <malloc.h>
 _M_MMAP_THRESHOLD = -3
@@ -21,6 +20,14 @@ TRIM_THRESHOLD = 2**31 - 1  # the largest value mallopt takes: free memory at th
 _USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
 _applied = False
+
+
+def is_glibc() -> bool:
+    """Whether this process runs on the GNU C library (whose malloc the thresholds tune)."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+    except (AttributeError, ValueError, OSError):  # not POSIX, or no such name on this C library
+        return False
 
 
 def keep_freed_memory() -> bool:
@@ -37,7 +44,7 @@ def keep_freed_memory() -> bool:
     global _applied
     if _applied:
         return True
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not is_glibc():
         return False
     user_chose = (
         any(name in os.environ for name in _USER_SETTINGS)
