@@ -38,10 +38,12 @@ def test_freed_blocks_are_reused_without_page_faults():
         out = subprocess.run([sys.executable, "-c", STEPS, mode], env=env, capture_output=True, text=True, check=True)
         return int(out.stdout.split()[-1])
 
-    default, kept = faults("default"), faults("keep")
     pages = 5 * 4 * (2**21 * 4) // os.sysconf("SC_PAGE_SIZE")  # every block of every step faulted in again
-    assert default >= 0.9 * pages  # the C library's defaults: 40,800 faults here
-    assert kept <= 0.01 * pages  # kept: the blocks are reused (0 here)
+    # With the defaults the blocks come back as fresh pages (40,800 faults here), unless some allocation happened to
+    # land above them and pinned the heap's top (seen once in about ten runs): then another process shows it.
+    default = next((n for n in (faults("default") for _ in range(3)) if n >= 0.9 * pages), 0)
+    assert default >= 0.9 * pages
+    assert faults("keep") <= 0.01 * pages  # kept: the blocks are reused (0 here)
 
 
 @pytest.mark.parametrize(
