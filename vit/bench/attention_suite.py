@@ -122,7 +122,7 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
     print_table(
         f"attention ({device_name(device)}, {args.precision}, {torch.get_num_threads()} threads, "
         f"median of {args.attn_reps} interleaved rounds, malloc "
-        f"{'keeps freed memory' if getattr(args, 'freed_memory_kept', False) else 'defaults'})",
+        f"{'keeps freed memory' if args.freed_memory_kept else 'defaults'})",
         rows,
         [
             ("grid", "grid", "d"),
