@@ -24,7 +24,7 @@ TINY = {"depth": 3, "embed_dim": 64, "num_heads": 2}
         ("vit_tiny_patch4_32", {}),
         # Block 0: 4x4 windows; block 1: shifted by 2 (uneven edge windows, four window shapes); block 2: global.
         ("vit_tiny_window_patch4_32", {"global_attn_indexes": (2,)}),
-        # Blocks 0-1: 5x5 neighbourhoods through the tiled path (the CPU one), block 2: global.
+        # Blocks 0-1: 5x5 neighbourhoods through the CPU kernel (one custom op in the graph), block 2: global.
         ("vit_tiny_sliding_patch4_32", {"global_attn_indexes": (2,)}),
     ],
 )
@@ -48,6 +48,19 @@ def test_fullgraph_compile_matches_eager_forward_and_backward(name, overrides):
     # A second call reuses the graph (no recompilation for the same shapes).
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_fullgraph_compile_of_the_tiled_path():
+    """The tiled path (the CPU's fallback without a C++ compiler) traces in one graph and matches eager, with grads."""
+    torch._dynamo.reset()
+    layer = NeighborhoodAttention(64, 2, grid_size=(9, 11), kernel_size=3, dilation=2, num_prefix_tokens=1)
+    x = torch.randn(2, 1 + 9 * 11, 64, requires_grad=True)
+    grad = torch.randn(2, 1 + 9 * 11, 64)
+    inputs = [x, *layer.parameters()]
+    eager = torch.autograd.grad(layer.forward_tiled(x), inputs, grad)
+    compiled = torch.autograd.grad(torch.compile(layer.forward_tiled, fullgraph=True)(x), inputs, grad)
+    for got, want in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
 def test_fullgraph_compile_of_the_flex_path():

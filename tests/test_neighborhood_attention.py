@@ -21,7 +21,13 @@ import vit
 from vit import ImageClassifier, ImageDataModule
 from vit.callbacks import AttentionRolloutLogger
 from vit.explain import attention_distance, attention_rollout, attention_statistics, capture_attention
-from vit.layers import Attention, NeighborhoodAttention, neighborhood_attention_mask, neighborhood_mask_mod
+from vit.layers import (
+    Attention,
+    NeighborhoodAttention,
+    neighborhood_attention_mask,
+    neighborhood_kernel,
+    neighborhood_mask_mod,
+)
 from vit.models import model_config
 
 
@@ -94,13 +100,17 @@ def test_reference_rule_on_a_small_grid():
 
 
 @pytest.mark.parametrize(("rows", "cols", "k", "d", "prefix", "tile"), CASES, ids=IDS)
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
-def test_sliding_attention_equals_masked_global_attention(rows, cols, k, d, prefix, tile, fused):
-    sliding, dense = _pair(rows, cols, k, d, prefix, tile, fused)
+@pytest.mark.parametrize("path", ["kernel", "tiled", "explicit"])
+def test_sliding_attention_equals_masked_global_attention(rows, cols, k, d, prefix, tile, path):
+    """The CPU kernel (the default on the CPU), the tiled path's fused SDPA and its explicit softmax."""
+    sliding, dense = _pair(rows, cols, k, d, prefix, tile, fused=path != "explicit")
+    if path == "kernel" and neighborhood_kernel.load() is None:
+        pytest.skip(f"no CPU kernel here: {neighborhood_kernel.status()}")
+    forward = sliding.forward_tiled if path == "tiled" else sliding
     pattern = reference_pattern(rows, cols, k, d, prefix)
     assert (pattern[prefix:, prefix:].sum(-1) == k * k).all()  # every patch query sees exactly k x k patches
     x = torch.randn(2, prefix + rows * cols, 48, requires_grad=True)
-    out = sliding(x)
+    out = forward(x)
     torch.testing.assert_close(out, dense(x, attn_mask=pattern), atol=1e-5, rtol=1e-5)
     # Backward too: the same gradients for the input and every parameter.
     grad = torch.randn_like(out)

@@ -6,15 +6,18 @@ dilation ``d`` (Hassani & Shi, "Dilated Neighborhood Attention Transformer", 202
 ``d`` inside the query's own residue class (rows ``i ≡ r (mod d)``), with the same border rule inside that class.
 Prefix tokens (class / register) attend to every token and every token attends to them.
 
-Two exact, linear-cost paths, neither of which builds an ``N × N`` mask or score matrix:
+Three exact, linear-cost paths, none of which builds an ``N × N`` mask or score matrix:
 
-* CPU (and any device): the queries are cut into ``t × t`` tiles (inside one residue class); each tile attends to
-  its halo of at most ``(t + k - 1)²`` keys plus the prefix keys, with an additive 0 / -inf mask per tile (it
-  depends only on where the tile sits relative to the border), all tiles batched through one
-  :func:`torch.nn.functional.scaled_dot_product_attention` call. Trains on the CPU.
+* CPU, fp32: a fused kernel (:mod:`vit.layers.neighborhood_kernel`, compiled on first use) in which every patch
+  query scores exactly its ``k²`` neighbours and the prefix keys, forward and backward. Trains on the CPU.
+* Any device: the queries are cut into ``t × t`` tiles (inside one residue class); each tile attends to its halo of
+  at most ``(t + k - 1)²`` keys plus the prefix keys, with an additive 0 / -inf mask per tile (it depends only on
+  where the tile sits relative to the border), all tiles batched through one
+  :func:`torch.nn.functional.scaled_dot_product_attention` call. The CPU's fallback (no C++ compiler, bf16
+  autocast, attention dropout) and, with ``fused_attn=False``, the explicit softmax.
 * CUDA: :func:`torch.nn.attention.flex_attention` with a ``BlockMask`` built once per (grid, k, d, prefix, device)
   and shared by every block with that geometry; the tiled path is the fallback (attention dropout, or
-  ``fused_attn=False``, which selects the tiled path's explicit softmax).
+  ``fused_attn=False``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import neighborhood_kernel
 from .attention import Attention
 from .utils import to_2tuple
 
@@ -213,25 +217,52 @@ class NeighborhoodAttention(Attention):
         tile_mask = torch.zeros(len(masks), 1, *masks[0].shape).masked_fill_(~torch.stack(masks)[:, None], -torch.inf)
         self.register_buffer("tile_mask", tile_mask, persistent=False)  # (T, 1, tq, P + tk)
         self.register_buffer("owner", owner, persistent=False)
+        # The CPU kernel's table: the tokens each patch query attends to (prefix tokens, then its k x k neighbours).
+        row_starts = neighborhood_starts(rows, kernel_size, dilation)[:, None] + dilation * torch.arange(kernel_size)
+        col_starts = neighborhood_starts(cols, kernel_size, dilation)[:, None] + dilation * torch.arange(kernel_size)
+        patches = P + (row_starts[:, None, :, None] * cols + col_starts[None, :, None, :]).reshape(rows * cols, -1)
+        neighbours = torch.cat([torch.arange(P).expand(rows * cols, P), patches], dim=1)
+        self.register_buffer("neighbour_index", neighbours, persistent=False)  # (rows * cols, P + k²)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Attend within neighbourhoods; ``x`` is ``(B, prefix + rows * cols, C)``."""
         if attn_mask is not None:
             raise ValueError("NeighborhoodAttention builds its own pattern; attn_mask is not supported")
-        # FlexAttention is the fused path on CUDA; it has no attention dropout, and fused_attn=False means explicit.
-        dropout = self.training and self.attn_drop.p > 0
-        use_flex = self.fused_attn and x.is_cuda and flex_attention is not None and not dropout
-        return self.forward_flex(x) if use_flex else self.forward_tiled(x)
+        # The fused paths have no attention dropout, and fused_attn=False means the tiled path's explicit softmax.
+        fused = self.fused_attn and not (self.training and self.attn_drop.p > 0)
+        if fused and x.is_cuda and flex_attention is not None:
+            return self.forward_flex(x)
+        if fused and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
+            if not torch.compiler.is_compiling():
+                neighborhood_kernel.load()  # built on first use; logs once and returns None where it cannot be
+            if neighborhood_kernel.available():
+                return self.forward_kernel(x)
+        return self.forward_tiled(x)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v, each ``(B, N, C)`` and contiguous, as three products of the ``qkv`` weight's thirds.
+
+        Three products rather than one split: the backward of a split (or unbind) concatenates the gradients into a
+        copy as large as q, k and v together. Measured on the CPU, as every choice in the CPU paths.
+        """
+        w_q, w_k, w_v = self.qkv.weight.chunk(3)
+        b_q, b_k, b_v = self.qkv.bias.chunk(3) if self.qkv.bias is not None else (None, None, None)
+        return F.linear(x, w_q, b_q), F.linear(x, w_k, b_k), F.linear(x, w_v, b_v)
+
+    def forward_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """The CPU kernel's path (fp32): every query scores exactly its neighbours; prefix queries all tokens."""
+        B, N, C = x.shape
+        q, k, v = (t.view(B, N, self.num_heads, self.head_dim) for t in self.project(x))
+        out, _, _ = neighborhood_kernel.neighborhood_attention_cpu(
+            self.q_norm(q), self.k_norm(k), v, self.neighbour_index, self.num_prefix_tokens, self.scale
+        )
+        return self.proj_drop(self.proj(out.view(B, N, C)))
 
     def forward_tiled(self, x: torch.Tensor) -> torch.Tensor:
         """The tiled path (any device): each query tile attends to its halo and the prefix keys."""
         B, N, C = x.shape
         P, h, hd, T, tq = self.num_prefix_tokens, self.num_heads, self.head_dim, self.num_tiles, self.tile_queries
-        # Three products rather than one split: the backward of a split (or unbind) concatenates the gradients, a
-        # copy as large as the halos. Measured on the CPU, as every choice in this method.
-        w_q, w_k, w_v = self.qkv.weight.chunk(3)
-        b_q, b_k, b_v = self.qkv.bias.chunk(3) if self.qkv.bias is not None else (None, None, None)
-        q_all, k_all, v_all = F.linear(x, w_q, b_q), F.linear(x, w_k, b_k), F.linear(x, w_v, b_v)  # (B, N, C)
+        q_all, k_all, v_all = self.project(x)  # (B, N, C)
         q_p, q_all = q_all.split([P, N - P], dim=1)  # prefix and patch queries (a split's backward: one copy)
         if self.tile_grid is not None:  # the tiles are a permutation of the patches: reshape, no index
             q = q_all.reshape(B, *self.tile_grid, h, hd).permute(0, 1, 3, 5, 2, 4, 6)

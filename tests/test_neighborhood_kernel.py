@@ -1,0 +1,157 @@
+"""The CPU kernel of sliding-window attention: parity with masked attention for every vectorised head dim, threads,
+the custom op's registrations, and what happens where it cannot be built.
+
+The reference is PyTorch's own attention over the full sequence with the dense neighbourhood mask (built by
+``neighborhood_attention_mask``, itself checked against explicit loops in ``test_neighborhood_attention.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vit.layers import Attention, NeighborhoodAttention, neighborhood_attention_mask, neighborhood_kernel
+
+
+@pytest.fixture
+def kernel():
+    if neighborhood_kernel.load() is None:
+        pytest.skip(f"no CPU kernel here: {neighborhood_kernel.status()}")
+    return neighborhood_kernel
+
+
+@pytest.fixture
+def fresh_kernel_state(monkeypatch):
+    """Forget the loaded kernel for one test (restored afterwards)."""
+    monkeypatch.setattr(neighborhood_kernel, "_lib", None)
+    monkeypatch.setattr(neighborhood_kernel, "_state", "not built")
+    return neighborhood_kernel
+
+
+def neighbours(rows: int, cols: int, k: int, d: int, prefix: int) -> torch.Tensor:
+    layer = NeighborhoodAttention(8, 1, grid_size=(rows, cols), kernel_size=k, dilation=d, num_prefix_tokens=prefix)
+    return layer.neighbour_index
+
+
+def reference(q, k, v, rows, cols, ksize, d, prefix):
+    mask = neighborhood_attention_mask((rows, cols), ksize, d, prefix)
+    out = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask)
+    return out.transpose(1, 2)
+
+
+def test_a_compiler_here_builds_the_kernel(kernel):
+    """Where a C++ compiler is installed (CI has g++), the layer's CPU default is the kernel, not the fallback."""
+    if neighborhood_kernel.find_compiler() is None:
+        pytest.skip("no C++ compiler")
+    assert kernel.status() == "ready" and kernel.available()
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 48, 64, 96, 128, 8, 20])
+@pytest.mark.parametrize(
+    ("rows", "cols", "ksize", "d", "prefix"), [(9, 11, 5, 1, 1), (10, 13, 3, 2, 5), (7, 7, 7, 1, 0)]
+)
+def test_op_equals_masked_attention_forward_and_backward(kernel, head_dim, rows, cols, ksize, d, prefix):
+    """Head dims 16 ... 128 run the vectorised code, 8 and 20 the plain loop; prefix queries attend to everything."""
+    B, H, N = 2, 3, prefix + rows * cols
+    q, k, v = (torch.randn(B, N, H, head_dim, requires_grad=True) for _ in range(3))
+    scale = head_dim**-0.5
+    out, prob, prob_prefix = kernel.neighborhood_attention_cpu(
+        q, k, v, neighbours(rows, cols, ksize, d, prefix), prefix, scale
+    )
+    want = reference(q, k, v, rows, cols, ksize, d, prefix)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    # The kept probabilities are the softmax rows: each sums to 1 over its K (or N) keys.
+    assert prob.shape == (B, H, N - prefix, prefix + ksize * ksize) and prob_prefix.shape == (B, H, prefix, N)
+    torch.testing.assert_close(prob.sum(-1), torch.ones(B, H, N - prefix))
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    expected = torch.autograd.grad(want, (q, k, v), grad)
+    for g, w in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_threads_split_the_work_without_changing_a_bit(kernel):
+    """(image, head) pairs are independent: two threads give bit-identical outputs and gradients to one."""
+    B, N, H, D = 3, 1 + 12 * 12, 4, 32
+    table = neighbours(12, 12, 5, 1, 1)
+    q, k, v = (torch.randn(B, N, H, D, requires_grad=True) for _ in range(3))
+    grad = torch.randn(B, N, H, D)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out = kernel.neighborhood_attention_cpu(q, k, v, table, 1, D**-0.5)[0]
+            results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(*results, strict=True):
+        torch.testing.assert_close(one, two, atol=0, rtol=0)
+
+
+def test_custom_op_registrations_pass_opcheck(kernel):
+    """Schema, fake (meta) function and autograd registration, as torch.compile relies on them."""
+    q, k, v = (torch.randn(2, 1 + 6 * 7, 2, 16, requires_grad=True) for _ in range(3))
+    torch.library.opcheck(kernel.neighborhood_attention_cpu, (q, k, v, neighbours(6, 7, 3, 1, 1), 1, 0.25))
+
+
+def test_bad_inputs_name_the_tensor(kernel):
+    q = torch.randn(1, 10, 2, 16)
+    with pytest.raises(ValueError, match="k must be a float32 CPU tensor"):
+        kernel.neighborhood_attention_cpu(q, q.double(), q, neighbours(3, 3, 3, 1, 1), 1, 0.25)
+
+
+def test_build_is_cached(kernel, tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_CACHE_DIR", str(tmp_path))
+    path = kernel.build()
+    assert path.parent == tmp_path / "kernels" and path.suffix == ".so"
+    built = path.stat().st_mtime_ns
+    assert kernel.build() == path and path.stat().st_mtime_ns == built  # found, not compiled again
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
+
+
+def test_without_a_compiler_the_layer_falls_back_to_the_tiled_path(fresh_kernel_state, monkeypatch, caplog, tmp_path):
+    monkeypatch.setenv("VIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    layer = NeighborhoodAttention(32, 2, grid_size=(6, 7), kernel_size=3, num_prefix_tokens=1).eval()
+    dense = Attention(32, 2).eval()
+    dense.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 43, 32)
+    with caplog.at_level(logging.WARNING, logger=neighborhood_kernel.__name__):
+        out = layer(x)
+        layer(x)
+    assert not neighborhood_kernel.available()
+    assert "does not run" in neighborhood_kernel.status()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "using the tiled path" in messages[0]  # said once, not per call
+    torch.testing.assert_close(out, dense(x, attn_mask=layer.dense_mask()), atol=1e-5, rtol=1e-5)
+    assert not list(tmp_path.glob("kernels/*"))
+
+
+def test_a_compiler_that_fails_is_reported_with_its_output(fresh_kernel_state, monkeypatch, tmp_path):
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho 'fatal: out of luck' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("VIT_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="could not compile(.|\n)*out of luck"):
+        neighborhood_kernel.build(str(fake))
+    assert not list((tmp_path / "cache" / "kernels").iterdir())  # nothing half-written
+
+
+def test_switched_off_by_the_environment(fresh_kernel_state, monkeypatch):
+    monkeypatch.setenv(neighborhood_kernel.ENV_SWITCH, "0")
+    assert neighborhood_kernel.load() is None
+    assert neighborhood_kernel.status() == f"switched off ({neighborhood_kernel.ENV_SWITCH}=0)"
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the kernel is built with a POSIX C++ compiler")
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("VIT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert neighborhood_kernel.cache_dir() == tmp_path / "vit" / "kernels"
+    monkeypatch.setenv("VIT_CACHE_DIR", str(tmp_path / "mine"))
+    assert neighborhood_kernel.cache_dir() == tmp_path / "mine" / "kernels"

@@ -1,0 +1,255 @@
+"""The CPU kernel of sliding-window attention (``csrc/neighborhood_attention_cpu.cpp``): exact, fused, trainable.
+
+Each patch query computes its scores against exactly its ``k × k`` neighbours and the prefix keys, so nothing is
+masked, gathered or padded (the tiled path of :class:`~vit.layers.NeighborhoodAttention` hands ``(t + k - 1)²`` keys
+to every tile of ``t × t`` queries). Prefix queries attend to every token in the same call.
+
+The source is plain C++ with a C interface and no torch headers: on first use it is compiled with the system's C++
+compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``) in about two seconds into ``$VIT_CACHE_DIR`` (default
+``~/.cache/vit``), keyed by the source, the compiler, the flags and the CPU, and loaded with :mod:`ctypes`. It is
+called through a :func:`torch.library.custom_op` with its fake (shape) function and autograd formula registered, so
+``torch.compile(fullgraph=True)`` traces the layer as one opaque op. Without a compiler (or with
+``VIT_NEIGHBORHOOD_KERNEL=0``) the layer uses its tiled path and says so once in the log.
+
+fp32 only; head dims 16, 32, 48, 64, 96 and 128 run vectorised code kept in registers, other head dims a plain loop.
+The work is split over (image, head) pairs across ``torch.get_num_threads()`` threads (ctypes releases the GIL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "neighborhood_attention_cpu.cpp"
+FLAG_SETS = (  # tried in order: tuned for this CPU, then portable
+    ["-std=c++17", "-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC"],
+    ["-std=c++17", "-O3", "-fno-math-errno", "-shared", "-fPIC"],
+)
+ENV_SWITCH = "VIT_NEIGHBORHOOD_KERNEL"
+
+_lib: ctypes.CDLL | None = None
+_state = "not built"  # "not built", "ready" or why it is unavailable
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_key = (0, 0)  # (process id, threads): a forked child starts its own pool (the parent's threads are not in it)
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept: ``$VIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/vit``, else ``~/.cache/vit``."""
+    if os.environ.get("VIT_CACHE_DIR"):
+        return Path(os.environ["VIT_CACHE_DIR"]) / "kernels"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "vit" / "kernels"
+
+
+def find_compiler() -> str | None:
+    """``$CXX`` if set, else the first of ``c++``, ``g++``, ``clang++`` on the PATH."""
+    if os.environ.get("CXX"):
+        return os.environ["CXX"]
+    return next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+
+
+def _cpu_fingerprint() -> str:
+    """What ``-march=native`` depends on: the machine and, on Linux, the CPU's flags."""
+    flags = ""
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        flags = next((line for line in lines if line.startswith(("flags", "Features"))), "")
+    return f"{platform.machine()} {platform.processor()} {flags}"
+
+
+def build(compiler: str | None = None) -> Path:
+    """Compile the kernel (or find it compiled) and return the shared library's path.
+
+    Raises:
+        RuntimeError: No compiler, or none of the flag sets compiled; the message carries the compiler's output.
+    """
+    compiler = compiler or find_compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (set CXX, or install g++ or clang++)")
+    source = SOURCE.read_bytes()
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        raise RuntimeError(f"the C++ compiler {compiler!r} does not run: {err}") from None
+    errors = []
+    for flags in FLAG_SETS:
+        parts = [source, version.encode(), " ".join(flags).encode(), _cpu_fingerprint().encode()]
+        key = hashlib.sha256(b"\0".join(parts))
+        target = cache_dir() / f"neighborhood_attention_cpu-{key.hexdigest()[:16]}.so"
+        if target.exists():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Compiled under a temporary name and renamed: processes building at once (DDP) never load half a file.
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        result = subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        if result.returncode == 0:
+            os.replace(tmp, target)
+            return target
+        os.unlink(tmp)
+        errors.append(f"{' '.join(flags)}: {result.stderr.strip()[-2000:]}")
+    raise RuntimeError(f"{compiler} could not compile {SOURCE.name}:\n" + "\n".join(errors))
+
+
+def load() -> ctypes.CDLL | None:
+    """The kernel's library, built on first call; ``None`` (logged once, with the reason) where it cannot be."""
+    global _lib, _state
+    if _state != "not built":
+        return _lib
+    with _lock:
+        if _state != "not built":
+            return _lib
+        if os.environ.get(ENV_SWITCH, "1") == "0":
+            _state = f"switched off ({ENV_SWITCH}=0)"
+        else:
+            try:
+                path = build()
+                lib = ctypes.CDLL(str(path))
+                pointers, ints = [ctypes.c_void_p], [ctypes.c_int64]
+                tail = ints * 5 + [ctypes.c_float] + ints * 2
+                lib.vit_na_forward.argtypes = pointers * 7 + tail
+                lib.vit_na_backward.argtypes = pointers * 11 + tail
+                lib.vit_na_forward.restype = lib.vit_na_backward.restype = None
+                _lib, _state = lib, "ready"
+            except (OSError, RuntimeError) as err:
+                _state = str(err)
+        if _lib is None:
+            log.warning("vit: the CPU sliding-window kernel is unavailable, using the tiled path: %s", _state)
+    return _lib
+
+
+def available() -> bool:
+    """Whether the kernel is loaded (reads a flag only, so ``torch.compile`` traces it without a graph break)."""
+    return _lib is not None
+
+
+def status() -> str:
+    """``"ready"``, ``"not built"`` or why the kernel is unavailable."""
+    return _state
+
+
+def _run(fn, args: list, units: int) -> None:
+    """Call ``fn(*args, begin, end)`` over the (image, head) units, split across torch's thread count."""
+    global _pool, _pool_key
+    threads = min(torch.get_num_threads(), units)
+    if threads <= 1:
+        fn(*args, 0, units)
+        return
+    if _pool_key[0] != os.getpid() or _pool_key[1] < threads:
+        if _pool is not None and _pool_key[0] == os.getpid():
+            _pool.shutdown(wait=False)
+        _pool, _pool_key = ThreadPoolExecutor(threads, thread_name_prefix="vit-neighborhood"), (os.getpid(), threads)
+    bounds = [units * i // threads for i in range(threads + 1)]
+    list(_pool.map(lambda i: fn(*args, bounds[i], bounds[i + 1]), range(threads)))
+
+
+def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, neighbours: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype != torch.float32 or t.device.type != "cpu" or t.shape != q.shape:
+            raise ValueError(f"{name} must be a float32 CPU tensor of q's shape, got {t.dtype} {tuple(t.shape)}")
+    if neighbours.dtype != torch.int64 or neighbours.dim() != 2:
+        raise ValueError(f"neighbours must be a 2-D int64 tensor, got {neighbours.dtype} {tuple(neighbours.shape)}")
+
+
+@torch.library.custom_op("vit::neighborhood_attention_cpu", mutates_args=())
+def neighborhood_attention_cpu(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, neighbours: torch.Tensor, num_prefix_tokens: int, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention of each patch query to its neighbours and of each prefix query to every token.
+
+    Args:
+        q, k, v: ``(B, N, heads, head_dim)`` float32; the first ``num_prefix_tokens`` tokens are prefix tokens.
+        neighbours: ``(N - prefix, K)`` int64: the tokens (prefix and patches) each patch query attends to.
+        num_prefix_tokens: Number of prefix tokens.
+        scale: Multiplies the scores (``head_dim ** -0.5``).
+
+    Returns:
+        ``out`` ``(B, N, heads, head_dim)``, and the softmax probabilities kept for the backward: ``(B, heads,
+        N - prefix, K)`` of the patch queries and ``(B, heads, prefix, N)`` of the prefix queries.
+    """
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"the CPU sliding-window kernel is unavailable: {status()}")
+    _check(q, k, v, neighbours)
+    q, k, v, neighbours = q.contiguous(), k.contiguous(), v.contiguous(), neighbours.contiguous()
+    B, N, H, D = q.shape
+    P, K = num_prefix_tokens, neighbours.shape[1]
+    out, prob, prob_prefix = q.new_empty(B, N, H, D), q.new_empty(B, H, N - P, K), q.new_empty(B, H, P, N)
+    args = [_ptr(t) for t in (q, k, v, neighbours, out, prob, prob_prefix)] + [N, H, D, P, K, scale]
+    _run(lib.vit_na_forward, args, B * H)
+    return out, prob, prob_prefix
+
+
+@neighborhood_attention_cpu.register_fake
+def _(q, k, v, neighbours, num_prefix_tokens, scale):
+    B, N, H, _ = q.shape
+    P, K = num_prefix_tokens, neighbours.shape[1]
+    return q.new_empty(q.shape), q.new_empty(B, H, N - P, K), q.new_empty(B, H, P, N)
+
+
+@torch.library.custom_op("vit::neighborhood_attention_cpu_backward", mutates_args=())
+def neighborhood_attention_cpu_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    neighbours: torch.Tensor,
+    out: torch.Tensor,
+    prob: torch.Tensor,
+    prob_prefix: torch.Tensor,
+    num_prefix_tokens: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of ``q``, ``k`` and ``v`` from the forward's outputs and the gradient of ``out``."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"the CPU sliding-window kernel is unavailable: {status()}")
+    grad = grad.contiguous()
+    B, N, H, D = q.shape
+    grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    tensors = (q, k, v, neighbours, out, prob, prob_prefix, grad, grad_q, grad_k, grad_v)
+    args = [_ptr(t) for t in tensors] + [N, H, D, num_prefix_tokens, neighbours.shape[1], scale]
+    _run(lib.vit_na_backward, args, B * H)
+    return grad_q, grad_k, grad_v
+
+
+@neighborhood_attention_cpu_backward.register_fake
+def _(grad, q, k, v, neighbours, out, prob, prob_prefix, num_prefix_tokens, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, neighbours, num_prefix_tokens, scale = inputs
+    out, prob, prob_prefix = output
+    ctx.save_for_backward(q, k, v, neighbours, out, prob, prob_prefix)
+    ctx.num_prefix_tokens, ctx.scale = num_prefix_tokens, scale
+
+
+def _backward(ctx, grad_out, _grad_prob, _grad_prob_prefix):
+    q, k, v, neighbours, out, prob, prob_prefix = ctx.saved_tensors
+    grads = neighborhood_attention_cpu_backward(
+        grad_out, q, k, v, neighbours, out, prob, prob_prefix, ctx.num_prefix_tokens, ctx.scale
+    )
+    return *grads, None, None, None
+
+
+neighborhood_attention_cpu.register_autograd(_backward, setup_context=_setup_context)
