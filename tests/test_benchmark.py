@@ -16,7 +16,7 @@ from vit.bench.cli import parse_args
 from vit.bench.harness import summarize
 from vit.bench.memory import TensorMemoryTracker
 from vit.bench.model_suite import count_flops, peak_tflops
-from vit.layers import WindowAttention
+from vit.layers import WindowAttention, neighborhood_kernel
 from vit.models import VisionTransformer, model_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,6 +156,9 @@ def test_attention_suite_rows():
     assert [c["name"].split(":")[0] for c in checks] == ["window 3", "window 4", "sliding 3"]
     clock = "CPU time" if torch.get_num_threads() == 1 else "wall clock"
     assert all(c["detail"].endswith(f"({clock})") for c in checks)
+    # The report says which CPU path the sliding rows measured.
+    path = "the fused kernel" if neighborhood_kernel.available() else "tiles"
+    assert report["attention"]["notes"][-1].startswith(f"sliding windows on the CPU: {path}")
 
 
 def test_attention_checks_read_the_per_token_series(monkeypatch):

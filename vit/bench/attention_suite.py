@@ -20,7 +20,7 @@ from torch import nn
 
 from vit.bench.harness import autocast, check, device_name, log, print_table, timed, write_report
 from vit.bench.memory import peak_bytes
-from vit.layers import Attention, NeighborhoodAttention, WindowAttention
+from vit.layers import Attention, NeighborhoodAttention, WindowAttention, neighborhood_kernel
 
 WINDOW_FLATNESS_TARGET = 0.15  # per-token time within ±15 % of the smallest grid's (window and sliding layers)
 WINDOW_SPEEDUP_TARGET = 5.0  # over global attention at 64x64 tokens (window and sliding layers)
@@ -94,6 +94,10 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
     log(f"attention: warm-up of {len(cases)} layers on grids {grids}")
     for case in cases:
         timed(case["run"], 1, device)
+    if device.type == "cpu" and kernels and args.precision == "fp32":  # the warm-up built or loaded the kernel
+        path = "the fused kernel" if neighborhood_kernel.available() else f"tiles ({neighborhood_kernel.status()})"
+        suite["notes"].append(f"sliding windows on the CPU: {path}")
+        log(suite["notes"][-1])
     # Every round times every layer on every grid, so load changes on a shared machine hit all grids alike.
     seconds: list[list[tuple[float, float]]] = [[] for _ in cases]
     for r in range(args.attn_reps):

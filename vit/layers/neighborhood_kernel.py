@@ -97,11 +97,15 @@ def build(compiler: str | None = None) -> Path:
         # Compiled under a temporary name and renamed: processes building at once (DDP) never load half a file.
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
-        result = subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True)
-        if result.returncode == 0:
-            os.replace(tmp, target)
-            return target
-        os.unlink(tmp)
+        try:
+            result = subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+            if result.returncode == 0:
+                os.replace(tmp, target)
+                log.info("vit: compiled the CPU sliding-window kernel into %s", target)
+                return target
+        finally:
+            if os.path.exists(tmp):  # a failed or interrupted build leaves nothing behind
+                os.unlink(tmp)
         errors.append(f"{' '.join(flags)}: {result.stderr.strip()[-2000:]}")
     raise RuntimeError(f"{compiler} could not compile {SOURCE.name}:\n" + "\n".join(errors))
 
