@@ -104,8 +104,10 @@ def test_reference_rule_on_a_small_grid():
 def test_sliding_attention_equals_masked_global_attention(rows, cols, k, d, prefix, tile, path):
     """The CPU kernel (the default on the CPU), the tiled path's fused SDPA and its explicit softmax."""
     sliding, dense = _pair(rows, cols, k, d, prefix, tile, fused=path != "explicit")
-    if path == "kernel" and neighborhood_kernel.load() is None:
-        pytest.skip(f"no CPU kernel here: {neighborhood_kernel.status()}")
+    if path == "kernel":  # where a compiler is installed (CI), a kernel that does not build fails here
+        if neighborhood_kernel.find_compiler() is None:
+            pytest.skip("no C++ compiler: the layer uses its tiled path")
+        assert neighborhood_kernel.load() is not None, neighborhood_kernel.status()
     forward = sliding.forward_tiled if path == "tiled" else sliding
     pattern = reference_pattern(rows, cols, k, d, prefix)
     assert (pattern[prefix:, prefix:].sum(-1) == k * k).all()  # every patch query sees exactly k x k patches

@@ -17,10 +17,16 @@ import torch.nn.functional as F
 from vit.layers import Attention, NeighborhoodAttention, neighborhood_attention_mask, neighborhood_kernel
 
 
+def require_kernel():
+    """Skip where no C++ compiler is installed; where one is (CI has g++), a kernel that does not build fails."""
+    if neighborhood_kernel.find_compiler() is None:
+        pytest.skip("no C++ compiler: the layer uses its tiled path")
+    assert neighborhood_kernel.load() is not None, neighborhood_kernel.status()
+
+
 @pytest.fixture
 def kernel():
-    if neighborhood_kernel.load() is None:
-        pytest.skip(f"no CPU kernel here: {neighborhood_kernel.status()}")
+    require_kernel()
     return neighborhood_kernel
 
 
@@ -44,9 +50,7 @@ def reference(q, k, v, rows, cols, ksize, d, prefix):
 
 
 def test_a_compiler_here_builds_the_kernel(kernel):
-    """Where a C++ compiler is installed (CI has g++), the layer's CPU default is the kernel, not the fallback."""
-    if neighborhood_kernel.find_compiler() is None:
-        pytest.skip("no C++ compiler")
+    """Where a C++ compiler is installed, the layer's CPU default is the kernel, not the fallback."""
     assert kernel.status() == "ready" and kernel.available()
 
 
@@ -67,6 +71,7 @@ def test_op_equals_masked_attention_forward_and_backward(kernel, head_dim, rows,
     # The kept probabilities are the softmax rows: each sums to 1 over its K (or N) keys.
     assert prob.shape == (B, H, N - prefix, prefix + ksize * ksize) and prob_prefix.shape == (B, H, prefix, N)
     torch.testing.assert_close(prob.sum(-1), torch.ones(B, H, N - prefix))
+    assert out.requires_grad and not prob.requires_grad and not prob_prefix.requires_grad  # kept, not differentiable
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v), grad)
     expected = torch.autograd.grad(want, (q, k, v), grad)
@@ -89,8 +94,32 @@ def test_threads_split_the_work_without_changing_a_bit(kernel):
             results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
     finally:
         torch.set_num_threads(threads)
+    assert kernel._pool_key == (os.getpid(), 1)  # two threads: this one and one from the pool
     for one, two in zip(*results, strict=True):
         torch.testing.assert_close(one, two, atol=0, rtol=0)
+
+
+def test_any_strides_in_any_argument(kernel):
+    """Transposed, chunked and expanded inputs (and a transposed table) give the packed inputs' results, backward
+    included: the backward reads the tensors saved from the caller, not the forward's packed copies."""
+    B, N, H, D, P = 2, 1 + 6 * 7, 2, 16, 1
+    table = neighbours(6, 7, 3, 1, P)
+    qkv = torch.randn(B, N, 3 * H * D, requires_grad=True)
+    q, k, v = (t.unflatten(-1, (H, D)) for t in qkv.chunk(3, dim=-1))  # strided views of one tensor
+    grad = torch.randn(B, H, N, D).transpose(1, 2)  # a non-contiguous gradient
+    got = kernel.neighborhood_attention_cpu(q, k, v, table.t().contiguous().t(), P, 0.25)[0]
+    want = reference(q, k, v, 6, 7, 3, 1, P)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        torch.autograd.grad(got, qkv, grad)[0], torch.autograd.grad(want, qkv, grad)[0], atol=1e-5, rtol=1e-4
+    )
+    k_shared = torch.randn(B, 1, H, D).expand(B, N, H, D)  # stride 0 along the tokens
+    torch.testing.assert_close(
+        kernel.neighborhood_attention_cpu(q, k_shared, v, table, P, 0.25)[0],
+        reference(q, k_shared, v, 6, 7, 3, 1, P),
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 def test_custom_op_registrations_pass_opcheck(kernel):
@@ -99,10 +128,90 @@ def test_custom_op_registrations_pass_opcheck(kernel):
     torch.library.opcheck(kernel.neighborhood_attention_cpu, (q, k, v, neighbours(6, 7, 3, 1, 1), 1, 0.25))
 
 
-def test_bad_inputs_name_the_tensor(kernel):
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"k": torch.randn(1, 10, 2, 16).double()}, "k must be a float32 CPU tensor"),
+        ({"table": neighbours(3, 4, 3, 1, 1)}, "neighbours has 12 rows for 9 patch queries"),
+        ({"table": neighbours(3, 3, 3, 1, 1) + 1}, r"neighbours must index tokens in \[0, 10\), got \[1, 10\]"),
+        ({"table": neighbours(3, 3, 3, 1, 1).int()}, "neighbours must be a 2-D int64 CPU tensor"),
+        ({"prefix": 11}, r"num_prefix_tokens must be in \[0, 10\]"),
+    ],
+)
+def test_bad_inputs_are_refused_before_the_kernel_reads_them(kernel, change, message):
     q = torch.randn(1, 10, 2, 16)
-    with pytest.raises(ValueError, match="k must be a float32 CPU tensor"):
-        kernel.neighborhood_attention_cpu(q, q.double(), q, neighbours(3, 3, 3, 1, 1), 1, 0.25)
+    args = {"k": q, "table": neighbours(3, 3, 3, 1, 1), "prefix": 1} | change
+    with pytest.raises(ValueError, match=message):
+        kernel.neighborhood_attention_cpu(q, args["k"], q, args["table"], args["prefix"], 0.25)
+
+
+def test_the_layer_refuses_a_sequence_of_the_wrong_length(kernel):
+    layer = NeighborhoodAttention(32, 2, grid_size=(6, 7), kernel_size=3, num_prefix_tokens=1)
+    with pytest.raises(ValueError, match="6x7 grid with 1 prefix tokens expects 43 tokens, got 42"):
+        layer(torch.randn(2, 42, 32))
+
+
+def _paths_taken(layer, x, monkeypatch) -> list[str]:
+    taken = []
+    for name in ("forward_kernel", "forward_tiled"):
+        method = getattr(layer, name)
+        monkeypatch.setattr(layer, name, lambda x, m=method, n=name: taken.append(n) or m(x))
+    layer(x)
+    return taken
+
+
+def test_which_path_the_layer_takes_on_the_cpu(kernel, monkeypatch):
+    """The kernel for fp32 (training and eval, qk_norm too); the tiled path for autocast, attention dropout in
+    training, fused_attn=False, other dtypes and torch.func transforms."""
+    x = torch.randn(2, 43, 32)
+
+    def layer(**kwargs):
+        return NeighborhoodAttention(32, 2, grid_size=(6, 7), kernel_size=3, num_prefix_tokens=1, **kwargs)
+
+    assert _paths_taken(layer().train(), x, monkeypatch) == ["forward_kernel"]
+    assert _paths_taken(layer(attn_drop=0.1).eval(), x, monkeypatch) == ["forward_kernel"]
+    assert _paths_taken(layer(attn_drop=0.1).train(), x, monkeypatch) == ["forward_tiled"]
+    assert _paths_taken(layer(fused_attn=False), x, monkeypatch) == ["forward_tiled"]
+    assert _paths_taken(layer().double(), x.double(), monkeypatch) == ["forward_tiled"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _paths_taken(layer(), x, monkeypatch) == ["forward_tiled"]
+    taken = []
+    plain = layer()
+    monkeypatch.setattr(plain, "forward_kernel", lambda x: taken.append("kernel") or plain.forward_tiled(x))
+    torch.func.grad(lambda x: plain(x).sum())(x)
+    assert taken == []
+
+
+def test_qk_norm_on_the_kernel_path(kernel):
+    layer = NeighborhoodAttention(64, 2, grid_size=(6, 7), kernel_size=5, num_prefix_tokens=1, qk_norm=True)
+    dense = Attention(64, 2, qk_norm=True)
+    dense.load_state_dict(layer.state_dict(), strict=True)
+    x = torch.randn(2, 43, 64, requires_grad=True)
+    out, want = layer(x), dense(x, attn_mask=layer.dense_mask())
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    grad = torch.randn_like(out)
+    for g, w in zip(
+        torch.autograd.grad(out, [x, *layer.parameters()], grad),
+        torch.autograd.grad(want, [x, *dense.parameters()], grad),
+        strict=True,
+    ):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_a_model_compiled_before_it_ever_ran_traces_the_kernel(fresh_kernel_state, monkeypatch):
+    """The layer loads the kernel when it is built, so the first (compiled) call already has the op in its graph."""
+    if neighborhood_kernel.find_compiler() is None:
+        pytest.skip("no C++ compiler")
+    torch._dynamo.reset()
+    layer = NeighborhoodAttention(32, 2, grid_size=(6, 7), kernel_size=3, num_prefix_tokens=1)
+    targets = []
+
+    def record(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes)
+        return gm.forward
+
+    torch.compile(layer, backend=record, fullgraph=True)(torch.randn(2, 43, 32))
+    assert "vit.neighborhood_attention_cpu.default" in targets
 
 
 def test_build_is_cached(kernel, tmp_path, monkeypatch):
@@ -117,13 +226,14 @@ def test_build_is_cached(kernel, tmp_path, monkeypatch):
 def test_without_a_compiler_the_layer_falls_back_to_the_tiled_path(fresh_kernel_state, monkeypatch, caplog, tmp_path):
     monkeypatch.setenv("VIT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    layer = NeighborhoodAttention(32, 2, grid_size=(6, 7), kernel_size=3, num_prefix_tokens=1).eval()
-    dense = Attention(32, 2).eval()
-    dense.load_state_dict(layer.state_dict())
     x = torch.randn(2, 43, 32)
     with caplog.at_level(logging.WARNING, logger=neighborhood_kernel.__name__):
+        layer = NeighborhoodAttention(32, 2, grid_size=(6, 7), kernel_size=3, num_prefix_tokens=1).eval()
+        NeighborhoodAttention(32, 2, grid_size=(6, 7), kernel_size=3, num_prefix_tokens=1)
         out = layer(x)
         layer(x)
+    dense = Attention(32, 2).eval()
+    dense.load_state_dict(layer.state_dict())
     assert not neighborhood_kernel.available()
     assert "does not run" in neighborhood_kernel.status()
     messages = [r.getMessage() for r in caplog.records]
@@ -138,7 +248,7 @@ def test_a_compiler_that_fails_is_reported_with_its_output(fresh_kernel_state, m
     fake.chmod(0o755)
     monkeypatch.setenv("VIT_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(RuntimeError, match="could not compile(.|\n)*out of luck"):
-        neighborhood_kernel.build(str(fake))
+        neighborhood_kernel.build([str(fake)])
     assert not list((tmp_path / "cache" / "kernels").iterdir())  # nothing half-written
 
 

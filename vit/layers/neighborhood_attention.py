@@ -223,19 +223,28 @@ class NeighborhoodAttention(Attention):
         patches = P + (row_starts[:, None, :, None] * cols + col_starts[None, :, None, :]).reshape(rows * cols, -1)
         neighbours = torch.cat([torch.arange(P).expand(rows * cols, P), patches], dim=1)
         self.register_buffer("neighbour_index", neighbours, persistent=False)  # (rows * cols, P + k²)
+        # Built (about 2 s, once per machine) or loaded now rather than at the first forward, so that a model compiled
+        # before it ever ran eagerly traces the kernel too; logs once and falls back where it cannot be built.
+        neighborhood_kernel.load()
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Attend within neighbourhoods; ``x`` is ``(B, prefix + rows * cols, C)``."""
         if attn_mask is not None:
             raise ValueError("NeighborhoodAttention builds its own pattern; attn_mask is not supported")
+        rows, cols = self.grid_size
+        if x.shape[1] != self.num_prefix_tokens + rows * cols:
+            raise ValueError(
+                f"NeighborhoodAttention over a {rows}x{cols} grid with {self.num_prefix_tokens} prefix tokens expects "
+                f"{self.num_prefix_tokens + rows * cols} tokens, got {x.shape[1]}"
+            )
         # The fused paths have no attention dropout, and fused_attn=False means the tiled path's explicit softmax.
         fused = self.fused_attn and not (self.training and self.attn_drop.p > 0)
         if fused and x.is_cuda and flex_attention is not None:
             return self.forward_flex(x)
         if fused and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
-            if not torch.compiler.is_compiling():
-                neighborhood_kernel.load()  # built on first use; logs once and returns None where it cannot be
-            if neighborhood_kernel.available():
+            # The kernel has an autograd formula only: torch.func transforms (jvp, grad, vmap) take the tiled path.
+            functorch = not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
+            if neighborhood_kernel.available() and not functorch:
                 return self.forward_kernel(x)
         return self.forward_tiled(x)
 

@@ -4,14 +4,15 @@ Each patch query computes its scores against exactly its ``k × k`` neighbours a
 masked, gathered or padded (the tiled path of :class:`~vit.layers.NeighborhoodAttention` hands ``(t + k - 1)²`` keys
 to every tile of ``t × t`` queries). Prefix queries attend to every token in the same call.
 
-The source is plain C++ with a C interface and no torch headers: on first use it is compiled with the system's C++
-compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``) in about two seconds into ``$VIT_CACHE_DIR`` (default
-``~/.cache/vit``), keyed by the source, the compiler, the flags and the CPU, and loaded with :mod:`ctypes`. It is
-called through a :func:`torch.library.custom_op` with its fake (shape) function and autograd formula registered, so
+The source is plain C++ with a C interface and no torch headers. :class:`~vit.layers.NeighborhoodAttention` calls
+:func:`load` when it is built: the first time on a machine that compiles it with the system's C++ compiler
+(``$CXX``, else ``c++``, ``g++`` or ``clang++``; about two seconds) into :func:`cache_dir`, keyed by the source, the
+compiler, the flags and the CPU; afterwards it only loads it with :mod:`ctypes`. It is called through a
+:func:`torch.library.custom_op` with its fake (shape) function and autograd formula registered, so
 ``torch.compile(fullgraph=True)`` traces the layer as one opaque op. Without a compiler (or with
 ``VIT_NEIGHBORHOOD_KERNEL=0``) the layer uses its tiled path and says so once in the log.
 
-fp32 only; head dims 16, 32, 48, 64, 96 and 128 run vectorised code kept in registers, other head dims a plain loop.
+fp32 only; head dims 16, 32, 48, 64, 96 and 128 run vectorised code, other head dims a plain loop.
 The work is split over (image, head) pairs across ``torch.get_num_threads()`` threads (ctypes releases the GIL).
 """
 
@@ -23,6 +24,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -40,6 +42,7 @@ FLAG_SETS = (  # tried in order: tuned for this CPU, then portable
     ["-std=c++17", "-O3", "-fno-math-errno", "-shared", "-fPIC"],
 )
 ENV_SWITCH = "VIT_NEIGHBORHOOD_KERNEL"
+COMPILE_TIMEOUT_S = 300
 
 _lib: ctypes.CDLL | None = None
 _state = "not built"  # "not built", "ready" or why it is unavailable
@@ -56,11 +59,12 @@ def cache_dir() -> Path:
     return Path(base) / "vit" / "kernels"
 
 
-def find_compiler() -> str | None:
-    """``$CXX`` if set, else the first of ``c++``, ``g++``, ``clang++`` on the PATH."""
+def find_compiler() -> list[str] | None:
+    """The compiler's command: ``$CXX`` if set (it may carry a launcher, as ``ccache g++``), else the first of
+    ``c++``, ``g++``, ``clang++`` on the PATH."""
     if os.environ.get("CXX"):
-        return os.environ["CXX"]
-    return next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
+        return shlex.split(os.environ["CXX"])
+    return next(([c] for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
 
 
 def _cpu_fingerprint() -> str:
@@ -72,7 +76,7 @@ def _cpu_fingerprint() -> str:
     return f"{platform.machine()} {platform.processor()} {flags}"
 
 
-def build(compiler: str | None = None) -> Path:
+def build(compiler: list[str] | None = None) -> Path:
     """Compile the kernel (or find it compiled) and return the shared library's path.
 
     Raises:
@@ -83,9 +87,9 @@ def build(compiler: str | None = None) -> Path:
         raise RuntimeError("no C++ compiler found (set CXX, or install g++ or clang++)")
     source = SOURCE.read_bytes()
     try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+        version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as err:
-        raise RuntimeError(f"the C++ compiler {compiler!r} does not run: {err}") from None
+        raise RuntimeError(f"the C++ compiler {shlex.join(compiler)!r} does not run: {err}") from None
     errors = []
     for flags in FLAG_SETS:
         parts = [source, version.encode(), " ".join(flags).encode(), _cpu_fingerprint().encode()]
@@ -98,8 +102,10 @@ def build(compiler: str | None = None) -> Path:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            result = subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+            command = [*compiler, *flags, str(SOURCE), "-o", tmp]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
             if result.returncode == 0:
+                os.chmod(tmp, 0o755)  # mkstemp's 0600 would keep a shared cache's other users out
                 os.replace(tmp, target)
                 log.info("vit: compiled the CPU sliding-window kernel into %s", target)
                 return target
@@ -107,7 +113,7 @@ def build(compiler: str | None = None) -> Path:
             if os.path.exists(tmp):  # a failed or interrupted build leaves nothing behind
                 os.unlink(tmp)
         errors.append(f"{' '.join(flags)}: {result.stderr.strip()[-2000:]}")
-    raise RuntimeError(f"{compiler} could not compile {SOURCE.name}:\n" + "\n".join(errors))
+    raise RuntimeError(f"{shlex.join(compiler)} could not compile {SOURCE.name}:\n" + "\n".join(errors))
 
 
 def load() -> ctypes.CDLL | None:
@@ -130,7 +136,7 @@ def load() -> ctypes.CDLL | None:
                 lib.vit_na_backward.argtypes = pointers * 11 + tail
                 lib.vit_na_forward.restype = lib.vit_na_backward.restype = None
                 _lib, _state = lib, "ready"
-            except (OSError, RuntimeError) as err:
+            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
                 _state = str(err)
         if _lib is None:
             log.warning("vit: the CPU sliding-window kernel is unavailable, using the tiled path: %s", _state)
@@ -150,28 +156,44 @@ def status() -> str:
 def _run(fn, args: list, units: int) -> None:
     """Call ``fn(*args, begin, end)`` over the (image, head) units, split across torch's thread count."""
     global _pool, _pool_key
-    threads = min(torch.get_num_threads(), units)
-    if threads <= 1:
-        fn(*args, 0, units)
-        return
-    if _pool_key[0] != os.getpid() or _pool_key[1] < threads:
-        if _pool is not None and _pool_key[0] == os.getpid():
-            _pool.shutdown(wait=False)
-        _pool, _pool_key = ThreadPoolExecutor(threads, thread_name_prefix="vit-neighborhood"), (os.getpid(), threads)
+    threads = max(1, min(torch.get_num_threads(), units))
     bounds = [units * i // threads for i in range(threads + 1)]
-    list(_pool.map(lambda i: fn(*args, bounds[i], bounds[i + 1]), range(threads)))
+    if threads > 1:
+        with _lock:
+            if _pool_key[0] != os.getpid() or _pool_key[1] < threads - 1:
+                if _pool is not None and _pool_key[0] == os.getpid():
+                    _pool.shutdown(wait=False)
+                _pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="vit-neighborhood")
+                _pool_key = (os.getpid(), threads - 1)
+            pool = _pool
+        others = [pool.submit(fn, *args, bounds[i], bounds[i + 1]) for i in range(1, threads)]
+    fn(*args, bounds[0], bounds[1])  # this thread takes the first share
+    if threads > 1:
+        for future in others:
+            future.result()
 
 
 def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, neighbours: torch.Tensor) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, neighbours: torch.Tensor, prefix: int) -> None:
+    """Every index the kernel reads stays inside the tensors."""
+    if q.dim() != 4:
+        raise ValueError(f"q must be (batch, tokens, heads, head_dim), got shape {tuple(q.shape)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype != torch.float32 or t.device.type != "cpu" or t.shape != q.shape:
             raise ValueError(f"{name} must be a float32 CPU tensor of q's shape, got {t.dtype} {tuple(t.shape)}")
-    if neighbours.dtype != torch.int64 or neighbours.dim() != 2:
-        raise ValueError(f"neighbours must be a 2-D int64 tensor, got {neighbours.dtype} {tuple(neighbours.shape)}")
+    N = q.shape[1]
+    if not 0 <= prefix <= N:
+        raise ValueError(f"num_prefix_tokens must be in [0, {N}] (the number of tokens), got {prefix}")
+    if neighbours.dtype != torch.int64 or neighbours.device.type != "cpu" or neighbours.dim() != 2:
+        raise ValueError(f"neighbours must be a 2-D int64 CPU tensor, got {neighbours.dtype} {tuple(neighbours.shape)}")
+    if neighbours.shape[0] != N - prefix:
+        raise ValueError(f"neighbours has {neighbours.shape[0]} rows for {N - prefix} patch queries ({N} tokens)")
+    low, high = (int(neighbours.min()), int(neighbours.max())) if neighbours.numel() else (0, 0)
+    if low < 0 or high >= N:
+        raise ValueError(f"neighbours must index tokens in [0, {N}), got [{low}, {high}]")
 
 
 @torch.library.custom_op("vit::neighborhood_attention_cpu", mutates_args=())
@@ -193,7 +215,7 @@ def neighborhood_attention_cpu(
     lib = load()
     if lib is None:
         raise RuntimeError(f"the CPU sliding-window kernel is unavailable: {status()}")
-    _check(q, k, v, neighbours)
+    _check(q, k, v, neighbours, num_prefix_tokens)
     q, k, v, neighbours = q.contiguous(), k.contiguous(), v.contiguous(), neighbours.contiguous()
     B, N, H, D = q.shape
     P, K = num_prefix_tokens, neighbours.shape[1]
@@ -227,10 +249,11 @@ def neighborhood_attention_cpu_backward(
     lib = load()
     if lib is None:
         raise RuntimeError(f"the CPU sliding-window kernel is unavailable: {status()}")
-    grad = grad.contiguous()
+    # The kernel reads packed layouts: whatever strides the caller's tensors (saved for the backward) have.
+    tensors = [t.contiguous() for t in (q, k, v, neighbours, out, prob, prob_prefix, grad)]
     B, N, H, D = q.shape
-    grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    tensors = (q, k, v, neighbours, out, prob, prob_prefix, grad, grad_q, grad_k, grad_v)
+    grad_q, grad_k, grad_v = q.new_empty(q.shape), q.new_zeros(q.shape), q.new_zeros(q.shape)
+    tensors += [grad_q, grad_k, grad_v]
     args = [_ptr(t) for t in tensors] + [N, H, D, num_prefix_tokens, neighbours.shape[1], scale]
     _run(lib.vit_na_backward, args, B * H)
     return grad_q, grad_k, grad_v
@@ -238,12 +261,13 @@ def neighborhood_attention_cpu_backward(
 
 @neighborhood_attention_cpu_backward.register_fake
 def _(grad, q, k, v, neighbours, out, prob, prob_prefix, num_prefix_tokens, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:
     q, k, v, neighbours, num_prefix_tokens, scale = inputs
     out, prob, prob_prefix = output
+    ctx.mark_non_differentiable(prob, prob_prefix)  # kept for the backward, not a result to differentiate
     ctx.save_for_backward(q, k, v, neighbours, out, prob, prob_prefix)
     ctx.num_prefix_tokens, ctx.scale = num_prefix_tokens, scale
 

@@ -4,8 +4,8 @@
 // Layout: q, k, v, out and their gradients are (B, N, H, D) contiguous: N tokens, the first P of them prefix tokens.
 // Patch query n (token P + n) attends to the K tokens nbr[n, :] (prefix tokens and its k x k neighbours); a prefix
 // query attends to all N tokens. Every patch query sees exactly K keys, so the work is linear in N and no masked
-// score is ever computed. The softmax probabilities are kept for the backward (B * H * (N - P) * K floats, about a
-// quarter of q's size for k = 7 and head_dim 64).
+// score is ever computed. The softmax probabilities are kept for the backward (B * H * (N - P) * K floats: K / D
+// times q's size, 0.78 for k = 7, one prefix token and head_dim 64).
 //
 // Work is split into units (image b, head h): a unit reads and writes only its own head's slices, so units run in
 // parallel without locks (the caller hands each thread a range of units).
