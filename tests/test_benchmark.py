@@ -157,7 +157,7 @@ def test_attention_suite_rows():
     clock = "CPU time" if torch.get_num_threads() == 1 else "wall clock"
     assert all(c["detail"].endswith(f"({clock})") for c in checks)
     # The report says which CPU path the sliding rows measured.
-    path = "the fused kernel" if neighborhood_kernel.available() else "tiles"
+    path = "the fused kernel" if neighborhood_kernel.available() else "tiles; the kernel is unavailable: "
     assert report["attention"]["notes"][-1].startswith(f"sliding windows on the CPU: {path}")
 
 

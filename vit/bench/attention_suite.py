@@ -94,9 +94,12 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
     log(f"attention: warm-up of {len(cases)} layers on grids {grids}")
     for case in cases:
         timed(case["run"], 1, device)
-    if device.type == "cpu" and kernels and args.precision == "fp32":  # the warm-up built or loaded the kernel
-        path = "the fused kernel" if neighborhood_kernel.available() else f"tiles ({neighborhood_kernel.status()})"
-        suite["notes"].append(f"sliding windows on the CPU: {path}")
+    sliding_path = ""
+    if device.type == "cpu" and kernels and args.precision == "fp32":
+        kernel = neighborhood_kernel.available()
+        sliding_path = "sliding: the fused kernel" if kernel else "sliding: tiles"
+        reason = "" if kernel else f"; the kernel is unavailable: {neighborhood_kernel.status()}"
+        suite["notes"].append(f"sliding windows on the CPU: {sliding_path.removeprefix('sliding: ')}{reason}")
         log(suite["notes"][-1])
     # Every round times every layer on every grid, so load changes on a shared machine hit all grids alike.
     seconds: list[list[tuple[float, float]]] = [[] for _ in cases]
@@ -123,10 +126,11 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
         r["speedup_vs_global"] = global_row["us_per_token"] / r["us_per_token"] if global_row else None
         if global_row and "us_per_token_cpu_time" in r:
             r["speedup_vs_global_cpu_time"] = global_row["us_per_token_cpu_time"] / r["us_per_token_cpu_time"]
+    threads = torch.get_num_threads()
     print_table(
-        f"attention ({device_name(device)}, {args.precision}, {torch.get_num_threads()} threads, "
+        f"attention ({device_name(device)}, {args.precision}, {threads} thread{'s' * (threads != 1)}, "
         f"median of {args.attn_reps} interleaved rounds, malloc "
-        f"{'keeps freed memory' if args.freed_memory_kept else 'defaults'})",
+        f"{'keeps freed memory' if args.freed_memory_kept else 'defaults'}{', ' * bool(sliding_path)}{sliding_path})",
         rows,
         [
             ("grid", "grid", "d"),
