@@ -161,8 +161,8 @@ def _run(fn, args: list, units: int) -> None:
     if threads > 1:
         with _lock:
             if _pool_key[0] != os.getpid() or _pool_key[1] < threads - 1:
-                if _pool is not None and _pool_key[0] == os.getpid():
-                    _pool.shutdown(wait=False)
+                # Not shut down: another thread may still be submitting to it. Its idle workers exit once the
+                # executor is garbage-collected.
                 _pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="vit-neighborhood")
                 _pool_key = (os.getpid(), threads - 1)
             pool = _pool
