@@ -173,6 +173,20 @@ def _run(fn, args: list, units: int) -> None:
             future.result()
 
 
+def _library() -> ctypes.CDLL:
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"the CPU sliding-window kernel is unavailable: {status()}")
+    return lib
+
+
+def _empty_outputs(q: torch.Tensor, neighbours: torch.Tensor, prefix: int) -> tuple[torch.Tensor, ...]:
+    """``out`` (like ``q``, packed), ``prob`` ``(B, heads, N - prefix, K)`` and ``prob_prefix`` ``(B, heads, prefix,
+    N)``, uninitialised."""
+    B, N, H, D = q.shape
+    return q.new_empty(B, N, H, D), q.new_empty(B, H, N - prefix, neighbours.shape[1]), q.new_empty(B, H, prefix, N)
+
+
 def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
 
@@ -212,24 +226,19 @@ def neighborhood_attention_cpu(
         ``out`` ``(B, N, heads, head_dim)``, and the softmax probabilities kept for the backward: ``(B, heads,
         N - prefix, K)`` of the patch queries and ``(B, heads, prefix, N)`` of the prefix queries.
     """
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"the CPU sliding-window kernel is unavailable: {status()}")
+    lib = _library()
     _check(q, k, v, neighbours, num_prefix_tokens)
     q, k, v, neighbours = q.contiguous(), k.contiguous(), v.contiguous(), neighbours.contiguous()
     B, N, H, D = q.shape
-    P, K = num_prefix_tokens, neighbours.shape[1]
-    out, prob, prob_prefix = q.new_empty(B, N, H, D), q.new_empty(B, H, N - P, K), q.new_empty(B, H, P, N)
-    args = [_ptr(t) for t in (q, k, v, neighbours, out, prob, prob_prefix)] + [N, H, D, P, K, scale]
-    _run(lib.vit_na_forward, args, B * H)
+    out, prob, prob_prefix = _empty_outputs(q, neighbours, num_prefix_tokens)
+    args = [_ptr(t) for t in (q, k, v, neighbours, out, prob, prob_prefix)]
+    _run(lib.vit_na_forward, [*args, N, H, D, num_prefix_tokens, neighbours.shape[1], scale], B * H)
     return out, prob, prob_prefix
 
 
 @neighborhood_attention_cpu.register_fake
 def _(q, k, v, neighbours, num_prefix_tokens, scale):
-    B, N, H, _ = q.shape
-    P, K = num_prefix_tokens, neighbours.shape[1]
-    return q.new_empty(q.shape), q.new_empty(B, H, N - P, K), q.new_empty(B, H, P, N)
+    return _empty_outputs(q, neighbours, num_prefix_tokens)
 
 
 @torch.library.custom_op("vit::neighborhood_attention_cpu_backward", mutates_args=())
@@ -246,9 +255,7 @@ def neighborhood_attention_cpu_backward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of ``q``, ``k`` and ``v`` from the forward's outputs and the gradient of ``out``."""
-    lib = load()
-    if lib is None:
-        raise RuntimeError(f"the CPU sliding-window kernel is unavailable: {status()}")
+    lib = _library()
     # The kernel reads packed layouts: whatever strides the caller's tensors (saved for the backward) have.
     tensors = [t.contiguous() for t in (q, k, v, neighbours, out, prob, prob_prefix, grad)]
     B, N, H, D = q.shape

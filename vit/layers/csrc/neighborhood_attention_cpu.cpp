@@ -133,17 +133,27 @@ void backward_row(const float* qn, const float* kb, const float* vb, const int64
   }
 }
 
+// Row n's keys (nullptr: all N tokens, for a prefix query), their number, and its probabilities in prob (patch
+// queries, (B, H, N - P, K)) or prob_prefix (prefix queries, (B, H, P, N)).
+inline const int64_t* row_keys(const int64_t* nbr, const Shape& s, int64_t n) {
+  return n < s.P ? nullptr : nbr + (n - s.P) * s.K;
+}
+inline int64_t row_count(const Shape& s, int64_t n) { return n < s.P ? s.N : s.K; }
+template <typename F>
+inline F* row_probs(F* prob, F* prob_prefix, const Shape& s, int64_t b, int64_t h, int64_t n) {
+  return n < s.P ? prob_prefix + ((b * s.H + h) * s.P + n) * s.N : prob + ((b * s.H + h) * (s.N - s.P) + n - s.P) * s.K;
+}
+
 template <int V>
 void forward(const float* q, const float* k, const float* v, const int64_t* nbr, float* out, float* prob,
              float* prob_prefix, const Shape& s, int64_t begin, int64_t end) {
-  const int64_t T = s.H * s.D, Nq = s.N - s.P;
+  const int64_t T = s.H * s.D;
   for (int64_t u = begin; u < end; ++u) {
     const int64_t b = u / s.H, h = u % s.H, base = b * s.N * T + h * s.D;
     for (int64_t n = 0; n < s.N; ++n) {
-      const bool prefix = n < s.P;
-      float* p = prefix ? prob_prefix + ((b * s.H + h) * s.P + n) * s.N : prob + ((b * s.H + h) * Nq + n - s.P) * s.K;
-      forward_row<V>(q + base + n * T, k + base, v + base, prefix ? nullptr : nbr + (n - s.P) * s.K,
-                     prefix ? s.N : s.K, s, p, out + base + n * T);
+      const int64_t row = base + n * T;
+      forward_row<V>(q + row, k + base, v + base, row_keys(nbr, s, n), row_count(s, n), s,
+                     row_probs(prob, prob_prefix, s, b, h, n), out + row);
     }
   }
 }
@@ -152,16 +162,13 @@ template <int V>
 void backward(const float* q, const float* k, const float* v, const int64_t* nbr, const float* out, const float* prob,
               const float* prob_prefix, const float* dout, float* dq, float* dk, float* dv, const Shape& s,
               int64_t begin, int64_t end) {
-  const int64_t T = s.H * s.D, Nq = s.N - s.P;
+  const int64_t T = s.H * s.D;
   for (int64_t u = begin; u < end; ++u) {
     const int64_t b = u / s.H, h = u % s.H, base = b * s.N * T + h * s.D;
     for (int64_t n = 0; n < s.N; ++n) {
-      const bool prefix = n < s.P;
-      const float* p =
-          prefix ? prob_prefix + ((b * s.H + h) * s.P + n) * s.N : prob + ((b * s.H + h) * Nq + n - s.P) * s.K;
       const int64_t row = base + n * T;
-      backward_row<V>(q + row, k + base, v + base, prefix ? nullptr : nbr + (n - s.P) * s.K, prefix ? s.N : s.K, s,
-                      p, out + row, dout + row, dq + row, dk + base, dv + base);
+      backward_row<V>(q + row, k + base, v + base, row_keys(nbr, s, n), row_count(s, n), s,
+                      row_probs(prob, prob_prefix, s, b, h, n), out + row, dout + row, dq + row, dk + base, dv + base);
     }
   }
 }
