@@ -97,9 +97,9 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
     sliding_path = ""  # which CPU path the sliding rows measure, for the table's title and the report
     if device.type == "cpu" and kernels and args.precision == "fp32":
         kernel = neighborhood_kernel.available()
-        sliding_path = ", sliding: the fused kernel" if kernel else ", sliding: tiles"
+        sliding_path = "the fused kernel" if kernel else "tiles"
         reason = "" if kernel else f"; the kernel is unavailable: {neighborhood_kernel.status()}"
-        suite["notes"].append(f"sliding windows on the CPU: {sliding_path.split(': ')[1]}{reason}")
+        suite["notes"].append(f"sliding windows on the CPU: {sliding_path}{reason}")
         log(suite["notes"][-1])
     # Every round times every layer on every grid, so load changes on a shared machine hit all grids alike.
     seconds: list[list[tuple[float, float]]] = [[] for _ in cases]
@@ -130,7 +130,8 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
     print_table(
         f"attention ({device_name(device)}, {args.precision}, {threads} thread{'s' * (threads != 1)}, "
         f"median of {args.attn_reps} interleaved rounds, malloc "
-        f"{'keeps freed memory' if args.freed_memory_kept else 'defaults'}{sliding_path})",
+        f"{'keeps freed memory' if args.freed_memory_kept else 'defaults'}"
+        f"{f', sliding: {sliding_path}' if sliding_path else ''})",
         rows,
         [
             ("grid", "grid", "d"),
