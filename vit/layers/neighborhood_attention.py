@@ -8,13 +8,15 @@ Prefix tokens (class / register) attend to every token and every token attends t
 
 Three exact, linear-cost paths, none of which builds an ``N × N`` mask or score matrix:
 
-* CPU, fp32: a fused kernel (:mod:`vit.layers.neighborhood_kernel`, compiled on first use) in which every patch
-  query scores exactly its ``k²`` neighbours and the prefix keys, forward and backward. Trains on the CPU.
+* CPU, fp32: a fused kernel (:mod:`vit.layers.neighborhood_kernel`, compiled when a layer is first built) in
+  which every patch query scores exactly its ``k²`` neighbours and the prefix keys, forward and backward. Trains on
+  the CPU.
 * Any device: the queries are cut into ``t × t`` tiles (inside one residue class); each tile attends to its halo of
   at most ``(t + k - 1)²`` keys plus the prefix keys, with an additive 0 / -inf mask per tile (it depends only on
   where the tile sits relative to the border), all tiles batched through one
-  :func:`torch.nn.functional.scaled_dot_product_attention` call. The CPU's fallback (no C++ compiler, bf16
-  autocast, attention dropout) and, with ``fused_attn=False``, the explicit softmax.
+  :func:`torch.nn.functional.scaled_dot_product_attention` call. The CPU's fallback (no C++ compiler, autocast,
+  dtypes other than fp32, attention dropout, ``torch.func`` transforms) and, with ``fused_attn=False``, the
+  explicit softmax.
 * CUDA: :func:`torch.nn.attention.flex_attention` with a ``BlockMask`` built once per (grid, k, d, prefix, device)
   and shared by every block with that geometry; the tiled path is the fallback (attention dropout, or
   ``fused_attn=False``).
