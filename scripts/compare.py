@@ -1,11 +1,9 @@
-"""Compare W&B runs: ``python -m vit.compare`` (see ``vit/compare/``); this entry point is the same command.
+"""Compare W&B runs: a table of the settings that differ and a plot.
 
-python scripts/compare.py runs/            # fit runs only; --all adds validate/predict and crashed runs
+The same as ``vit compare ...``; ``python scripts/compare.py --help`` lists the options.
 """
 
-import sys
-
-from vit.compare import main
+from vit.main import console
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console(["compare"])

@@ -1,14 +1,9 @@
-"""Explain a trained model's predictions: rollout and attribution overlays, faithfulness, an HTML report.
+"""Explain a trained model's predictions (rollout, attribution, faithfulness, an HTML report).
 
-    python scripts/explain.py CHECKPOINT IMAGE_OR_FOLDER [...] [--method rollout|attribution|both] [--faithfulness]
-                              [--json areas.json] [--html report.html] [--out explanations]
-
-See ``python scripts/explain.py --help``; the logic lives in :mod:`vit.explain.command`.
+The same as ``vit explain ...``; ``python scripts/explain.py --help`` lists the options.
 """
 
-import sys
-
-from vit.explain.command import main
+from vit.main import console
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console(["explain"])

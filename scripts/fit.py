@@ -1,11 +1,9 @@
-"""Train a model: ``python scripts/fit.py --config quickstart.yaml [--trainer.max_epochs 5 ...]``.
+"""Train a model: `python scripts/fit.py --config vit_small.yaml [--trainer.max_epochs 5 ...]`.
 
-The same as ``vit fit ...``; a bare config name is looked up in ``configs/``.
+The same as ``vit fit ...``; ``python scripts/fit.py --help`` lists the options.
 """
 
-import sys
-
-from vit.cli import cli_main
+from vit.main import console
 
 if __name__ == "__main__":
-    cli_main(["fit", *sys.argv[1:]])
+    console(["fit"])

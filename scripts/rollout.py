@@ -1,13 +1,11 @@
-"""Moved: this is ``scripts/explain.py --method rollout --out rollout``, kept so that old commands still work.
+"""The old name of ``vit explain --method rollout --out rollout``, kept so that old commands still work.
 
     python scripts/rollout.py CHECKPOINT IMAGE_OR_FOLDER [...] [--out rollout] [--head-fusion max --discard-ratio 0.9]
 
-Every option of ``scripts/explain.py`` applies (see :mod:`vit.explain.command`).
+Every option of ``vit explain`` applies (later options win).
 """
 
-import sys
-
-from vit.explain.command import rollout_main
+from vit.main import console
 
 if __name__ == "__main__":
-    sys.exit(rollout_main())
+    console(["explain", "--method", "rollout", "--out", "rollout"])

@@ -1,6 +1,6 @@
-"""``python -m vit fit|validate|test|predict ...``: the same command line as the ``vit`` console script."""
+"""``python -m vit SUBCOMMAND ...``: the same command line as the ``vit`` console script (:mod:`vit.main`)."""
 
-from vit.cli import cli_main
+from vit.main import console
 
 if __name__ == "__main__":
-    cli_main()
+    console()

@@ -1,5 +1,5 @@
-"""``python -m vit.bench``: see ``vit.bench``."""
+"""``python -m vit.bench``: the same as ``vit bench`` (see ``vit.bench``)."""
 
-from vit.bench.cli import main
+from vit.main import console
 
-main()
+console(["bench"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,16 +11,17 @@ import torch
 
 from vit.allocator import keep_freed_memory
 from vit.bench.harness import BenchError, environment, log, write_report
+from vit.errors import ArgumentParser, fail
 
 SUITES = ("model", "attention", "data")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     """Every option of every suite; defaults that depend on the device are ``None`` here (see ``parse_args``)."""
     import vit.bench
 
-    parser = argparse.ArgumentParser(
-        prog="python -m vit.bench", description=vit.bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = ArgumentParser(
+        prog=prog, description=vit.bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--suite", choices=(*SUITES, "all"), default="all", help="what to measure")
     parser.add_argument("--json", help="write the full report here")
@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--data-samples", type=int, default=300, help="JPEG samples per round (CIFAR: 4x)")
     data.add_argument("--data-rounds", type=int, default=5)
     data.add_argument("--jpeg-size", nargs=2, type=int, default=[375, 500], metavar=("HEIGHT", "WIDTH"))
-    data.add_argument("--cifar-mini", help="folder of small photos (train/<class>/*.jpg) for realistic content")
+    data.add_argument(
+        "--cifar-mini", help="folder of small photos (<class>/*.jpg or train/<class>/*.jpg) for realistic content"
+    )
     return parser
 
 
@@ -115,11 +117,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> dict[str, Any]:
+def main(
+    argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None, prog: str = "vit bench"
+) -> dict[str, Any]:
     """The command line: parse, run, and turn a bad setting into one ``error:`` line and exit status 2."""
-    args = parse_args(argv, parser)
+    args = parse_args(argv, parser or build_parser(prog))
     try:
         return run(args)
     except BenchError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(err)

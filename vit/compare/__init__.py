@@ -1,9 +1,9 @@
 """Compare W&B runs: a table of the settings that differ, best val/acc, final loss and throughput, and a plot.
 
-    python -m vit.compare runs/                                 # every fit run under a folder (offline)
-    python -m vit.compare runs/quickstart/RUN_A runs/quickstart/RUN_B
-    python -m vit.compare runs/ --all                           # also validate/predict runs and crashed ones
-    python -m vit.compare --project ENTITY/PROJECT [--group quickstart] [--last 10]   # online, W&B API
+    vit compare runs/                                 # every fit run under a folder (offline)
+    vit compare runs/quickstart/RUN_A runs/quickstart/RUN_B
+    vit compare runs/ --all                           # also validate/predict runs and crashed ones
+    vit compare --project ENTITY/PROJECT [--group quickstart] [--last 10]   # online, W&B API
 
 Offline runs (``wandb/offline-run-*/run-*.wandb``) are read back with wandb's own tool, ``wandb leet inspect``, so
 nothing needs a network. Only fit runs that finished are compared unless ``--all`` is given; the parts of a resumed run
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from vit.compare.report import X_AXES, attention, best, differing_keys, last, plot, series, table, throughput
 from vit.compare.runs import InputError, Run, find_run_files, merge_resumed, read_offline_runs, read_online_runs
+from vit.errors import ArgumentParser, fail
 
 __all__ = [
     "X_AXES",
@@ -72,8 +73,8 @@ def default_plot(metric: str, x_axis: str = "epoch") -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit status (2 for bad input, with one ``error:`` line)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m vit.compare",
+    parser = ArgumentParser(
+        prog="vit compare",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -104,8 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if not runs:
             raise InputError(f"no finished fit run to compare ({(note or '').removeprefix('left out ')})")
     except InputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        fail(err)
     print(table(runs, args.metric, status=args.all))
     if note:
         print(note, file=sys.stderr)

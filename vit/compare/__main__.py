@@ -1,7 +1,5 @@
-"""``python -m vit.compare``: see ``vit.compare``."""
+"""``python -m vit.compare``: the same as ``vit compare`` (see ``vit.compare``)."""
 
-import sys
+from vit.main import console
 
-from vit.compare import main
-
-sys.exit(main())
+console(["compare"])

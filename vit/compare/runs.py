@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vit.errors import UsageError
 
-class InputError(Exception):
+
+class InputError(UsageError):
     """Bad input: a message for the user, exit status 2."""
 
 

@@ -1,0 +1,102 @@
+"""The one ``vit`` command (vit.main): every subcommand listed and reachable, one error format, the thin aliases."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vit.errors import ArgumentParser, UsageError, suggest
+from vit.main import SUBCOMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPECTED = ("fit", "validate", "test", "predict", "explain", "compare", "bench", "export", "data")
+
+
+def test_help_lists_every_subcommand_with_one_line(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    listed = re.findall(r"^  (\w+) +\S", out, flags=re.MULTILINE)
+    assert listed == list(EXPECTED) == list(SUBCOMMANDS)
+
+
+@pytest.mark.parametrize(
+    "argv", [[sub, "--help"] for sub in EXPECTED if sub != "data"] + [["data", "prepare", "--help"]]
+)
+def test_every_subcommand_has_help(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage:" in out and "--" in out  # a usage line and at least one option
+
+
+def test_data_without_action_lists_the_actions(capsys):
+    assert main(["data", "--help"]) == 0
+    assert re.search(r"^  prepare +\S", capsys.readouterr().out, flags=re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["fti"], "error: unknown subcommand 'fti' (did you mean fit?); `vit --help` lists them"),
+        (["data", "prep"], "error: vit data: unknown action 'prep' (did you mean prepare?); actions: prepare"),
+        (["bench", "--suit", "model"], "error: vit bench: unknown option --suit (did you mean --suite?)"),
+        (["compare", "--metri", "val/acc"], "error: vit compare: unknown option --metri (did you mean --metric?)"),
+        (["compare"], "error: nothing to compare: pass offline run folders"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_no_prefix_matching():
+    """``--suit`` is not taken for ``--suite`` (argparse's default abbreviation matching is off)."""
+    parser = ArgumentParser(prog="vit x")
+    parser.add_argument("--suite")
+    assert parser.parse_args(["--suite", "a"]).suite == "a"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--suit", "a"])
+
+
+def test_suggest_only_close_names():
+    assert suggest("--max_epoch", ["--max_epochs", "--min_epochs", "--seed"]) == " (did you mean --max_epochs?)"
+    assert suggest("--zzz", ["--max_epochs"]) == ""
+
+
+def test_usage_error_from_a_subcommand_is_one_line(monkeypatch, capsys):
+    def raises(argv: list[str]) -> int:
+        raise UsageError("DEST x holds something else:\n  pick an empty folder")
+
+    monkeypatch.setitem(SUBCOMMANDS, "export", (SUBCOMMANDS["export"][0], raises))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: DEST x holds something else: pick an empty folder\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("command", "usage"),
+    [
+        ([sys.executable, "scripts/fit.py", "--help"], "usage: vit fit"),
+        ([sys.executable, "scripts/compare.py", "--help"], "usage: vit compare"),
+        ([sys.executable, "scripts/benchmark.py", "--help"], "usage: vit bench"),
+        ([sys.executable, "-m", "vit", "--help"], "usage: vit SUBCOMMAND"),
+        ([sys.executable, "-m", "vit.bench", "--help"], "usage: vit bench"),
+        (["vit", "--help"], "usage: vit SUBCOMMAND"),
+    ],
+)
+def test_aliases_run_the_same_command(command, usage):
+    if command[0] == "vit":
+        command[0] = str(Path(sys.executable).with_name("vit"))
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert usage in done.stdout

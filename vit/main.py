@@ -1,0 +1,131 @@
+"""The ``vit`` command: one console script whose subcommands cover the whole pipeline.
+
+    vit fit|validate|test|predict --config CONFIG [--section.key VALUE ...]   # LightningCLI (vit.cli)
+    vit explain CHECKPOINT IMAGES... [--method both] [--html report.html]    # vit.explain.command
+    vit compare runs/ [--plot val_acc.png]                                   # vit.compare
+    vit bench --suite model|attention|data|all [--json report.json]          # vit.bench
+    vit export --ckpt_path CKPT --out DIR [--onnx] [--ema]                   # vit.export
+    vit data prepare --data.dataset NAME --data.data_dir SRC --out DEST      # vit.data.prepare
+
+Every subcommand reports bad input the same way: one ``error: <message>`` line on stderr, no traceback, and an exit
+status from :mod:`vit.errors` (``2`` for bad input). ``vit SUB --help`` shows a subcommand's options.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from importlib import import_module
+
+from vit.errors import EXIT_BAD_INPUT, EXIT_OK, UsageError, fail, suggest
+
+
+def _lightning(sub: str) -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        from vit.cli import cli_main
+
+        cli_main([sub, *argv])
+        return EXIT_OK
+
+    return run
+
+
+def _module(path: str, **kwargs: str) -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        module, _, function = path.partition(":")
+        return int(getattr(import_module(module), function)(argv, **kwargs) or 0)
+
+    return run
+
+
+def _bench(argv: list[str]) -> int:
+    from vit.bench.cli import main
+
+    main(argv, prog="vit bench")
+    return EXIT_OK
+
+
+def _data(argv: list[str]) -> int:
+    actions = {
+        "prepare": "write a dataset as streaming shards (LitData) that training reads with --data.dataset streaming"
+    }
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: vit data ACTION [...]\n\nactions:")
+        for name, text in actions.items():
+            print(f"  {name:10s}{text}")
+        print("\n`vit data ACTION --help` shows an action's options.")
+        return EXIT_OK if argv else EXIT_BAD_INPUT
+    if argv[0] not in actions:
+        raise UsageError(
+            f"vit data: unknown action {argv[0]!r}{suggest(argv[0], actions)}; actions: {', '.join(actions)}"
+        )
+    from vit.data.prepare import main
+
+    return int(main(argv[1:]) or 0)
+
+
+SUBCOMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
+    "fit": ("train a model (LightningCLI: --config, --model.*, --data.*, --trainer.*)", _lightning("fit")),
+    "validate": ("evaluate a checkpoint on the validation split", _lightning("validate")),
+    "test": ("evaluate a checkpoint on the test split (with optional test-time augmentation)", _lightning("test")),
+    "predict": ("classify a folder of images with a checkpoint, writing predictions.csv", _lightning("predict")),
+    "explain": (
+        "rollout and attribution maps, faithfulness and an HTML report for a checkpoint's predictions",
+        _module("vit.explain.command:main", prog="vit explain"),
+    ),
+    "compare": ("compare W&B runs (offline folders or a project): a table and a plot", _module("vit.compare:main")),
+    "bench": ("benchmarks of the model, attention and data pipelines", _bench),
+    "export": (
+        "write a checkpoint as a timm / Hugging Face Hub folder (safetensors, config.json, ONNX)",
+        _module("vit.export:main"),
+    ),
+    "data": ("prepare datasets: `vit data prepare` writes streaming shards", _data),
+}
+"""``vit SUB``: its one-line description and the function that runs it on the remaining arguments."""
+
+
+def usage() -> str:
+    """The text of ``vit --help``: every subcommand with one line."""
+    width = max(map(len, SUBCOMMANDS)) + 2
+    lines = [
+        "usage: vit SUBCOMMAND [...]",
+        "",
+        "Train, evaluate, explain and export Vision Transformers.",
+        "",
+        "subcommands:",
+        *(f"  {name:{width}s}{text}" for name, (text, _) in SUBCOMMANDS.items()),
+        "",
+        "`vit SUBCOMMAND --help` shows a subcommand's options.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``vit`` on ``argv`` (default ``sys.argv[1:]``) and return its exit status.
+
+    Raises:
+        SystemExit: with status 2 after one ``error:`` line for bad input (also for a :class:`UsageError` raised by a
+            subcommand).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return EXIT_OK if argv else EXIT_BAD_INPUT
+    if argv[0] in ("-V", "--version"):
+        from vit import __version__
+
+        print(f"vit {__version__}")
+        return EXIT_OK
+    sub, rest = argv[0], argv[1:]
+    if sub not in SUBCOMMANDS:
+        fail(f"unknown subcommand {sub!r}{suggest(sub, SUBCOMMANDS)}; `vit --help` lists them")
+    try:
+        return SUBCOMMANDS[sub][1](rest)
+    except UsageError as err:
+        fail(err)
+
+
+def console(prefix: Sequence[str] = ()) -> None:
+    """The ``vit`` console script, ``python -m vit`` and the thin aliases (``scripts/*.py``, ``python -m vit.bench``):
+    exits with the status of :func:`main` on ``prefix`` + ``sys.argv[1:]``."""
+    sys.exit(main([*prefix, *sys.argv[1:]]))
