@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,3 +30,58 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a test module (and the child processes it starts): runs compared bit for bit must sum
+    in the same order, and two OpenMP threads stall on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class TinyFit:
+    """The arguments of a tiny CPU ``vit fit`` (``epochs`` x :attr:`steps_per_epoch` steps, no logger), with dropout,
+    drop-path, Mixup/CutMix and an EMA, so that resume tests see every piece of state; checkpoints in
+    ``root/checkpoints``."""
+
+    overrides = {"embed_dim": 32, "depth": 2, "num_heads": 2, "drop_rate": 0.1, "drop_path_rate": 0.1}
+    steps_per_epoch = 6
+    epochs = 2
+
+    def __call__(self, root: Path, *extra: str, dataset: str = "synthetic", epochs: int | None = None) -> list[str]:
+        return [
+            "fit",
+            "--seed_everything=0",
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=1",
+            f"--trainer.max_epochs={epochs or self.epochs}",
+            f"--trainer.limit_train_batches={self.steps_per_epoch}",
+            "--trainer.limit_val_batches=2",
+            "--trainer.logger=false",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+            f"--trainer.default_root_dir={root}",
+            "--model.model=vit_tiny_patch4_32",
+            f"--model.model_overrides={json.dumps(self.overrides)}",
+            "--model.mixup_alpha=0.8",
+            "--model.cutmix_alpha=1.0",
+            "--model.ema_decay=0.9",
+            "--model.warmup_steps=2",
+            f"--data.dataset={dataset}",
+            "--data.img_size=16",
+            "--data.batch_size=16",
+            "--data.synthetic_size=96",
+            "--data.num_workers=0",
+            "--data.augment=basic",
+            f"--checkpoint.dirpath={root / 'checkpoints'}",
+            *extra,
+        ]
+
+
+@pytest.fixture(scope="session")
+def fit_args() -> TinyFit:
+    """:class:`TinyFit`: ``fit_args(root, *extra, dataset=..., epochs=...)`` and its constants."""
+    return TinyFit()

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Callback
-from test_resume import fit_args as resume_fit_args
 
 from vit.cli import cli_main
 from vit.data import DecodedLoader, DecodedSplit, ImageDataModule
@@ -32,9 +31,10 @@ class Crash(Callback):
             raise RuntimeError(f"injected crash at step {self.step}")
 
 
-def fit_args(root: Path, *extra: str) -> list[str]:
-    """tests/test_resume.py's tiny run, on the digits decoded once with ``strong`` batched augmentation, 2 epochs."""
-    return resume_fit_args(root, "--data.augment=strong", *extra, dataset="digits", epochs=2)
+@pytest.fixture
+def decoded_args(fit_args):
+    """The tiny run of tests/conftest.py, on the digits decoded once with ``strong`` batched augmentation, 2 epochs."""
+    return lambda root, *extra: fit_args(root, "--data.augment=strong", *extra, dataset="digits", epochs=2)
 
 
 def final_state(args: list[str]) -> dict[str, torch.Tensor]:
@@ -46,30 +46,25 @@ def final_state(args: list[str]) -> dict[str, torch.Tensor]:
     return state
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # runs compared bit for bit must sum in the same order
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # runs compared bit for bit must sum in the same order
 
 
 @pytest.mark.slow
-def test_decoded_run_stopped_mid_epoch_resumes_bit_identical(tmp_path: Path) -> None:
-    reference = final_state(fit_args(tmp_path / "reference"))
+def test_decoded_run_stopped_mid_epoch_resumes_bit_identical(tmp_path: Path, decoded_args) -> None:
+    reference = final_state(decoded_args(tmp_path / "reference"))
     root = tmp_path / "stopped"
     crash = "--trainer.callbacks=" + json.dumps([{"class_path": "test_data_resume.Crash", "init_args": {"step": 9}}])
     with pytest.raises(RuntimeError, match="injected crash at step 9"):
-        cli_main(fit_args(root, "--resume.every_n_train_steps=4", crash))
+        cli_main(decoded_args(root, "--resume.every_n_train_steps=4", crash))
     last = root / "checkpoints" / "last.ckpt"
     saved = torch.load(last, map_location="cpu", weights_only=True)
     assert saved["global_step"] == 8 and saved["epoch"] == 1  # two steps into the second epoch: mid-epoch
-    resumed = final_state(fit_args(root, f"--ckpt_path={last}"))
+    resumed = final_state(decoded_args(root, f"--ckpt_path={last}"))
     assert resumed.keys() == reference.keys()
     different = [k for k in reference if not torch.equal(reference[k], resumed[k])]
     assert not different, different[:5]
     # and the run really depends on the augmentation stream: another data seed ends elsewhere
-    other = final_state(fit_args(tmp_path / "other", "--data.seed=1"))
+    other = final_state(decoded_args(tmp_path / "other", "--data.seed=1"))
     assert any(not torch.equal(reference[k], other[k]) for k in reference)
 
 

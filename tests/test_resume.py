@@ -41,9 +41,6 @@ from vit.models.checkpoint_errors import CorruptCheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "drop_rate": 0.1, "drop_path_rate": 0.1}
-STEPS_PER_EPOCH = 6
-EPOCHS = 2
 
 
 # -------------------------------------------------------------------------------------------- fault injection
@@ -81,37 +78,6 @@ def fault(step: int, kind: str) -> str:
     )
 
 
-def fit_args(root: Path, *extra: str, dataset: str = "synthetic", epochs: int = EPOCHS) -> list[str]:
-    """A tiny CPU run of ``epochs`` x 6 steps; checkpoints in ``root/checkpoints``."""
-    return [
-        "fit",
-        "--seed_everything=0",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=1",
-        f"--trainer.max_epochs={epochs}",
-        f"--trainer.limit_train_batches={STEPS_PER_EPOCH}",
-        "--trainer.limit_val_batches=2",
-        "--trainer.logger=false",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        f"--trainer.default_root_dir={root}",
-        "--model.model=vit_tiny_patch4_32",
-        f"--model.model_overrides={json.dumps(TINY)}",
-        "--model.mixup_alpha=0.8",
-        "--model.cutmix_alpha=1.0",
-        "--model.ema_decay=0.9",
-        "--model.warmup_steps=2",
-        f"--data.dataset={dataset}",
-        "--data.img_size=16",
-        "--data.batch_size=16",
-        "--data.synthetic_size=96",
-        "--data.num_workers=0",
-        "--data.augment=basic",
-        f"--checkpoint.dirpath={root / 'checkpoints'}",
-        *extra,
-    ]
-
-
 def final_state(args: list[str]) -> dict[str, torch.Tensor]:
     """Run the CLI and return the module's state dict (model, EMA) and the optimizer state, flattened."""
     cli = cli_main(args)
@@ -130,17 +96,11 @@ def ckpt(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread here and in child processes: runs compared bit for bit must sum in the same order."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+def reference(tmp_path_factory, fit_args) -> dict[str, torch.Tensor]:
     """The final state of the uninterrupted synthetic run that the stopped-and-resumed runs must reproduce."""
     return final_state(fit_args(tmp_path_factory.mktemp("reference")))
 
@@ -161,21 +121,23 @@ def run_stopped(args: list[str], capsys) -> tuple[int | None, str]:
 # ------------------------------------------------------------------------------------------ resume, preemption
 @pytest.mark.slow
 @pytest.mark.parametrize(("dataset", "stop_epoch"), [("synthetic", 1), ("digits", 2)])
-def test_stopped_at_an_epoch_end_and_resumed_is_bit_identical(dataset, stop_epoch, reference, tmp_path, capsys):
-    epochs = 3 if dataset == "digits" else EPOCHS
+def test_stopped_at_an_epoch_end_and_resumed_is_bit_identical(
+    dataset, stop_epoch, reference, tmp_path, capsys, fit_args
+):
+    epochs = 3 if dataset == "digits" else fit_args.epochs
     expected = (
         reference if dataset == "synthetic" else final_state(fit_args(tmp_path / "ref", dataset=dataset, epochs=epochs))
     )
     args = fit_args(tmp_path / "run", dataset=dataset, epochs=epochs)
-    run_stopped([*args, fault(stop_epoch * STEPS_PER_EPOCH, "crash")], capsys)  # dies as the next epoch starts
+    run_stopped([*args, fault(stop_epoch * fit_args.steps_per_epoch, "crash")], capsys)  # dies as the next epoch starts
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    assert ckpt(last)["global_step"] == stop_epoch * STEPS_PER_EPOCH
+    assert ckpt(last)["global_step"] == stop_epoch * fit_args.steps_per_epoch
     resumed = final_state([*args, "--ckpt_path=last"])
     assert max_difference(resumed, expected) == 0.0
 
 
 @pytest.mark.slow
-def test_sigkill_mid_epoch_loses_only_the_steps_since_the_checkpoint(reference, tmp_path):
+def test_sigkill_mid_epoch_loses_only_the_steps_since_the_checkpoint(reference, tmp_path, fit_args):
     args = fit_args(tmp_path, "--resume.every_n_train_steps=2", fault(9, "sigkill"))  # killed inside step 9
     env = {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "vit", *args], env=env, cwd=ROOT, capture_output=True, timeout=300)
@@ -187,7 +149,7 @@ def test_sigkill_mid_epoch_loses_only_the_steps_since_the_checkpoint(reference, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sigterm", "sigint"])
-def test_sigterm_and_sigint_save_a_checkpoint_and_resume_continues(kind, reference, tmp_path, capsys):
+def test_sigterm_and_sigint_save_a_checkpoint_and_resume_continues(kind, reference, tmp_path, capsys, fit_args):
     signum = signal.SIGTERM if kind == "sigterm" else signal.SIGINT
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN, not Python's handler, when launched in the background with &
     code, err = run_stopped([*fit_args(tmp_path), fault(7, kind)], capsys)  # signalled inside step 7, mid-epoch
@@ -318,7 +280,7 @@ def test_crash_in_the_middle_of_a_checkpoint_write_keeps_the_previous_file(tmp_p
     assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"] and ckpt(last)["global_step"] == 4
 
 
-def test_truncated_checkpoint_is_named_on_resume(tmp_path, capsys):
+def test_truncated_checkpoint_is_named_on_resume(tmp_path, capsys, fit_args):
     good = tmp_path / "good.ckpt"
     AtomicCheckpointIO().save_checkpoint({"global_step": 1, "w": torch.ones(1000)}, good)
     cut = tmp_path / "cut.ckpt"
@@ -333,7 +295,7 @@ def test_truncated_checkpoint_is_named_on_resume(tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------------------- numerical faults
 @pytest.mark.slow
-def test_non_finite_loss_stops_at_once_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+def test_non_finite_loss_stops_at_once_and_keeps_the_last_good_checkpoint(tmp_path, capsys, fit_args):
     code, err = run_stopped([*fit_args(tmp_path, "--resume.every_n_train_steps=1"), fault(3, "nan_loss")], capsys)
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert code == EXIT_NON_FINITE
@@ -347,14 +309,14 @@ def test_non_finite_loss_stops_at_once_and_keeps_the_last_good_checkpoint(tmp_pa
     assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt"]
 
 
-def test_non_finite_gradient_stops_before_the_optimizer_step(tmp_path, capsys):
+def test_non_finite_gradient_stops_before_the_optimizer_step(tmp_path, capsys, fit_args):
     code, err = run_stopped([*fit_args(tmp_path, epochs=1), fault(1, "nan_grad")], capsys)
     assert code == EXIT_NON_FINITE
     assert "non-finite gradient (first in model.patch_embed.proj.weight) at step 1" in err
     assert "No checkpoint had been written yet." in err
 
 
-def test_deferred_non_finite_check_stops_within_n_steps_and_never_saves_the_bad_weights(tmp_path, capsys):
+def test_deferred_non_finite_check_stops_within_n_steps_and_never_saves_the_bad_weights(tmp_path, capsys, fit_args):
     # Flags on the device, read every 4 steps and before each checkpoint: the NaN gradient of step 1 is applied,
     # and the checkpoint after it is refused.
     extra = ("--resume.every_n_train_steps=1", "--nonfinite.check_every_n_steps=4")
@@ -369,7 +331,7 @@ def test_deferred_non_finite_check_stops_within_n_steps_and_never_saves_the_bad_
     assert all(torch.isfinite(v).all() for v in saved["state_dict"].values() if v.is_floating_point())
 
 
-def test_deferred_non_finite_check_reads_the_device_every_n_steps(tmp_path, capsys):
+def test_deferred_non_finite_check_reads_the_device_every_n_steps(tmp_path, capsys, fit_args):
     code, err = run_stopped(
         [*fit_args(tmp_path, "--nonfinite.check_every_n_steps=4", epochs=1), fault(1, "nan_loss")], capsys
     )
@@ -378,14 +340,14 @@ def test_deferred_non_finite_check_reads_the_device_every_n_steps(tmp_path, caps
     assert "No checkpoint had been written yet." in err
 
 
-def test_non_finite_weights_are_never_saved():
-    module = ImageClassifier("vit_tiny_patch4_32", num_classes=10, img_size=16, model_overrides=TINY)
+def test_non_finite_weights_are_never_saved(fit_args):
+    module = ImageClassifier("vit_tiny_patch4_32", num_classes=10, img_size=16, model_overrides=fit_args.overrides)
     with torch.no_grad():
         module.model.head.bias[0] = float("inf")
     with pytest.raises(NonFiniteError, match=r"refusing to save a checkpoint at step 7: parameter model.head.bias"):
         NonFiniteGuard().on_save_checkpoint(SimpleNamespace(global_step=7), module, {})
     stem = ImageClassifier(
-        "vit_tiny_patch4_32", num_classes=10, img_size=16, model_overrides={**TINY, "conv_stem": True}
+        "vit_tiny_patch4_32", num_classes=10, img_size=16, model_overrides={**fit_args.overrides, "conv_stem": True}
     )
     with torch.no_grad():  # BatchNorm statistics are weights too
         stem.model.patch_embed.stem[0].bn.running_var[0] = float("nan")
@@ -402,7 +364,7 @@ class _RunsCode:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_pickle_carrying_code_is_refused(tmp_path, capsys):
+def test_pickle_carrying_code_is_refused(tmp_path, capsys, fit_args):
     marker = tmp_path / "pwned"
     evil = tmp_path / "evil.ckpt"
     torch.save({"state_dict": {}, "payload": _RunsCode(marker)}, evil)
@@ -432,11 +394,11 @@ def test_every_torch_load_in_the_project_is_weights_only():
 
 
 @pytest.mark.slow
-def test_resuming_a_checkpoint_of_another_architecture_lists_the_keys(tmp_path, capsys):
+def test_resuming_a_checkpoint_of_another_architecture_lists_the_keys(tmp_path, capsys, fit_args):
     # The config changed (wider, deeper), the run folder did not: --ckpt_path last finds the old architecture.
     final_state([*fit_args(tmp_path, "--resume.every_n_train_steps=1"), "--trainer.max_steps=1"])
     last = tmp_path / "checkpoints" / "last.ckpt"
-    wider = {**TINY, "embed_dim": 48, "depth": 3}
+    wider = {**fit_args.overrides, "embed_dim": 48, "depth": 3}
     code, err = run_stopped(
         [*fit_args(tmp_path), f"--model.model_overrides={json.dumps(wider)}", "--ckpt_path=last"], capsys
     )
@@ -467,7 +429,7 @@ def test_wandb_probe_is_quick_and_loopback_only():
 
 
 @pytest.mark.slow
-def test_wandb_without_network_goes_offline_at_once(tmp_path):
+def test_wandb_without_network_goes_offline_at_once(tmp_path, fit_args):
     # Credentials present, server unreachable, WANDB_MODE unset: without the probe wandb.init retries for 90 s and
     # then raises. The child prints how long the run took from the command line's start to its end.
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}

@@ -26,12 +26,7 @@ SMALL = [
 TINY_VIT = ["--model.model", "vit_tiny_patch4_32", "--model.model_overrides", "{embed_dim: 32, depth: 2, num_heads: 2}"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run_args(runs: Path, *extra: str) -> list[str]:
