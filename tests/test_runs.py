@@ -61,7 +61,7 @@ def test_two_fits_keep_two_runs_and_last_continues_the_newer(tmp_path, capsys):
 
 
 def test_window_and_sliding_runs_are_named_by_their_attention():
-    from vit.loggers import attention_kind
+    from vit.runs import attention_kind
 
     assert attention_kind({"model": {"model": "vit_tiny_patch4_32"}}) == "global"
     assert attention_kind({"model": {"model": "vit_tiny_window_patch4_32"}}) == "window"

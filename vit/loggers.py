@@ -19,9 +19,8 @@ import os
 import socket
 import threading
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -30,7 +29,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from .models import model_config
+from .runs import _get, attention_kind, config_name, default_run_name, wandb_run_id  # noqa: F401  (cli.py)
 
 WANDB_LOGGER_CLASSES = ("lightning.pytorch.loggers.WandbLogger", "lightning.pytorch.loggers.wandb.WandbLogger")
 """``class_path`` spellings of Lightning's W&B logger in a CLI config."""
@@ -40,81 +39,6 @@ SUMMARY_METRICS = {"val/acc": "max", "val/acc_top5": "max", "val/loss": "min"}
 
 DEFAULT_WANDB_URL = "https://api.wandb.ai"
 """The W&B server when ``WANDB_BASE_URL`` is not set (the only place it is written)."""
-
-AttentionKind = Literal["global", "window", "sliding"]
-
-
-def _get(namespace: Any, key: str, default: Any = None) -> Any:
-    """``namespace[key]`` for a jsonargparse ``Namespace`` or a dict (dotted keys allowed), else ``default``."""
-    value = namespace
-    for part in key.split("."):
-        if isinstance(value, Namespace):
-            value = value.get(part, default) if part in value else default
-        elif isinstance(value, Mapping):
-            value = value.get(part, default)
-        else:
-            return default
-    return value
-
-
-def config_name(config: Namespace | Mapping[str, Any]) -> str:
-    """Stem of the last ``--config`` file of a parsed CLI config (``quickstart`` for ``configs/quickstart.yaml``),
-    or ``cli`` when the run was configured on the command line only."""
-    files = _get(config, "config") or []
-    files = files if isinstance(files, (list, tuple)) else [files]
-    for path in reversed(files):
-        text = str(getattr(path, "relative", None) or path)
-        if text and not text.lstrip().startswith("{"):  # a file, not inline YAML
-            return Path(text).stem
-    return "cli"
-
-
-def model_name(config: Namespace | Mapping[str, Any]) -> str:
-    """The preset name (``model.model``), or the class name of a network given by ``class_path``."""
-    model = _get(config, "model.model")
-    if isinstance(model, str):
-        return model
-    class_path = _get(model, "class_path")
-    return str(class_path).rsplit(".", 1)[-1] if class_path else "model"
-
-
-def attention_kind(config: Namespace | Mapping[str, Any]) -> AttentionKind:
-    """The attention a run's model uses: ``global`` when ``window_size`` is 0, else ``window`` (block windows) or
-    ``sliding`` (``window_type: sliding``), read from the preset and ``model.model_overrides``, or from a
-    ``class_path`` network's ``init_args``."""
-    model = _get(config, "model.model")
-    overrides = dict(_get(config, "model.model_overrides") or {})
-    if isinstance(model, str):
-        try:
-            settings = {**model_config(model, **overrides)}
-        except (ValueError, TypeError):  # unknown preset or override: the model itself reports it when built
-            settings = overrides
-    else:
-        settings = dict(_get(model, "init_args") or {})
-    if not settings.get("window_size"):
-        return "global"
-    return "sliding" if settings.get("window_type") == "sliding" else "window"
-
-
-def run_name(config: str, model: str, attention: str, dataset: str, when: datetime | None = None) -> str:
-    """Readable run name ``<config>-<model>-<attention>-<dataset>-<MMDD-HHMMSS>``: the W&B run name and the name of
-    the run's folder ``runs/<config>/<run name>/``.
-
-    Args:
-        config: Config name (:func:`config_name`).
-        model: Model name (:func:`model_name`).
-        attention: :func:`attention_kind`.
-        dataset: ``data.dataset``.
-        when: Start time; now by default.
-    """
-    when = when or datetime.now()
-    return f"{config}-{model}-{attention}-{dataset}-{when:%m%d-%H%M%S}"
-
-
-def default_run_name(config: Namespace, when: datetime | None = None) -> str:
-    """:func:`run_name` of a parsed CLI config."""
-    dataset = str(_get(config, "data.dataset", "data"))
-    return run_name(config_name(config), model_name(config), attention_kind(config), dataset, when)
 
 
 def is_wandb_logger(logger: Any) -> bool:
@@ -152,12 +76,6 @@ def name_wandb_runs(config: Namespace, name: str, save_dir: str | Path, run_id: 
             args.resume = "allow"
         tags = list(args.get("tags") or [])
         args.tags = tags + [tag for tag in (attention_kind(config), dataset) if tag not in tags]
-
-
-def wandb_run_id(run_dir: str | Path) -> str | None:
-    """The id of the most recent W&B run under ``<run_dir>/wandb`` (``offline-run-<time>-<id>``), or ``None``."""
-    runs = sorted(Path(run_dir, "wandb").glob("*run-*-*"), key=lambda p: p.name.split("-", 2)[-1])
-    return runs[-1].name.rsplit("-", 1)[-1] if runs else None
 
 
 def wandb_credentials_configured() -> bool:

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from .resume import last_checkpoint_path, sync_epoch_metrics
+from ..runs import last_checkpoint_path
+from .resume import sync_epoch_metrics
 
 
 class NonFiniteError(RuntimeError):

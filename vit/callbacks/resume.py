@@ -29,6 +29,8 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from timm.utils import random_seed
 
+from ..runs import last_checkpoint_path
+
 
 class Preempted(SystemExit):
     """Raised after a SIGTERM/SIGINT checkpoint was written: exits with status ``128 + signum`` (143, 130).
@@ -284,19 +286,6 @@ def sync_epoch_metrics(trainer: Trainer) -> None:
     """
     if trainer.world_size > 1:
         trainer.callback_metrics  # noqa: B018  (the read computes and caches the reduced values)
-
-
-def last_checkpoint_path(trainer: Trainer) -> Path:
-    """Where ``last.ckpt`` goes: the folder of the trainer's :class:`ModelCheckpoint`, else
-    ``<default_root_dir>/checkpoints``.
-
-    Args:
-        trainer: The trainer (after its callbacks are set up).
-    """
-    callback = _model_checkpoint(trainer)
-    if callback is not None and callback.dirpath:
-        return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
-    return Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
 
 
 def _model_checkpoint(trainer: Trainer) -> ModelCheckpoint | None:

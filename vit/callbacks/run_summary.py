@@ -15,7 +15,7 @@ from torch import nn
 
 from ..loggers import log_summary, wandb_run_folders
 from ..models.flops import forward_flops
-from .resume import last_checkpoint_path
+from ..runs import last_checkpoint_path
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:

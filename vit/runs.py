@@ -1,0 +1,175 @@
+"""Run folders: how a run is named, which folder it claims, where ``--ckpt_path last`` finds it again.
+
+The one owner of the mechanism that the CLI, the W&B loggers and the resume callback share:
+
+- a run's name is ``<config>-<model>-<attention>-<dataset>-<MMDD-HHMMSS>`` (:func:`run_name`), also its W&B name;
+- ``vit fit`` claims ``<runs_dir>/<config>/<run name>/`` atomically (:func:`claim_folder`: a second run started in
+  the same second gets ``-2``), and folders left empty by a run that failed before writing are removed again
+  (:func:`remove_unused_folders`);
+- ``--ckpt_path last`` is the newest ``last.ckpt`` of the config's runs (:func:`find_last_checkpoint`), and the run
+  continues in that folder with its W&B run id (:func:`wandb_run_id`);
+- the DDP processes that Lightning starts find rank 0's folder through :data:`RUN_DIR_ENV`;
+- ``last.ckpt`` itself goes to the run's ``checkpoints/`` (:func:`last_checkpoint_path`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from jsonargparse import Namespace
+
+from .models import model_config
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+
+AttentionKind = Literal["global", "window", "sliding"]
+
+RUN_DIR_ENV = "VIT_RUN_DIR"
+"""Environment variable through which the DDP processes Lightning starts find rank 0's run folder."""
+
+_CLAIMED: list[Path] = []  # folders created by this process for runs, removed again if a run fails before using them
+
+
+def _get(namespace: Any, key: str, default: Any = None) -> Any:
+    """``namespace[key]`` for a jsonargparse ``Namespace`` or a dict (dotted keys allowed), else ``default``."""
+    value = namespace
+    for part in key.split("."):
+        if isinstance(value, Namespace):
+            value = value.get(part, default) if part in value else default
+        elif isinstance(value, Mapping):
+            value = value.get(part, default)
+        else:
+            return default
+    return value
+
+
+def config_name(config: Namespace | Mapping[str, Any]) -> str:
+    """Stem of the last ``--config`` file of a parsed CLI config (``quickstart`` for ``configs/quickstart.yaml``),
+    or ``cli`` when the run was configured on the command line only."""
+    files = _get(config, "config") or []
+    files = files if isinstance(files, (list, tuple)) else [files]
+    for path in reversed(files):
+        text = str(getattr(path, "relative", None) or path)
+        if text and not text.lstrip().startswith("{"):  # a file, not inline YAML
+            return Path(text).stem
+    return "cli"
+
+
+def model_name(config: Namespace | Mapping[str, Any]) -> str:
+    """The preset name (``model.model``), or the class name of a network given by ``class_path``."""
+    model = _get(config, "model.model")
+    if isinstance(model, str):
+        return model
+    class_path = _get(model, "class_path")
+    return str(class_path).rsplit(".", 1)[-1] if class_path else "model"
+
+
+def attention_kind(config: Namespace | Mapping[str, Any]) -> AttentionKind:
+    """The attention a run's model uses: ``global`` when ``window_size`` is 0, else ``window`` (block windows) or
+    ``sliding`` (``window_type: sliding``), read from the preset and ``model.model_overrides``, or from a
+    ``class_path`` network's ``init_args``."""
+    model = _get(config, "model.model")
+    overrides = dict(_get(config, "model.model_overrides") or {})
+    if isinstance(model, str):
+        try:
+            settings = {**model_config(model, **overrides)}
+        except (ValueError, TypeError):  # unknown preset or override: the model itself reports it when built
+            settings = overrides
+    else:
+        settings = dict(_get(model, "init_args") or {})
+    if not settings.get("window_size"):
+        return "global"
+    return "sliding" if settings.get("window_type") == "sliding" else "window"
+
+
+def run_name(config: str, model: str, attention: str, dataset: str, when: datetime | None = None) -> str:
+    """Readable run name ``<config>-<model>-<attention>-<dataset>-<MMDD-HHMMSS>``: the W&B run name and the name of
+    the run's folder ``runs/<config>/<run name>/``.
+
+    Args:
+        config: Config name (:func:`config_name`).
+        model: Model name (:func:`model_name`).
+        attention: :func:`attention_kind`.
+        dataset: ``data.dataset``.
+        when: Start time; now by default.
+    """
+    when = when or datetime.now()
+    return f"{config}-{model}-{attention}-{dataset}-{when:%m%d-%H%M%S}"
+
+
+def default_run_name(config: Namespace, when: datetime | None = None) -> str:
+    """:func:`run_name` of a parsed CLI config."""
+    dataset = str(_get(config, "data.dataset", "data"))
+    return run_name(config_name(config), model_name(config), attention_kind(config), dataset, when)
+
+
+def wandb_run_id(run_dir: str | Path) -> str | None:
+    """The id of the most recent W&B run under ``<run_dir>/wandb`` (``offline-run-<time>-<id>``), or ``None``."""
+    runs = sorted(Path(run_dir, "wandb").glob("*run-*-*"), key=lambda p: p.name.split("-", 2)[-1])
+    return runs[-1].name.rsplit("-", 1)[-1] if runs else None
+
+
+def find_last_checkpoint(runs_dir: str | Path, config: str) -> Path | None:
+    """The ``last.ckpt`` written most recently by any run of ``config``: ``<runs_dir>/<config>/*/checkpoints/``.
+
+    Args:
+        runs_dir: The folder of all runs (``runs``).
+        config: The config name.
+    """
+    candidates = list(Path(runs_dir, config).glob("*/checkpoints/last.ckpt"))
+    return max(candidates, key=lambda p: p.stat().st_mtime_ns) if candidates else None
+
+
+def run_folder_of(checkpoint: str | Path) -> Path | None:
+    """The run folder holding ``checkpoint`` (``<run>/checkpoints/<file>``), or ``None``."""
+    path = Path(checkpoint)
+    return path.parent.parent if path.parent.name == "checkpoints" else None
+
+
+def claim_folder(folder: Path) -> Path:
+    """Create and return ``folder``, or ``folder-2``, ``folder-3``... the first that did not exist (atomically: two
+    runs started in the same second get two folders)."""
+    candidate, n = folder, 1
+    while True:
+        created = [p for p in (candidate, *candidate.parents) if not p.exists()]  # the folder and new parents
+        try:
+            candidate.mkdir(parents=True)
+            _CLAIMED.extend(created)  # innermost first, the order in which empty ones are removed
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = folder.with_name(f"{folder.name}-{n}")
+
+
+def remove_unused_folders() -> None:
+    """Remove the run folders this process claimed and left empty (a run that failed before it wrote anything), and
+    forget them."""
+    for folder in _CLAIMED:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only succeeds when empty
+    _CLAIMED.clear()
+
+
+def forget_claimed_folders() -> None:
+    """Keep the folders claimed so far (the run that claimed them has used them)."""
+    _CLAIMED.clear()
+
+
+def last_checkpoint_path(trainer: Trainer) -> Path:
+    """Where ``last.ckpt`` goes: the folder of the trainer's :class:`ModelCheckpoint`, else
+    ``<default_root_dir>/checkpoints``.
+
+    Args:
+        trainer: The trainer (after its callbacks are set up).
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    callback = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
+    if callback is not None and callback.dirpath:
+        return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
+    return Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
