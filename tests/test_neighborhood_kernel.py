@@ -265,3 +265,10 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     assert neighborhood_kernel.cache_dir() == tmp_path / "vit" / "kernels"
     monkeypatch.setenv("VIT_CACHE_DIR", str(tmp_path / "mine"))
     assert neighborhood_kernel.cache_dir() == tmp_path / "mine" / "kernels"
+
+
+def test_a_library_of_another_interface_version_is_refused(kernel, fresh_kernel_state, monkeypatch):
+    """The source's ``vit_na_abi_version()`` is read at load: a library built for another interface is never called."""
+    monkeypatch.setattr(neighborhood_kernel, "ABI_VERSION", 2)
+    assert neighborhood_kernel.load() is None
+    assert "has C interface version 1, this module calls version 2" in neighborhood_kernel.status()

@@ -42,6 +42,9 @@ FLAG_SETS = (  # tried in order: tuned for this CPU, then portable
     ["-std=c++17", "-O3", "-fno-math-errno", "-shared", "-fPIC"],
 )
 ENV_SWITCH = "VIT_NEIGHBORHOOD_KERNEL"
+ABI_VERSION = 1
+"""The C interface this module calls (``vit_na_abi_version()`` in the source): a library that reports another version
+is refused at load, with both numbers, instead of being called with the wrong arguments."""
 COMPILE_TIMEOUT_S = 300
 
 _lib: ctypes.CDLL | None = None
@@ -130,6 +133,11 @@ def load() -> ctypes.CDLL | None:
             try:
                 path = build()
                 lib = ctypes.CDLL(str(path))
+                lib.vit_na_abi_version.restype = ctypes.c_int
+                if (found := lib.vit_na_abi_version()) != ABI_VERSION:
+                    raise RuntimeError(
+                        f"{path} has C interface version {found}, this module calls version {ABI_VERSION}"
+                    )
                 pointers, ints = [ctypes.c_void_p], [ctypes.c_int64]
                 tail = ints * 5 + [ctypes.c_float] + ints * 2
                 lib.vit_na_forward.argtypes = pointers * 7 + tail
@@ -141,6 +149,16 @@ def load() -> ctypes.CDLL | None:
         if _lib is None:
             log.warning("vit: the CPU sliding-window kernel is unavailable, using the tiled path: %s", _state)
     return _lib
+
+
+@torch._dynamo.assume_constant_result  # run once while tracing and compiled in as a constant: no graph break
+def ready() -> bool:
+    """Build or load the kernel on the first call that needs it (:func:`load`) and say whether it is there.
+
+    The layer calls this on its first CPU fp32 forward, so a model that only ever runs on CUDA never compiles it;
+    under ``torch.compile`` it runs while tracing, so a model compiled before it ever ran eagerly traces the kernel.
+    """
+    return load() is not None
 
 
 def available() -> bool:
