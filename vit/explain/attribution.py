@@ -10,6 +10,12 @@ The map is the class-token row of ``R`` over the patch columns (raw, not normali
 (``global_pool="avg"``) it is the mean of ``R``'s patch rows over the patch columns. Unlike rollout it depends on
 the class explained, and only attention that *raises* the target logit counts.
 
+With an attention-pooling head (``global_pool="map"``) the map ends at the latent query, the rule of the paper for
+a query that reads a context through cross-attention only (it has no self-attention, so its own relevance starts
+at zero): with ``A_p`` the head's weights ``(B, heads, latent_len, num_patches)`` and ``∇A_p = ∂y/∂A_p``,
+
+    r = mean_latents(mean_heads((∇A_p ⊙ A_p)⁺)) · R[patches, patches]
+
 Compared with jacobgil/vit-explain's gradient rollout, ``R`` accumulates additively (no renormalisation, no
 discard), heads are averaged after the positive part is taken, and every sample of the batch is explained (not
 only element 0).
@@ -24,8 +30,8 @@ import torch
 from torch import nn
 
 from ..layers.utils import eval_mode
-from .capture import attention_modules
-from .rollout import RolloutPool, head_pool
+from .capture import attention_modules, pool_module
+from .rollout import RolloutPool, _check_pool_attention, head_pool
 
 
 def relevance_from_gradients(
@@ -33,6 +39,8 @@ def relevance_from_gradients(
     gradients: Sequence[torch.Tensor],
     num_prefix_tokens: int = 1,
     pool: RolloutPool = "token",
+    pool_attention: torch.Tensor | None = None,
+    pool_gradient: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Apply the update ``R ← R + mean_heads((∇A ⊙ A)⁺) · R`` block by block and read the patch relevance.
 
@@ -40,7 +48,10 @@ def relevance_from_gradients(
         attentions: Per-block weights ``(B, heads, N, N)`` in forward order.
         gradients: ``∂y/∂A`` of the same shapes.
         num_prefix_tokens: Class and register tokens at the start of the sequence.
-        pool: ``"token"``: class-token row over patch columns; ``"avg"``: mean of the patch rows over patch columns.
+        pool: ``"token"``: class-token row over patch columns; ``"avg"``: mean of the patch rows over patch columns;
+            ``"map"``: the latent query's row (module docstring), from ``pool_attention`` and ``pool_gradient``.
+        pool_attention: The pooling head's weights ``(B, heads, latent_len, N - num_prefix_tokens)``, for ``"map"``.
+        pool_gradient: ``∂y/∂pool_attention``, same shape.
 
     Returns:
         ``(B, N - num_prefix_tokens)`` raw relevance per patch, row-major grid order, float32 (float64 if given).
@@ -53,14 +64,18 @@ def relevance_from_gradients(
     for i, (attn, grad) in enumerate(zip(attentions, gradients, strict=True)):
         if attn.ndim != 4 or attn.shape != grad.shape or attn.shape != attentions[0].shape:
             raise ValueError(f"block {i}: attention {tuple(attn.shape)} and gradient {tuple(grad.shape)} must match")
-    if pool not in ("token", "avg"):
-        raise ValueError(f"pool must be 'token' or 'avg', got {pool!r}")
+    if pool not in ("token", "avg", "map"):
+        raise ValueError(f"pool must be 'token', 'avg' or 'map', got {pool!r}")
     if pool == "token" and num_prefix_tokens < 1:
         raise ValueError("pool='token' needs a class token (num_prefix_tokens >= 1); use pool='avg'")
     B, _, N, _ = attentions[0].shape
     P = num_prefix_tokens
     if not 0 <= P < N:
         raise ValueError(f"sequence length {N} leaves no patch tokens after {P} prefix tokens")
+    if pool == "map":
+        _check_pool_attention(pool_attention, B, N - P)
+        if pool_gradient is None or pool_gradient.shape != pool_attention.shape:
+            raise ValueError("pool='map' needs pool_gradient of the shape of pool_attention")
     dtype = torch.float64 if attentions[0].dtype == torch.float64 else torch.float32
     relevance = torch.eye(N, dtype=dtype, device=attentions[0].device).expand(B, N, N)
     for attn, grad in zip(attentions, gradients, strict=True):
@@ -68,6 +83,9 @@ def relevance_from_gradients(
         relevance = relevance + cam @ relevance
     if pool == "token":
         return relevance[:, 0, P:]
+    if pool == "map":
+        cam = (pool_gradient.to(dtype) * pool_attention.to(dtype)).clamp(min=0).mean(dim=1).mean(dim=1)  # (B, Np)
+        return (cam[:, None] @ relevance[:, P:, P:])[:, 0]
     return relevance[:, P:, P:].mean(dim=1)
 
 
@@ -101,6 +119,8 @@ def attention_attribution(model: nn.Module, images: torch.Tensor, target: Any = 
     their full ``N × N`` pattern with zeros outside it), so that ``∂y/∂A`` exists; ``torch.autograd.grad`` then
     takes it for the sum of the target logits (images do not interact, so a batch equals its images one by one).
     The model is left as it was: ``training`` flags restored, no hook left, no ``.grad`` written to parameters.
+    An attention-pooling head is hooked the same way (its ``apply_weights`` and ``pool_latents``), and the map ends
+    at its latent query (module docstring).
 
     Args:
         model: A :class:`~vit.VisionTransformer` (``blocks[i].attn`` with ``attention_weights``, ``qkv``,
@@ -139,6 +159,20 @@ def attention_attribution(model: nn.Module, images: torch.Tensor, target: Any = 
 
         return hook
 
+    head = pool_module(model)
+
+    def pool_hook(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:
+        x = args[0] if args else kwargs["x"]
+        key_mask = args[1] if len(args) > 1 else kwargs.get("key_mask")
+        attn = module.attention_weights(x, key_mask)
+        out = module.pool_latents(module.apply_weights(attn, x))
+        expected = output.detach()
+        tolerance = 1e-4 * float(expected.abs().max()) + 1e-6
+        if out.dtype in (torch.float32, torch.float64) and not torch.allclose(out, expected, 1e-3, tolerance):
+            raise RuntimeError("attn_pool: its dense attention_weights do not reproduce its output")
+        attentions[-1] = attn
+        return out
+
     param = next(model.parameters(), None)
     if param is not None:
         images = images.to(param.device)
@@ -146,6 +180,8 @@ def attention_attribution(model: nn.Module, images: torch.Tensor, target: Any = 
     try:
         for i, module in enumerate(modules):
             handles.append(module.register_forward_hook(make_hook(i), with_kwargs=True))
+        if head is not None:
+            handles.append(head.register_forward_hook(pool_hook, with_kwargs=True))
         with eval_mode(model), torch.enable_grad():
             # The input requires grad so that every A is in the graph even when the parameters are frozen.
             logits = model.forward(images.detach().requires_grad_(True))  # eager even after model.compile()
@@ -154,14 +190,20 @@ def attention_attribution(model: nn.Module, images: torch.Tensor, target: Any = 
             missing = [i for i in range(len(modules)) if i not in attentions]
             if missing:
                 raise RuntimeError(f"the forward pass never called the attention of blocks {missing}")
-            order = [attentions[i] for i in range(len(modules))]
+            order = [attentions[i] for i in range(len(modules))] + ([attentions[-1]] if head is not None else [])
             gradients = torch.autograd.grad(score, order)
     finally:
         for handle in handles:
             handle.remove()
     pool = head_pool(model)
+    blocks = len(modules)
     relevance = relevance_from_gradients(
-        [a.detach() for a in order], gradients, num_prefix_tokens=model.num_prefix_tokens, pool=pool
+        [a.detach() for a in order[:blocks]],
+        gradients[:blocks],
+        num_prefix_tokens=model.num_prefix_tokens,
+        pool=pool,
+        pool_attention=order[blocks].detach() if head is not None else None,
+        pool_gradient=gradients[blocks] if head is not None else None,
     )
     rows, cols = model.patch_embed.grid_size
     return relevance.reshape(-1, rows, cols)

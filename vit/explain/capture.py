@@ -5,6 +5,10 @@ forward pre-hook on each block's attention module recomputes the matrix from tha
 ``attn.attention_weights(x)`` on the exact input the block receives, during the model's ordinary forward pass
 (:func:`record_attention`), so one pass gives both the logits and every block's attention. The hooks are removed
 and every module's ``training`` flag restored afterwards, so nothing persists.
+
+A model that pools with attention (``global_pool="map"``, its ``attn_pool`` head) has one more attention to record:
+the head's cross-attention from its latent queries to the patch tokens, ``(B, heads, latent_len, num_patches)``,
+kept beside the blocks' list as :attr:`AttentionRecord.pool`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,24 @@ import torch
 from torch import nn
 
 from ..layers.utils import eval_mode
+
+
+class AttentionRecord(list):
+    """One ``(B, heads, N, N)`` tensor per block, in block order, and the pooling head's cross-attention.
+
+    Attributes:
+        pool: ``(B, heads, latent_len, num_patches)`` weights of the latent queries of an attention-pooling head
+            (``model.attn_pool``) over the patch tokens, or ``None`` when the model has no such head or the
+            head did not run (a ``forward_features``-only pass).
+    """
+
+    pool: torch.Tensor | None = None
+
+
+def pool_module(model: nn.Module) -> nn.Module | None:
+    """The model's attention-pooling head (``model.attn_pool`` with ``attention_weights``), or ``None``."""
+    attn_pool = getattr(model, "attn_pool", None)
+    return attn_pool if callable(getattr(attn_pool, "attention_weights", None)) else None
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -61,8 +83,9 @@ def record_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
         model: A model with ``model.blocks[i].attn.attention_weights`` (see :func:`attention_modules`).
 
     Yields:
-        A list filled on exit with one ``(B, heads, N, N)`` tensor per block, in block order (the last forward
-        pass wins when several run).
+        An :class:`AttentionRecord` filled on exit with one ``(B, heads, N, N)`` tensor per block, in block order,
+        and, for a model with an attention-pooling head that ran, the head's latent -> patch weights as ``.pool``
+        (the last forward pass wins when several run).
 
     Raises:
         ValueError: If the model does not expose its blocks' attention (see :func:`attention_modules`).
@@ -82,8 +105,16 @@ def record_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
 
         return hook
 
+    def pool_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        x = args[0] if args else kwargs["x"]
+        key_mask = args[1] if len(args) > 1 else kwargs.get("key_mask")
+        captured[-1] = module.attention_weights(x, key_mask)
+
     handles = [module.register_forward_pre_hook(make_hook(i), with_kwargs=True) for i, module in enumerate(modules)]
-    result: list[torch.Tensor] = []
+    head = pool_module(model)
+    if head is not None:
+        handles.append(head.register_forward_pre_hook(pool_hook, with_kwargs=True))
+    result = AttentionRecord()
     try:
         yield result
     finally:
@@ -93,23 +124,26 @@ def record_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
     if missing:
         raise RuntimeError(f"the forward pass never called the attention of blocks {missing}")
     result.extend(captured[i] for i in range(len(modules)))
+    result.pool = captured.get(-1)
 
 
 @torch.no_grad()
-def capture_attention(model: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
+def capture_attention(model: nn.Module, images: torch.Tensor) -> AttentionRecord:
     """Dense attention weights of every block for a batch of images.
 
     The model runs once in eval mode under ``torch.no_grad()`` through :func:`record_attention`. Window blocks
     give the full ``N × N`` matrix with zeros outside their pattern. Afterwards the model is exactly as before:
     same ``training`` flag on every module, same fused-attention switches, no hooks left (also when the forward
-    pass raises). To get the logits of the same pass too, use :func:`~vit.explain.explain_images`.
+    pass raises). To get the logits of the same pass too, use :func:`~vit.explain.explain_images`. A model with an
+    attention-pooling head runs whole, so that the head's cross-attention is recorded too (``.pool``).
 
     Args:
         model: A model with ``model.blocks[i].attn.attention_weights`` (see :func:`attention_modules`).
         images: Batch ``(B, C, H, W)``, normalised as the model expects; moved to the model's device.
 
     Returns:
-        One ``(B, heads, N, N)`` tensor per block, in block order; every row sums to 1.
+        An :class:`AttentionRecord`: one ``(B, heads, N, N)`` tensor per block, in block order, every row summing
+        to 1 (to 1 up to ``eps`` for linear attention), and ``.pool`` for an attention-pooling head.
 
     Raises:
         ValueError: If the model does not expose its blocks' attention (see :func:`attention_modules`).
@@ -121,5 +155,8 @@ def capture_attention(model: nn.Module, images: torch.Tensor) -> list[torch.Tens
     forward_features = getattr(model, "forward_features", None)
     with eval_mode(model), record_attention(model) as attentions:
         # The blocks are all we need: skip the head when the model splits its forward pass (timm convention).
-        forward_features(images) if callable(forward_features) else model(images)
+        if callable(forward_features) and pool_module(model) is None:
+            forward_features(images)
+        else:
+            model.forward(images)
     return attentions

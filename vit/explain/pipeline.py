@@ -19,7 +19,7 @@ from torch import nn
 from ..normalize import denormalize, normalize
 from .capture import eval_mode, record_attention
 from .rollout import HeadFusion, rollout_grid
-from .stats import CollapseReport, attention_statistics, detect_collapse
+from .stats import CollapseReport, attention_statistics, detect_collapse, row_entropy
 
 
 @dataclass
@@ -38,6 +38,9 @@ class Explanation:
         collapse: Block index -> :class:`~vit.explain.CollapseReport` for every block (empty without statistics);
             a report is truthy when its block collapsed.
         class_names: Name of every class, or ``None`` (classes are then shown as numbers).
+        pool_attention: ``(B, heads, latent_len, num_patches)`` cross-attention of an attention-pooling head
+            (``global_pool="map"``) from its latent queries to the patch tokens, or ``None``.
+        pool_entropy: ``(heads,)`` mean entropy in nats of the pooling head's rows, or ``None``.
     """
 
     images: torch.Tensor
@@ -50,6 +53,8 @@ class Explanation:
     distance: torch.Tensor | None
     collapse: dict[int, CollapseReport]
     class_names: list[str] | None
+    pool_attention: torch.Tensor | None = None
+    pool_entropy: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.images)
@@ -84,7 +89,8 @@ class Explanation:
 
     def metrics(self, prefix: str = "attn") -> dict[str, float]:
         """Scalars for a logger: ``{prefix}/entropy/block_{i}`` (nats) and ``{prefix}/distance/block_{i}``
-        (pixels), means over heads, and ``{prefix}/collapsed_blocks``; empty without statistics."""
+        (pixels), means over heads, ``{prefix}/collapsed_blocks``, and ``{prefix}/entropy/pool`` for an
+        attention-pooling head; empty without statistics."""
         if self.entropy is None or self.distance is None:
             return {}
         values: dict[str, float] = {}
@@ -94,6 +100,8 @@ class Explanation:
             values[f"{prefix}/entropy/block_{i}"] = entropy
             values[f"{prefix}/distance/block_{i}"] = distance
         values[f"{prefix}/collapsed_blocks"] = float(len(self.collapsed_blocks))
+        if self.pool_entropy is not None:
+            values[f"{prefix}/entropy/pool"] = float(self.pool_entropy.mean())
         return values
 
 
@@ -131,8 +139,9 @@ def explain_images(
     """Explain a batch with one forward pass: probabilities, every block's attention, its rollout and statistics.
 
     The model runs once, in eval mode under ``torch.no_grad()``, while :func:`~vit.explain.record_attention`
-    records each block's attention; the model is left as it was (every module's ``training`` flag, no hooks, no
-    gradients).
+    records each block's attention (and an attention-pooling head's cross-attention, from which the rollout of a
+    ``global_pool="map"`` model is read: :func:`~vit.explain.attention_rollout`); the model is left as it was
+    (every module's ``training`` flag, no hooks, no gradients).
 
     Args:
         model: A :class:`~vit.VisionTransformer` (blocks with ``attn.attention_weights``, ``patch_embed``,
@@ -178,7 +187,8 @@ def explain_images(
         logits = model.forward(inputs)
     probs = logits.float().softmax(dim=-1)
     rollout = rollout_grid(model, attentions, head_fusion, discard_ratio)
-    entropy = distance = None
+    entropy = distance = pool_entropy = None
+    pool_attention = attentions.pool
     collapse: dict[int, CollapseReport] = {}
     if statistics:
         stats = attention_statistics(
@@ -189,6 +199,8 @@ def explain_images(
             i: detect_collapse(attn, uniform_threshold=uniform_threshold, one_hot_threshold=one_hot_threshold)
             for i, attn in enumerate(attentions)
         }
+        if pool_attention is not None:
+            pool_entropy = row_entropy(pool_attention).mean(dim=(0, 2)).cpu()  # (heads,)
     return Explanation(
         images=display_pixels(images, mean, std),
         labels=labels,
@@ -200,4 +212,6 @@ def explain_images(
         distance=distance,
         collapse=collapse,
         class_names=list(class_names) if class_names is not None else None,
+        pool_attention=pool_attention.float().cpu() if pool_attention is not None else None,
+        pool_entropy=pool_entropy,
     )

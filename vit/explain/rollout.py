@@ -5,6 +5,11 @@ matrix ``A``; the residual connection is modelled by adding the identity and ren
 ``Â = (A + I) / rowsum(A + I)``; the layers compose as ``R = Â_L ⋯ Â_1``. Row ``i`` of ``R`` says how the
 tokens at the input mix into token ``i`` at the output.
 
+A model with an attention-pooling head (``global_pool="map"``) is read at its latent query: with ``P`` the head's
+cross-attention over the patch tokens, fused over heads and averaged over latents, ``(B, num_patches)``, the map
+is ``P · R[patches, patches]``. No identity is added for the head: the latent is not a token of the sequence, its
+only path to the image is this attention (and the head's own residual MLP acts on the latent alone).
+
 Compared with the widely copied ``vit-explain`` code, this version is batched (every sample, not element 0),
 supports several prefix tokens (class + registers) and non-square grids, renormalises rows (that code divides by
 a row-sum vector that broadcasts over columns), and discards per sample among patch-key entries only (that code
@@ -19,10 +24,10 @@ from typing import Literal, get_args
 import torch
 from torch import nn
 
-from .capture import capture_attention
+from .capture import capture_attention, pool_module
 
 HeadFusion = Literal["mean", "max", "min"]
-RolloutPool = Literal["token", "avg"]
+RolloutPool = Literal["token", "avg", "map"]
 
 
 def fuse_heads(attn: torch.Tensor, head_fusion: HeadFusion = "mean") -> torch.Tensor:
@@ -69,6 +74,7 @@ def attention_rollout(
     head_fusion: HeadFusion = "mean",
     discard_ratio: float = 0.0,
     pool: RolloutPool = "token",
+    pool_attention: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention rollout of a batch, relevance of every patch (raw values, not normalised).
 
@@ -81,7 +87,10 @@ def attention_rollout(
         head_fusion: How heads are fused: ``"mean"``, ``"max"`` or ``"min"``.
         discard_ratio: Fraction in ``[0, 1)`` of each sample's smallest patch-key entries zeroed per block.
         pool: ``"token"`` returns the class-token row (token 0) over patch columns; ``"avg"`` (models without a
-            class token) returns the mean of the patch-token rows over patch columns.
+            class token) returns the mean of the patch-token rows over patch columns; ``"map"`` (an
+            attention-pooling head) returns ``pool_attention`` fused over heads, averaged over latents, times the
+            patch rows, over the patch columns (see the module docstring). The head's weights are not discarded.
+        pool_attention: The head's cross-attention ``(B, heads, latent_len, N - num_prefix_tokens)``, for ``"map"``.
 
     Returns:
         ``(B, N - num_prefix_tokens)`` relevance per patch in row-major grid order; with ``"token"`` and
@@ -89,7 +98,8 @@ def attention_rollout(
 
     Raises:
         ValueError: On an unknown ``head_fusion`` or ``pool``, ``discard_ratio`` outside ``[0, 1)``,
-            ``pool="token"`` without prefix tokens, or inconsistent attention shapes.
+            ``pool="token"`` without prefix tokens, ``pool="map"`` without ``pool_attention``, or inconsistent
+            attention shapes.
     """
     if head_fusion not in get_args(HeadFusion):
         raise ValueError(f"head_fusion must be one of {get_args(HeadFusion)}, got {head_fusion!r}")
@@ -114,6 +124,8 @@ def attention_rollout(
         raise ValueError(f"sequence length {N} leaves no patch tokens after {num_prefix_tokens} prefix tokens")
 
     P = num_prefix_tokens
+    if pool == "map":
+        _check_pool_attention(pool_attention, B, N - P)
     dtype = torch.float64 if attentions[0].dtype == torch.float64 else torch.float32
     eye = torch.eye(N, dtype=dtype, device=attentions[0].device)
     rollout = eye.expand(B, N, N)
@@ -126,7 +138,24 @@ def attention_rollout(
         rollout = fused @ rollout  # R = Â_l · R
     if pool == "token":
         return rollout[:, 0, P:]
+    if pool == "map":
+        latent = fuse_heads(pool_attention.to(dtype), head_fusion).mean(dim=1)  # (B, num_patches)
+        return (latent[:, None] @ rollout[:, P:, P:])[:, 0]
     return rollout[:, P:, P:].mean(dim=1)
+
+
+def _check_pool_attention(pool_attention: torch.Tensor | None, batch: int, num_patches: int) -> None:
+    """An attention-pooling head's weights must be ``(B, heads, latent_len, num_patches)``."""
+    if pool_attention is None:
+        raise ValueError(
+            "pool='map' needs the pooling head's attention (pool_attention, or the .pool of capture_attention's "
+            "record from a full forward pass)"
+        )
+    if pool_attention.ndim != 4 or pool_attention.shape[0] != batch or pool_attention.shape[-1] != num_patches:
+        raise ValueError(
+            f"pool_attention must have shape ({batch}, heads, latent_len, {num_patches}), "
+            f"got {tuple(pool_attention.shape)}"
+        )
 
 
 def rollout_grid(
@@ -135,6 +164,7 @@ def rollout_grid(
     head_fusion: HeadFusion = "mean",
     discard_ratio: float = 0.0,
     pool: RolloutPool | None = None,
+    pool_attention: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Roll out attention already captured from ``model`` onto its patch grid.
 
@@ -145,26 +175,34 @@ def rollout_grid(
         head_fusion: See :func:`attention_rollout`.
         discard_ratio: See :func:`attention_rollout`.
         pool: ``None`` reads the rows the classifier reads (:func:`head_pool`).
+        pool_attention: The pooling head's cross-attention for ``"map"``; ``None`` reads ``attentions.pool``
+            (an :class:`~vit.explain.capture.AttentionRecord`).
 
     Returns:
         ``(B, rows, cols)`` raw rollout relevance on the patch grid.
     """
     if pool is None:
         pool = head_pool(model)
+    if pool_attention is None:
+        pool_attention = getattr(attentions, "pool", None)
     relevance = attention_rollout(
         attentions,
         num_prefix_tokens=model.num_prefix_tokens,
         head_fusion=head_fusion,
         discard_ratio=discard_ratio,
         pool=pool,
+        pool_attention=pool_attention,
     )
     rows, cols = model.patch_embed.grid_size
     return relevance.reshape(-1, rows, cols)
 
 
 def head_pool(model: nn.Module) -> RolloutPool:
-    """Which rows the classifier reads: ``"token"`` (the class token) when ``global_pool == "token"`` and the model has
-    a class token, else ``"avg"`` (the mean of the patch tokens). Rollout and attribution explain the same rows."""
+    """Which rows the classifier reads: ``"map"`` (the latent query) for a model with an attention-pooling head,
+    ``"token"`` (the class token) when ``global_pool == "token"`` and the model has a class token, else ``"avg"``
+    (the mean of the patch tokens). Rollout and attribution explain the same rows."""
+    if pool_module(model) is not None:
+        return "map"
     reads_token = getattr(model, "global_pool", "token") == "token" and getattr(model, "has_class_token", True)
     return "token" if reads_token else "avg"
 

@@ -2,6 +2,8 @@
 
 from .attention import Attention, attention_softmax
 from .block import Block
+from .cross_attention import AttentionPoolLatent, CrossAttention
+from .linear_attention import LinearAttention
 from .neighborhood_attention import (
     NeighborhoodAttention,
     neighborhood_attention_mask,
@@ -15,7 +17,10 @@ from .window_attention import WindowAttention, window_attention_mask, window_ban
 
 __all__ = [
     "Attention",
+    "AttentionPoolLatent",
     "Block",
+    "CrossAttention",
+    "LinearAttention",
     "NeighborhoodAttention",
     "PatchEmbed",
     "WindowAttention",

@@ -54,6 +54,18 @@ _PRESETS: dict[str, dict[str, Any]] = {
         window_type="sliding",
         global_attn_indexes=(2, 5, 8, 11),
     ),
+    # Linear-attention variant (Katharopoulos et al.): softmax only in the blocks that close each group of three, as
+    # the window presets; the other blocks cost O(N) in the number of tokens.
+    "vit_tiny_linear_patch4_32": dict(
+        img_size=32,
+        patch_size=4,
+        embed_dim=192,
+        depth=12,
+        num_heads=3,
+        num_classes=10,
+        linear_attention=True,
+        global_attn_indexes=(2, 5, 8, 11),
+    ),
 }
 
 

@@ -4,7 +4,8 @@ Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for Image Recog
 training-friendly defaults from Touvron et al., "Training data-efficient image transformers" (DeiT, ICML 2021);
 register tokens from Darcet et al., "Vision Transformers Need Registers" (ICLR 2024); local-window blocks
 interleaved with global ones from Li et al., ViTDet (ECCV 2022); sliding windows from Hassani et al.,
-"Neighborhood Attention Transformer" (CVPR 2023) and its dilated form, DiNAT (Hassani & Shi, 2022).
+"Neighborhood Attention Transformer" (CVPR 2023) and its dilated form, DiNAT (Hassani & Shi, 2022); linear
+attention from Katharopoulos et al. (ICML 2020); the attention-pooling (MAP) head of SigLIP (Zhai et al., ICCV 2023).
 
 Parameter names and shapes follow timm's ``VisionTransformer``, so timm checkpoints load with a plain
 ``load_state_dict``.
@@ -20,7 +21,17 @@ import torch
 from timm.layers import PatchDropout, trunc_normal_
 from torch import nn
 
-from ..layers import Attention, Block, NeighborhoodAttention, PatchEmbed, WindowAttention, build_sincos_2d_pos_embed
+from ..layers import (
+    Attention,
+    AttentionPoolLatent,
+    Block,
+    LinearAttention,
+    NeighborhoodAttention,
+    PatchEmbed,
+    WindowAttention,
+    build_sincos_2d_pos_embed,
+)
+from ..layers.linear_attention import FeatureMap
 
 
 class VisionTransformer(nn.Module):
@@ -44,7 +55,10 @@ class VisionTransformer(nn.Module):
         qk_norm: Normalise queries and keys per head.
         class_token: Prepend a learned class token.
         reg_tokens: Number of register tokens after the class token.
-        global_pool: ``"token"`` pools the class token, ``"avg"`` the mean of the patch tokens.
+        global_pool: ``"token"`` pools the class token, ``"avg"`` the mean of the patch tokens, ``"map"`` a learned
+            latent query attending to the patch tokens (:class:`~vit.layers.AttentionPoolLatent`, timm's
+            ``attn_pool``; prefix tokens are not attended to, as in timm).
+        latent_len: Number of latent queries of the ``"map"`` head (their outputs are averaged).
         pos_embed: ``"learn"`` (learned table), ``"sincos"`` (fixed 2-D sine-cosine over patches), ``"none"``.
         no_embed_class: With ``"learn"``, give position embeddings to patches only, not to prefix tokens.
         conv_stem: Embed patches with a convolutional stem (3x3 stride-2 convolutions + BatchNorm + ReLU, then a
@@ -65,7 +79,11 @@ class VisionTransformer(nn.Module):
             neighbourhood of each patch, shifted inward at the border (NAT); ``w`` must then be odd.
         window_dilation: Stride between the neighbours of a sliding window (DiNAT); ``w · dilation`` must fit in
             the grid. Sliding windows only.
-        global_attn_indexes: Indexes of the blocks that stay global when ``window_size > 0``.
+        global_attn_indexes: Indexes of the blocks that stay global (softmax) when ``window_size > 0`` or
+            ``linear_attention``.
+        linear_attention: Every block not in ``global_attn_indexes`` uses :class:`~vit.layers.LinearAttention`
+            (same parameters as :class:`~vit.layers.Attention`); needs ``window_size=0``.
+        linear_feature_map: Feature map of the linear blocks: ``"elu"`` (``elu + 1``) or ``"relu"``.
         shift_windows: Shift the window grid by ``w // 2`` in every second window block (Swin); block windows only.
         fused_attn: Use PyTorch's fused attention kernels; ``False`` selects the explicit path.
         norm_layer: Normalisation layer class; default ``LayerNorm(eps=1e-6)`` as in timm and big_vision.
@@ -88,7 +106,8 @@ class VisionTransformer(nn.Module):
         qk_norm: bool = False,
         class_token: bool = True,
         reg_tokens: int = 0,
-        global_pool: Literal["token", "avg"] = "token",
+        global_pool: Literal["token", "avg", "map"] = "token",
+        latent_len: int = 1,
         pos_embed: Literal["learn", "sincos", "none"] = "learn",
         no_embed_class: bool = False,
         conv_stem: bool = False,
@@ -105,6 +124,8 @@ class VisionTransformer(nn.Module):
         window_dilation: int = 1,
         global_attn_indexes: Sequence[int] = (),
         shift_windows: bool = False,
+        linear_attention: bool = False,
+        linear_feature_map: FeatureMap = "elu",
         fused_attn: bool = True,
         norm_layer: type[nn.Module] | None = None,
     ) -> None:
@@ -112,8 +133,17 @@ class VisionTransformer(nn.Module):
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         if num_heads <= 0 or embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
-        if global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+        if global_pool not in ("token", "avg", "map"):
+            raise ValueError(f"global_pool must be 'token', 'avg' or 'map', got {global_pool!r}")
+        if latent_len < 1:
+            raise ValueError(f"latent_len must be >= 1, got {latent_len}")
+        if linear_attention and window_size:
+            raise ValueError(
+                f"linear_attention and window_size {window_size} both choose the non-global blocks' attention: "
+                "use one (window_size=0 with linear_attention)"
+            )
+        if linear_feature_map not in ("elu", "relu"):
+            raise ValueError(f"linear_feature_map must be 'elu' or 'relu', got {linear_feature_map!r}")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without a class token")
         if pos_embed not in ("learn", "sincos", "none"):
@@ -156,6 +186,7 @@ class VisionTransformer(nn.Module):
         self.window_type = window_type
         self.window_dilation = window_dilation
         self.global_attn_indexes = tuple(global_attn_indexes)
+        self.linear_attention = linear_attention
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, conv_stem=conv_stem)
@@ -181,7 +212,9 @@ class VisionTransformer(nn.Module):
         window_blocks = 0
         for i in range(depth):
             attn_layer: type[nn.Module] = Attention
-            if window_size and window_type == "sliding" and i not in self.global_attn_indexes:
+            if linear_attention and i not in self.global_attn_indexes:
+                attn_layer = partial(LinearAttention, feature_map=linear_feature_map)
+            elif window_size and window_type == "sliding" and i not in self.global_attn_indexes:
                 attn_layer = partial(
                     NeighborhoodAttention,
                     grid_size=grid_size,
@@ -217,6 +250,16 @@ class VisionTransformer(nn.Module):
             )
         self.blocks = nn.Sequential(*blocks)
         self.norm = norm_layer(embed_dim) if not use_fc_norm else nn.Identity()
+        self.attn_pool: AttentionPoolLatent | None = None
+        if global_pool == "map":
+            self.attn_pool = AttentionPoolLatent(
+                embed_dim,
+                num_heads=num_heads,
+                mlp_ratio=mlp_ratio,
+                latent_len=latent_len,
+                norm_layer=norm_layer,
+                fused_attn=fused_attn,
+            )
         self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -230,6 +273,8 @@ class VisionTransformer(nn.Module):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
         self.apply(_init_vit_weights)
+        if self.attn_pool is not None:
+            self.attn_pool.init_weights()
         trunc_normal_(self.patch_embed.proj.weight, std=0.02)
         if self.patch_embed.proj.bias is not None:
             nn.init.zeros_(self.patch_embed.proj.bias)
@@ -251,12 +296,17 @@ class VisionTransformer(nn.Module):
         """The classification head."""
         return self.head
 
-    def reset_classifier(self, num_classes: int, global_pool: Literal["token", "avg"] | None = None) -> None:
-        """Replace the head with a freshly initialised one for ``num_classes`` classes (0 for none)."""
+    def reset_classifier(self, num_classes: int, global_pool: Literal["token", "avg", "map"] | None = None) -> None:
+        """Replace the head with a freshly initialised one for ``num_classes`` classes (0 for none); leaving
+        ``"map"`` drops the attention-pooling head, and ``"map"`` needs a model built with it."""
         self.num_classes = num_classes
         if global_pool is not None:
             if global_pool == "token" and not self.has_class_token:
                 raise ValueError("global_pool='token' needs a class token")
+            if global_pool == "map" and self.attn_pool is None:
+                raise ValueError("global_pool='map' needs the attention-pooling head: build the model with it")
+            if global_pool != "map":
+                self.attn_pool = None
             self.global_pool = global_pool
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.head.apply(_init_vit_weights)
@@ -289,6 +339,8 @@ class VisionTransformer(nn.Module):
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens ``(B, prefix + N, C)`` to one vector per image ``(B, C)``."""
+        if self.attn_pool is not None:
+            return self.attn_pool(x[:, self.num_prefix_tokens :])  # the latent attends to the patch tokens
         if self.global_pool == "avg":
             return x[:, self.num_prefix_tokens :].mean(dim=1)
         return x[:, 0]
