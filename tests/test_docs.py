@@ -1,0 +1,84 @@
+"""The documentation cannot rot: every ```python block of every page runs, and the site builds with --strict."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.glob("*.md"))
+# A fenced python block; an HTML comment `<!-- no-run -->` on the line before it skips it.
+BLOCK = re.compile(r"^(?P<marker><!-- no-run -->\n)?```python\n(?P<code>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+
+
+def python_blocks(text: str) -> list[tuple[int, str, bool]]:
+    """``(line, code, skipped)`` of every python block of a page, in order."""
+    return [
+        (text.count("\n", 0, m.start("code")) + 1, m.group("code"), m.group("marker") is not None)
+        for m in BLOCK.finditer(text)
+    ]
+
+
+def test_python_blocks_are_found_and_markers_honoured():
+    text = "a\n```python\nx = 1\n```\n<!-- no-run -->\n```python\nraise SystemExit\n```\n```bash\nls\n```\n"
+    assert python_blocks(text) == [(3, "x = 1\n", False), (7, "raise SystemExit\n", True)]
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p.read_text())], ids=lambda p: p.name)
+def test_page_code_runs(page, tmp_path, monkeypatch, one_thread):
+    """The page's blocks share one namespace and run in order, on the CPU, in a fresh working directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    namespace: dict = {"__name__": f"docs_{page.stem}"}
+    for line, code, skipped in python_blocks(page.read_text()):
+        if skipped:
+            continue
+        try:
+            exec(compile(code, f"{page.relative_to(ROOT)}:{line}", "exec"), namespace)
+        except Exception as err:
+            raise AssertionError(f"the python block at {page.name} line {line} fails: {err!r}") from err
+
+
+@pytest.mark.slow
+def test_mkdocs_build_strict(tmp_path):
+    """A broken link, a missing anchor, a page missing from the nav or a docstring griffe cannot read fails it."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil.which("mkdocs")
+    if mkdocs is None:
+        pytest.skip("mkdocs is not installed")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    result = subprocess.run(
+        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "site" / "attention" / "index.html").exists()
+
+
+def test_performance_tables_match_results():
+    """docs/performance_tables.md is what scripts/results_tables.py makes of docs/results/*.json."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "results_tables.py"), "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_figure_is_used_and_exists():
+    """Each picture under docs/figures/ is shown by a page, and each picture a page shows exists."""
+    text = "\n".join(p.read_text() for p in PAGES)
+    shown = set(re.findall(r"\]\((figures/[^)]+\.png)\)", text))
+    present = {f"figures/{p.name}" for p in (DOCS / "figures").glob("*.png")}
+    assert shown <= present, sorted(shown - present)
+    assert present <= shown, sorted(present - shown)
