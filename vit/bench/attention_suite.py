@@ -2,10 +2,11 @@
 
 ``vit.layers.Attention`` against ``vit.layers.WindowAttention`` (non-overlapping windows, Liu et al., "Swin
 Transformer", ICCV 2021) and ``vit.layers.NeighborhoodAttention`` (sliding windows, Hassani et al., "Neighborhood
-Attention Transformer", CVPR 2023) as the patch grid grows, for several window and kernel sizes, all layers sharing
-one set of weights.
-Local attention costs a fixed amount per token, so its time per token should stay flat while global attention's grows
-with the number of tokens. Imports only torch and ``vit``'s layers.
+Attention Transformer", CVPR 2023) as the patch grid grows, for several window and kernel sizes, and
+``vit.layers.LinearAttention`` (Katharopoulos et al., ICML 2020) for the feature maps in ``args.linear_maps``
+(``--linear-maps elu relu``), all layers sharing one set of weights.
+Local and linear attention cost a fixed amount per token, so their time per token should stay flat while global
+attention's grows with the number of tokens. Imports only torch and ``vit``'s layers.
 """
 
 from __future__ import annotations
@@ -20,19 +21,19 @@ from torch import nn
 
 from vit.bench.harness import autocast, check, device_name, log, print_table, timed, write_report
 from vit.bench.memory import peak_bytes
-from vit.layers import Attention, NeighborhoodAttention, WindowAttention, neighborhood_kernel
+from vit.layers import Attention, LinearAttention, NeighborhoodAttention, WindowAttention, neighborhood_kernel
 
-WINDOW_FLATNESS_TARGET = 0.15  # per-token time within ±15 % of the smallest grid's (window and sliding layers)
-WINDOW_SPEEDUP_TARGET = 5.0  # over global attention at 64x64 tokens (window and sliding layers)
+WINDOW_FLATNESS_TARGET = 0.15  # per-token time within ±15 % of the smallest grid's (window, sliding, linear layers)
+WINDOW_SPEEDUP_TARGET = 5.0  # over global attention at 64x64 tokens (window, sliding and linear layers)
 WINDOW_SPEEDUP_GRID = 64
 
 
 def attention_cases(
     grid: int, args: argparse.Namespace, device: torch.device, windows: Sequence[int], kernels: Sequence[int] = ()
 ) -> list[dict[str, Any]]:
-    """Global, window and sliding-window attention layers (shared weights) over a ``grid × grid`` patch grid plus a
-    class token, each with a forward + backward closure ``run``; windows and kernels larger than the grid are left
-    out."""
+    """Global, window, sliding-window and linear attention layers (shared weights) over a ``grid × grid`` patch grid
+    plus a class token, each with a forward + backward closure ``run``; windows and kernels larger than the grid are
+    left out; one linear layer per feature map in ``args.linear_maps`` (none when absent)."""
     tokens = 1 + grid * grid
     batch = max(1, args.attn_tokens // tokens)
     torch.manual_seed(args.seed)
@@ -51,6 +52,10 @@ def attention_cases(
             )
             layer.load_state_dict(layers["global"].state_dict())
             layers[f"sliding {k}"] = layer
+    for feature_map in linear_maps(args):
+        layer = LinearAttention(args.attn_dim, args.attn_heads, qkv_bias=True, feature_map=feature_map)
+        layer.load_state_dict(layers["global"].state_dict())
+        layers[f"linear {feature_map}"] = layer
     x = torch.randn(batch, tokens, args.attn_dim, device=device, requires_grad=True)
     grad = torch.randn(batch, tokens, args.attn_dim, device=device)
 
@@ -73,6 +78,11 @@ def attention_cases(
         case["run"] = step(layer.to(device))
         cases.append(case)
     return cases
+
+
+def linear_maps(args: argparse.Namespace) -> list[str]:
+    """The feature maps of the linear rows: ``args.linear_maps`` (``--linear-maps``), none when it is not set."""
+    return list(getattr(args, "linear_maps", None) or ())
 
 
 def run_attention_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
@@ -154,7 +164,8 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
     clock = "CPU time" if cpu_time else "wall clock"
     speedup = "speedup_vs_global_cpu_time" if cpu_time else "speedup_vs_global"
     checks = []
-    for name in [f"window {w}" for w in windows] + [f"sliding {k}" for k in kernels]:
+    names = [f"window {w}" for w in windows] + [f"sliding {k}" for k in kernels]
+    for name in names + [f"linear {feature_map}" for feature_map in linear_maps(args)]:
         series = sorted((r["grid"], r[measure]) for r in rows if r["layer"] == name)
         if len(series) >= 2:
             base = series[0][1]

@@ -215,10 +215,13 @@ def bench_model(name: str, batch: int, args: argparse.Namespace, device: torch.d
 
 
 def run_model_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
+    # vit_small_map_patch16_224: the same model with timm's attention-pooling (MAP) head instead of the class token.
     models = args.models or (
-        ["vit_small_patch16_224", "vit_small_patch4_32"] if device.type == "cpu" else ["vit_small_patch16_224"]
+        ["vit_small_patch16_224", "vit_small_patch4_32", "vit_small_map_patch16_224"]
+        if device.type == "cpu"
+        else ["vit_small_patch16_224", "vit_small_map_patch16_224"]
     )
-    batches = args.batch_sizes or ([8, 64] if device.type == "cpu" else [256])
+    batches = args.batch_sizes or ([8, 64, 8] if device.type == "cpu" else [256])
     if len(batches) == 1:
         batches = batches * len(models)
     if len(batches) != len(models):

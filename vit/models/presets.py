@@ -11,6 +11,10 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "vit_tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
     "vit_small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
     "vit_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+    # Attention-pooling (MAP) head: a learned latent query reads the patch tokens (timm's global_pool="map", as SigLIP).
+    "vit_small_map_patch16_224": dict(
+        patch_size=16, embed_dim=384, depth=12, num_heads=6, class_token=False, global_pool="map"
+    ),
     # CIFAR-sized: 32 x 32 input, 4 x 4 patches, an 8 x 8 grid of 64 patch tokens.
     "vit_tiny_patch4_32": dict(img_size=32, patch_size=4, embed_dim=192, depth=12, num_heads=3, num_classes=10),
     "vit_small_patch4_32": dict(img_size=32, patch_size=4, embed_dim=384, depth=12, num_heads=6, num_classes=10),
@@ -53,6 +57,17 @@ _PRESETS: dict[str, dict[str, Any]] = {
         window_size=5,
         window_type="sliding",
         global_attn_indexes=(2, 5, 8, 11),
+    ),
+    # The CIFAR model with the MAP head instead of the class token.
+    "vit_tiny_map_patch4_32": dict(
+        img_size=32,
+        patch_size=4,
+        embed_dim=192,
+        depth=12,
+        num_heads=3,
+        num_classes=10,
+        class_token=False,
+        global_pool="map",
     ),
     # Linear-attention variant (Katharopoulos et al.): softmax only in the blocks that close each group of three, as
     # the window presets; the other blocks cost O(N) in the number of tokens.
