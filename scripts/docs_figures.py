@@ -183,7 +183,7 @@ def heads() -> None:
         ax.imshow(weights[h].numpy(), cmap="viridis", interpolation="nearest")
         ax.set_title(f"head {h}: softmax rows sum to 1", fontsize=9)
         ax.set_xlabel("key")
-        ax.set_ylabel("query")
+    axes[0].set_ylabel("query")
     figure.suptitle("One layer, four heads, four attention matrices (49 patches of the photo, random weights)")
     save(figure, "heads.png")
 
