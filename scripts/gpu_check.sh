@@ -71,6 +71,8 @@ MODELS=(--models vit_small_patch16_224 vit_base_patch16_224 --batch-sizes 512 25
 ATTN=(--window-sizes 7 8 --sliding-sizes 7 9)  # grids 32..128 on CUDA
 DATA=(--data-images 100 --data-samples 150 --data-rounds 2)  # this host's CPU cores: the per-worker targets
 ATTRIBUTION=(cuda bf16 vit_base_patch16_224 64 '{}')
+LINEAR=(--window-sizes --sliding-sizes --linear-maps elu relu)  # linear against global, grids 32..128 on CUDA
+MAP_MODELS=(--models vit_small_map_patch16_224 --batch-sizes 512)  # the MAP head against timm's, same weights
 # The speedrun's own schedule should end within about 4 minutes; max_time stops it gracefully (the test still runs)
 # before the step's hard limit of 280 s kills it.
 SPEEDRUN=(--config configs/cifar10_speedrun.yaml --trainer.max_time 00:00:03:50)
@@ -84,6 +86,10 @@ if [[ $DRY == 1 ]]; then
         --attn-reps 2)
     DATA=(--data-images 3 --data-samples 4 --data-rounds 1 --jpeg-size 96 128)
     ATTRIBUTION=(cpu fp32 vit_tiny_patch4_32 4 '{"depth": 2, "embed_dim": 32, "num_heads": 2}')
+    LINEAR=(--attn-grids 8 12 --window-sizes --sliding-sizes --linear-maps elu --attn-dim 64 --attn-heads 2
+        --attn-tokens 512 --attn-reps 2)
+    MAP_MODELS=(--models vit_tiny_map_patch4_32 --batch-sizes 4 --override '{"depth": 2, "embed_dim": 64, "num_heads": 2}'
+        --rounds 2 --steps 1 --warmup 1)
     TINY_FIT=(--trainer.accelerator cpu --trainer.devices 1 --trainer.precision 32-true --data.batch_size 8
         --data.num_workers 0 --model.model vit_tiny_patch4_32 --model.model_overrides.depth 1
         --model.model_overrides.embed_dim 32 --model.model_overrides.num_heads 2)
@@ -267,6 +273,20 @@ if importable "albumentations, cv2"; then
     step data 30 0 "$PY" -m vit.bench --suite data "${DATA[@]}" --json "$OUT/data.json"
 else
     note "data: skipped, albumentations or OpenCV is not importable"
+fi
+
+# 6b. Linear attention against global from 32x32 to 128x128 (per-token time flat, >= 5x at 64x64), and the MAP head
+#     (global_pool="map") against timm's, eager. Guarded: run only where the layers and the --linear-maps option exist.
+if importable "vit.layers.linear_attention, vit.layers.cross_attention"; then
+    if "$PY" -m vit.bench --help 2>/dev/null | grep -q -- "--linear-maps"; then
+        step linear_attention 45 160 "$PY" "${BENCH[@]}" --suite attention "${LINEAR[@]}" \
+            --json "$OUT/linear_attention.json"
+    else
+        note "linear_attention: skipped, vit.bench has no --linear-maps option"
+    fi
+    step map_head 40 120 "$PY" "${BENCH[@]}" --suite model "${MAP_MODELS[@]}" --json "$OUT/map_head.json"
+else
+    note "linear_attention, map_head: skipped, vit.layers has no LinearAttention / AttentionPoolLatent"
 fi
 
 # 7. The model comparison compiled (torch.compile of both models): last, since compilation time varies most. The
