@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args.check:
         if not TABLES.exists() or TABLES.read_text() != text:
-            print(f"{TABLES.relative_to(ROOT)} is out of date: run python scripts/results_tables.py", file=sys.stderr)
+            print(f"{TABLES} is out of date: run python scripts/results_tables.py", file=sys.stderr)
             return 1
         return 0
     write_text(TABLES, text)
