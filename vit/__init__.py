@@ -39,6 +39,9 @@ _LAZY = {
     "explain_images": "vit.explain",
     "attention_attribution": "vit.explain",
     "faithfulness": "vit.explain",
+    "load": "vit.inference",
+    "Predictor": "vit.inference",
+    "Prediction": "vit.inference",
 }
 
 

@@ -17,14 +17,16 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from .atomic import atomic_write, remove_stale_temporaries
 from .models.checkpoint_errors import checkpoint_errors, read_checkpoint
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Checkpoint files written atomically and read safely.
 
-    ``save_checkpoint`` writes ``<path>.tmp-<pid>``, fsyncs it, renames it over ``<path>`` (``os.replace``) and
-    fsyncs the folder. ``load_checkpoint`` always reads with ``weights_only=True``: a pickle that needs arbitrary code
+    ``save_checkpoint`` writes through :func:`vit.atomic.atomic_write` (a temporary file beside ``<path>``, fsynced,
+    renamed over it) and fsyncs the folder; temporaries of writers that were killed are removed. ``load_checkpoint``
+    always reads with ``weights_only=True``: a pickle that needs arbitrary code
     is refused and a file that is not a checkpoint is named (:mod:`vit.models.checkpoint_errors`). Remote paths
     (``s3://`` ...) go through Lightning's ``TorchCheckpointIO``.
     """
@@ -33,20 +35,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        with atomic_write(path, "wb") as f:
+            torch.save(checkpoint, f)
         _fsync_dir(path.parent)
-        _remove_stale_temporaries(path)
+        remove_stale_temporaries(path)
 
     def load_checkpoint(
         self,
@@ -80,18 +72,3 @@ def _fsync_dir(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _remove_stale_temporaries(path: Path) -> None:
-    """Delete ``<path>.tmp-<pid>`` files left by processes killed mid-write (whose pid is gone)."""
-    for tmp in path.parent.glob(f"{path.name}.tmp-*"):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-        except OSError:
-            pass  # alive, another user's: leave it

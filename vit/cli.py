@@ -46,6 +46,8 @@ from .callbacks.resume import ResumeCheckpoint
 from .callbacks.run_summary import RunSummary
 from .checkpoint_io import with_atomic_checkpoint_io
 from .data import DataError, ImageDataModule
+from .errors import EXIT_BAD_INPUT, EXIT_NON_FINITE, UsageError, fail, suggest
+from .inference import read_metadata
 from .lit_module import ConfigError, ImageClassifier
 from .loggers import (
     _get,
@@ -63,15 +65,12 @@ from .models.checkpoint_errors import (
     MissingCheckpointError,
     check_is_checkpoint,
     checkpoint_errors,
+    read_checkpoint,
 )
 
 # ------------------------------------------------------------------------------------------- exit statuses
-EXIT_BAD_INPUT = 2
-"""Bad input: an argument, config file, data set or checkpoint that cannot work (one ``error:`` line)."""
-EXIT_NON_FINITE = 3
-"""Training stopped at a non-finite loss or gradient (the last good checkpoint is kept; with the default
-``--nonfinite.check_every_n_steps 1`` the weights in memory are still finite too)."""
 EXIT_STATUSES: dict[type[BaseException], int] = {
+    UsageError: EXIT_BAD_INPUT,
     DataError: EXIT_BAD_INPUT,
     ConfigError: EXIT_BAD_INPUT,
     **dict.fromkeys(CHECKPOINT_ERRORS, EXIT_BAD_INPUT),
@@ -80,17 +79,11 @@ EXIT_STATUSES: dict[type[BaseException], int] = {
 """The one table of exit statuses: each error becomes ``error: <message>`` on stderr and this status. Besides these,
 ``0`` is success (also ``--help``), a bad argument or config file exits with :data:`EXIT_BAD_INPUT`
 (:class:`VitArgumentParser`), and a run stopped by SIGTERM/SIGINT after writing its checkpoint exits with
-``128 + signal`` (143, 130; :class:`vit.callbacks.resume.Preempted`)."""
+``128 + signal`` (143, 130; :class:`vit.callbacks.resume.Preempted`). :data:`EXIT_NON_FINITE`: with the default
+``--nonfinite.check_every_n_steps 1`` the weights in memory are still finite too."""
 
 CONFIG_DIRS = (Path("configs"), Path(__file__).resolve().parents[1] / "configs")
 """Where a bare ``--config`` name is looked up: ``./configs`` first, then the repository's ``configs/``."""
-
-
-def fail(message: str, status: int = EXIT_BAD_INPUT) -> NoReturn:
-    """Print ``error: <message>`` (one line) on stderr and exit with ``status``."""
-    sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
-    sys.stderr.flush()
-    raise SystemExit(status)
 
 
 def resolve_config_args(args: list[str]) -> list[str]:
@@ -156,22 +149,28 @@ class VitArgumentParser(LightningArgumentParser):
     """Lightning's parser, whose errors are one line (jsonargparse prints the whole usage, ~100 lines, first),
     naming the config file that holds the culprit key when one does."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False  # no prefix matching: --trainer.max_epoch is an error, never max_epochs
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
             super().error(message, ex)
-        fail(describe_parse_error(message, sys.argv[1:] if _ARGS is None else _ARGS))
+        known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+        fail(describe_parse_error(message, sys.argv[1:] if _ARGS is None else _ARGS, known))
 
 
 _ARGS: list[str] | None = None  # the arguments cli_main parses, for naming the file of a bad key
 
 
-def describe_parse_error(message: str, args: list[str]) -> str:
+def describe_parse_error(message: str, args: list[str], known: list[str] | None = None) -> str:
     """jsonargparse's error as one sentence naming the key, the value, and where the value came from: the command
     line, or the YAML file (the last ``--config`` file that sets the key, unless the command line sets it later).
 
     Args:
         message: jsonargparse's message, e.g. ``Parser key "model.lr":\n  Expected a <class 'float'>. Got value: x``.
         args: The command-line arguments (to find the ``--config`` files and the options given).
+        known: The parser's ``--options``: an unknown one is told the closest of them (:func:`vit.errors.suggest`).
     """
     text = re.sub(r"<class '([\w.]+)'>", r"\1", " ".join(message.split())).replace("NoneType", "null")
     text = re.sub(r"typing\.Literal\[([^\]]*)\]", r"one of \1", text)
@@ -193,7 +192,8 @@ def describe_parse_error(message: str, args: list[str]) -> str:
     where = {None: "", "command line": " on the command line"}.get(source, f" in {source}")
     if kind == "unknown option":
         sub = args[0] if args and args[0] in SUBCOMMANDS else "<subcommand>"
-        return f"unknown option {key}{where} (value {value!r}); `vit {sub} --help` lists the options"
+        hint = suggest(f"--{key}", known or []).replace("--", "", 1)
+        return f"unknown option {key}{where} (value {value!r}){hint}; `vit {sub} --help` lists the options"
     union = re.search(r"Subtypes: \[([^\]]*)\].*Given value: (.*)$", typed.group(2))
     expected = re.search(r"Expected a (.+?)\. Got value: (.*)$", typed.group(2))
     if union:
@@ -233,6 +233,104 @@ def _yaml_value(file: str, key: str) -> tuple[bool, Any]:
         else:
             return False, None
     return True, node
+
+
+# -------------------------------------------------------------------------------------- checkpoint's own data
+class CheckpointImageData(ImageDataModule):
+    """The data of ``vit predict --data.predict_dir DIR`` on a checkpoint that carries its description
+    (:mod:`vit.inference`): class names, mean and std, image size and eval transform come from the checkpoint, so the
+    training data need not be there. Only the predict split exists."""
+
+    def __init__(self, meta: dict[str, Any], predict_dir: str, **kwargs: Any) -> None:
+        super().__init__(
+            dataset="synthetic",  # builds nothing until asked; only predict_dir's images are read
+            img_size=int(meta["img_size"][0]),
+            synthetic_num_classes=int(meta["num_classes"]),
+            synthetic_size=1,
+            mean=tuple(meta["mean"]),
+            std=tuple(meta["std"]),
+            predict_dir=predict_dir,
+            **kwargs,
+        )
+        self.meta = meta
+
+    @classmethod
+    def like(cls, datamodule: ImageDataModule, meta: dict[str, Any]) -> CheckpointImageData:
+        """The checkpoint's data with the loader settings (batch size, workers, ...) of ``datamodule``."""
+        keep = ("batch_size", "num_workers", "skip_corrupt", "pin_memory", "normalize_on_device", "seed")
+        kwargs = {key: datamodule.hparams[key] for key in keep if key in datamodule.hparams}
+        return cls(meta, datamodule.predict_dir, **kwargs)
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.meta.get("class_names") or [str(i) for i in range(self.meta["num_classes"])])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.meta["num_classes"])
+
+    @property
+    def preset(self) -> Any:
+        return self.meta["eval_transform"]
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.predict_dataset is None:
+            from .data import ImageFileDataset, list_predict_files
+
+            samples = list_predict_files(self.predict_dir)
+            self.predict_dataset = ImageFileDataset(samples, self.class_names, self._transform(train=False))
+
+
+def use_checkpoint_data(config: Namespace, meta: dict[str, Any], standalone: bool) -> None:
+    """Check the run's ``data`` settings against the checkpoint's description ``meta`` and adopt its image size.
+
+    An image size or class count the user set (``--config`` or a flag) that differs from the checkpoint's is an error
+    naming both; an unset one (the defaults) takes the checkpoint's. With ``standalone`` (``vit predict`` of a
+    ``predict_dir``) the data set becomes the checkpoint's own description: no training data is read.
+
+    Raises:
+        UsageError: For an image size or class count that contradicts the checkpoint.
+    """
+    data = config.data
+    size = int(meta["img_size"][0])
+    args = _ARGS or []
+    source = _value_source("data.img_size", args)[0]
+    if data.img_size != size and source is not None:
+        where = "on the command line" if source == "command line" else f"in {source}"
+        raise UsageError(
+            f"data.img_size is {data.img_size} ({where}) but the checkpoint was trained at img_size {size}: "
+            f"drop the setting or set --data.img_size {size}"
+        )
+    data.img_size = size
+    config.model.img_size = size
+    given = any(_value_source(f"data.{key}", args)[0] is not None for key in ("dataset", "data_dir"))
+    implied = _implied_classes(data) if given else None
+    if implied is not None and implied != meta["num_classes"]:
+        raise UsageError(
+            f"data.dataset {data.dataset!r} has {implied} classes but the checkpoint's model has "
+            f"{meta['num_classes']}: predict with the checkpoint alone (no --config), or use the data it was trained on"
+        )
+    if standalone and data.get("predict_dir"):
+        data.dataset, data.data_dir = "synthetic", None
+        data.synthetic_num_classes, data.synthetic_size = int(meta["num_classes"]), 1
+        data.mean, data.std = tuple(meta["mean"]), tuple(meta["std"])
+
+
+def _implied_classes(data: Namespace) -> int | None:
+    """The class count of the ``data`` settings when it is known here without reading images, else ``None``."""
+    from .data import DATASETS
+
+    spec = DATASETS.get(data.dataset)
+    if spec is None:
+        return None
+    if data.dataset == "synthetic":
+        return int(data.synthetic_num_classes)
+    if spec.num_classes:
+        return int(spec.num_classes)
+    try:
+        return ImageDataModule(**{k: v for k, v in dict(data).items() if not k.startswith("__")}).num_classes
+    except Exception:  # the folder is not here: nothing to compare
+        return None
 
 
 # ------------------------------------------------------------------------------------------------ run folders
@@ -346,10 +444,16 @@ class VitCLI(LightningCLI):
             check_is_checkpoint(config.ckpt_path)
         with checkpoint_errors(config.get("ckpt_path")):  # an unsafe pickle: refused, named
             super()._parse_ckpt_path()
+        config = self.config[subcommand]  # Lightning's parse of the checkpoint's hyper-parameters made a new one
         if config.get("ckpt_path") == "last":
             config.ckpt_path = self._resolve_last(config)
             if config.ckpt_path:
                 check_is_checkpoint(config.ckpt_path)
+        self.inference_meta = None
+        if subcommand != "fit" and config.get("ckpt_path") and "://" not in str(config.ckpt_path):
+            self.inference_meta = read_metadata(read_checkpoint(config.ckpt_path))
+            if self.inference_meta is not None:
+                use_checkpoint_data(config, self.inference_meta, standalone=subcommand == "predict")
 
     def _resolve_last(self, config: Namespace) -> str | None:
         if _get(config, "checkpoint.dirpath") or _get(config, "trainer.default_root_dir"):
@@ -428,6 +532,9 @@ class VitCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         without_anonymous_setting(self.trainer)  # W&B's "anonymous setting has no effect" warning
+        meta = getattr(self, "inference_meta", None)
+        if self.subcommand == "predict" and meta is not None and self.datamodule.predict_dir is not None:
+            self.datamodule = CheckpointImageData.like(self.datamodule, meta)  # the checkpoint's data, no dataset
         if self.subcommand == "fit" and isinstance(self.model, ImageClassifier):
             self.model.check_trainer(self.trainer)  # before the run folder gets its config and W&B run
 

@@ -266,6 +266,20 @@ class ImageClassifier(LightningModule):
             if self.model_ema is not None:
                 self.model_ema.module.load_state_dict(self.model.state_dict())
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Make the checkpoint stand on its own: store what inference needs under ``vit_inference`` (class names,
+        mean and std, image size, the eval transform's rule, every model argument, library versions;
+        :func:`vit.inference.inference_metadata`), read from the trainer's data module when there is one."""
+        from .inference import METADATA_KEY, inference_metadata
+
+        if not isinstance(self.model, VisionTransformer):
+            return  # another network: its arguments are not ours to describe
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        names = getattr(datamodule, "class_names", None)
+        mean, std = getattr(datamodule, "mean", None), getattr(datamodule, "std", None)
+        rule = getattr(datamodule, "preset", None)
+        checkpoint[METADATA_KEY] = inference_metadata(self.model, self.hparams, names, mean, std, rule)
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture with one message listing its missing, unexpected and
         mis-shaped keys (:func:`~vit.models.checkpoint_errors.check_checkpoint_fits`), for a resumed run as for

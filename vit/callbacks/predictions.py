@@ -8,7 +8,6 @@ their probabilities, by class name) written atomically to ``<trainer.default_roo
 from __future__ import annotations
 
 import csv
-import os
 import sys
 import warnings
 from dataclasses import replace
@@ -19,6 +18,8 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 from PIL import Image
+
+from ..atomic import atomic_write
 
 PREDICTIONS_FILE = "predictions.csv"
 
@@ -87,13 +88,10 @@ class PredictionWriter(BasePredictionWriter):
         if not trainer.is_global_zero or not self.rows:
             return
         self.path = Path(trainer.default_root_dir) / PREDICTIONS_FILE
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f"{self.path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w", newline="") as f:
+        with atomic_write(self.path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(self.rows[0]))
             writer.writeheader()
             writer.writerows(self.rows)
-        os.replace(tmp, self.path)
         sys.stdout.write(f"predictions of {len(self.rows)} images: {self.path}\n")
         if self.overlays:
             sys.stdout.write(f"rollout overlays: {self.path.parent / 'rollout'}\n")
@@ -127,7 +125,8 @@ class PredictionWriter(BasePredictionWriter):
         folder = Path(trainer.default_root_dir) / "rollout"
         folder.mkdir(parents=True, exist_ok=True)
         for index, path, panel in zip(indices, paths, render_panels(explanation), strict=True):
-            Image.fromarray(panel).save(folder / f"{index:05d}_{Path(path).stem.lstrip('#')}.png")
+            with atomic_write(folder / f"{index:05d}_{Path(path).stem.lstrip('#')}.png") as f:
+                Image.fromarray(panel).save(f, format="PNG")
 
 
 def _class_names(trainer: Trainer, num_classes: int) -> list[str]:

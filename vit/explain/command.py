@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -30,6 +29,9 @@ import torch
 from PIL import Image
 from torch import nn
 
+from ..atomic import write_bytes
+from ..errors import ArgumentParser
+from ..inference import read_metadata
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD, normalize
 from .attribution import attention_attribution
 from .faithfulness import faithfulness
@@ -78,6 +80,8 @@ def load_explainer(checkpoint: Path, model_name: str | None = None, img_size: in
     except Exception as err:
         raise InputError(_first_line(err)) from None
     if isinstance(raw, dict) and "hyper_parameters" in raw and model_name is None:
+        if read_metadata(raw) is not None:
+            return _from_metadata(checkpoint, raw)
         return _from_lightning(checkpoint, raw)
     if model_name is None:
         raise InputError(
@@ -93,6 +97,28 @@ def load_explainer(checkpoint: Path, model_name: str | None = None, img_size: in
     except Exception as err:
         raise InputError(f"--model {model_name} does not fit {checkpoint}: {_first_line(err)}") from None
     return Explainer(model.eval(), model.patch_embed.img_size[0], IMAGENET_MEAN, IMAGENET_STD, "imagenet", None)
+
+
+def _from_metadata(checkpoint: Path, raw: dict) -> Explainer:
+    """A checkpoint that carries its description (:mod:`vit.inference`): nothing else is read; the run's data module
+    is kept for ``--split val`` when its settings work here."""
+    from ..data import ImageDataModule
+    from ..errors import UsageError
+    from ..inference import load_checkpoint
+
+    try:
+        loaded = load_checkpoint(checkpoint)  # the EMA weights when the run kept an EMA, as validation used
+    except UsageError as err:
+        raise InputError(str(err)) from None
+    meta = loaded.meta
+    data = {k: v for k, v in (raw.get("datamodule_hyper_parameters") or {}).items() if not k.startswith("_")}
+    try:
+        datamodule = ImageDataModule(**{**data, "num_workers": 0})
+    except Exception:  # the training data is not here: only --split val needs it
+        datamodule = None
+    names = meta.get("class_names")
+    return Explainer(loaded.model, int(meta["img_size"][0]), tuple(meta["mean"]), tuple(meta["std"]),
+                     meta["eval_transform"], names, datamodule)  # fmt: skip
 
 
 def _from_lightning(checkpoint: Path, raw: dict) -> Explainer:
@@ -283,14 +309,8 @@ def png_bytes(image: np.ndarray) -> bytes:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path`` and rename it: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Write ``data`` to ``path`` whole (:func:`vit.atomic.write_bytes`): readers never see half a file."""
+    write_bytes(path, data)
 
 
 def faithfulness_table(scores: dict) -> str:
@@ -308,7 +328,7 @@ def faithfulness_table(scores: dict) -> str:
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command's options (``scripts/explain.py``)."""
     head, tail = __doc__.split("\n\n", 1)
-    parser = argparse.ArgumentParser(prog=prog, description=head, epilog=tail.split("\n\n", 1)[1])
+    parser = ArgumentParser(prog=prog or "vit explain", description=head, epilog=tail.split("\n\n", 1)[1])
     parser.add_argument("checkpoint", type=Path, help="Lightning .ckpt of `vit fit`, or weights with --model")
     parser.add_argument("images", nargs="*", help="image files and/or folders (searched recursively)")
     parser.add_argument("--split", choices=("val",), default=None, help="explain the run's validation split instead")

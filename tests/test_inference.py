@@ -1,0 +1,105 @@
+"""``vit.load`` and ``vit.Predictor``: a checkpoint or an export folder alone gives the model, its preprocessing
+(timm's ``pretrained_cfg``) and per-image predictions on file paths, PIL images and uint8 arrays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vit
+from vit import ImageClassifier
+from vit.errors import UsageError
+from vit.export import export
+from vit.inference import METADATA_KEY, inference_metadata
+
+NAMES = [f"class_{i}" for i in range(7)]
+MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
+TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2}
+
+
+def save_checkpoint(path: Path, ema: bool = False) -> ImageClassifier:
+    """A checkpoint of a tiny 7-class model, as ``vit fit`` writes its inference entry; EMA weights differ."""
+    torch.manual_seed(0)
+    module = ImageClassifier("vit_tiny_patch4_32", num_classes=7, model_overrides=TINY, ema_decay=0.9 if ema else None)
+    if ema:
+        with torch.no_grad():
+            for p in module.model_ema.module.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+    checkpoint = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}
+    checkpoint[METADATA_KEY] = inference_metadata(module.model, module.hparams, NAMES, MEAN, STD, "cifar")
+    torch.save(checkpoint, path)
+    return module
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> tuple[Path, ImageClassifier]:
+    path = tmp_path_factory.mktemp("inference") / "tiny.ckpt"
+    return path, save_checkpoint(path)
+
+
+def test_load_a_checkpoint_and_an_export_folder(checkpoint, tmp_path):
+    path, module = checkpoint
+    export(path, tmp_path / "exported")
+    x = torch.randn(3, 3, 32, 32)
+    expected = module.model.eval()(x)
+    for source in (path, tmp_path / "exported"):
+        model = vit.load(source)
+        assert isinstance(model, vit.VisionTransformer) and not model.training
+        cfg = model.pretrained_cfg
+        assert cfg["input_size"] == (3, 32, 32) and cfg["mean"] == MEAN and cfg["std"] == STD
+        assert cfg["interpolation"] == "bilinear" and cfg["crop_pct"] == 1.0 and cfg["label_names"] == NAMES
+        torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+
+
+def test_ema_weights_are_chosen_when_present(tmp_path):
+    module = save_checkpoint(tmp_path / "ema.ckpt", ema=True)
+    x = torch.randn(2, 3, 32, 32)
+    ema, trained = module.model_ema.module.eval()(x), module.model.eval()(x)
+    assert (ema - trained).abs().max() > 1e-3
+    torch.testing.assert_close(vit.load(tmp_path / "ema.ckpt")(x), ema, rtol=0, atol=0)  # as validation used
+    torch.testing.assert_close(vit.load(tmp_path / "ema.ckpt", ema=False)(x), trained, rtol=0, atol=0)
+    save_checkpoint(tmp_path / "plain.ckpt")
+    with pytest.raises(UsageError, match="no EMA weights"):
+        vit.load(tmp_path / "plain.ckpt", ema=True)
+
+
+def test_predictor_on_paths_pil_images_and_arrays(checkpoint, tmp_path):
+    path, module = checkpoint
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(3)]
+    files = []
+    for i, array in enumerate(arrays):
+        files.append(tmp_path / f"{i}.png")
+        Image.fromarray(array).save(files[-1])
+    # The reference, by hand: 32 x 32 images need no resize; scale to [0, 1], normalise, softmax.
+    x = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255
+    x = (x - torch.tensor(MEAN)[:, None, None]) / torch.tensor(STD)[:, None, None]
+    with torch.no_grad():
+        probs = module.model.eval()(x).softmax(-1)
+    predict = vit.Predictor(path, batch_size=2)
+    for images in (files, [str(f) for f in files], [Image.open(f) for f in files], arrays):
+        results = predict(images)
+        assert len(results) == 3
+        for result, p in zip(results, probs, strict=True):
+            assert result.label == NAMES[int(p.argmax())] and result.index == int(p.argmax())
+            assert result.prob == pytest.approx(float(p.max()), abs=1e-6)
+            assert [name for name, _ in result.top5] == [NAMES[i] for i in p.topk(5).indices.tolist()]
+            assert [q for _, q in result.top5] == pytest.approx(p.topk(5).values.tolist(), abs=1e-6)
+    assert predict(arrays[0])[0] == predict([arrays[0]])[0]  # one image alone
+    gray = predict(arrays[0][:, :, 0])[0]  # (H, W) uint8: the channel repeated
+    assert gray == predict(np.repeat(arrays[0][:, :, :1], 3, axis=2))[0]
+    with pytest.raises(UsageError, match="uint8"):
+        predict(arrays[0].astype(np.float32))
+
+
+def test_load_refuses_what_is_not_a_model(tmp_path):
+    (tmp_path / "notes.ckpt").write_text("not a checkpoint")
+    with pytest.raises(UsageError, match="not a PyTorch checkpoint"):
+        vit.load(tmp_path / "notes.ckpt")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(UsageError, match="not an export folder"):
+        vit.load(tmp_path / "folder")
