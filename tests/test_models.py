@@ -70,6 +70,9 @@ def test_list_models_and_unknown_name():
         "vit_tiny_window_patch4_32",
         "vit_small_sliding_patch16_224",
         "vit_tiny_sliding_patch4_32",
+        "vit_tiny_linear_patch4_32",
+        "vit_small_map_patch16_224",
+        "vit_tiny_map_patch4_32",
     ]:
         assert expected in names
     with pytest.raises(ValueError, match=r"unknown model 'vit_huge'.*vit_base_patch16_224"):
@@ -92,7 +95,9 @@ def _timm_pair(name: str, **overrides):
     return ours, reference
 
 
-@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"])
+@pytest.mark.parametrize(
+    "name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224", "vit_small_map_patch16_224"]
+)
 def test_timm_weights_load_strictly_and_logits_match(name):
     ours, reference = _timm_pair(name)
     assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in reference.state_dict().items()}
