@@ -49,24 +49,46 @@ def test_page_code_runs(page, tmp_path, monkeypatch, one_thread):
             raise AssertionError(f"the python block at {page.name} line {line} fails: {err!r}") from err
 
 
-@pytest.mark.slow
-def test_mkdocs_build_strict(tmp_path):
-    """A broken link, a missing anchor, a page missing from the nav or a docstring griffe cannot read fails it."""
+def mkdocs_build(root: Path, site: Path) -> subprocess.CompletedProcess:
+    """``mkdocs build --strict`` of the project at ``root`` into ``site``; skips where mkdocs is not installed."""
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil.which("mkdocs")
     if mkdocs is None:
         pytest.skip("mkdocs is not installed")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    result = subprocess.run(
-        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    command = [mkdocs, "build", "--strict", "--site-dir", str(site)]
+    return subprocess.run(command, cwd=root, capture_output=True, text=True, env=env)
+
+
+@pytest.mark.slow
+def test_mkdocs_build_strict(tmp_path):
+    """The site builds with every warning an error (API pages included: a docstring griffe cannot read fails)."""
+    result = mkdocs_build(ROOT, tmp_path / "site")
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "attention" / "index.html").exists()
+    assert 'id="vit.layers.Attention"' in (tmp_path / "site" / "api-layers" / "index.html").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("page", "text", "message"),
+    [
+        ("orphan.md", "# Not in the nav\n", 'not included in the "nav"'),
+        ("index.md", "\n[a page](no-such-page.md)\n", "'no-such-page.md', but the target is not found"),
+        ("index.md", "\n[a section](attention.md#no-such-anchor)\n", "does not contain an anchor '#no-such-anchor'"),
+    ],
+    ids=["page-missing-from-nav", "broken-link", "missing-anchor"],
+)
+def test_mkdocs_build_strict_fails_on(tmp_path, page, text, message):
+    shutil.copytree(DOCS, tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path)
+    (tmp_path / "vit").symlink_to(ROOT / "vit")
+    with open(tmp_path / "docs" / page, "a") as f:
+        f.write(text)
+    result = mkdocs_build(tmp_path, tmp_path / "site")
+    assert result.returncode != 0
+    assert message in result.stdout + result.stderr
 
 
 def load_results_tables():
