@@ -126,3 +126,12 @@ def test_every_figure_is_used_and_exists():
     present = {f"figures/{p.name}" for p in (DOCS / "figures").glob("*.png")}
     assert shown <= present, sorted(shown - present)
     assert present <= shown, sorted(present - shown)
+
+
+def test_architecture_page_maps_every_module():
+    """docs/architecture.md names every module of the package, and names no module that is gone."""
+    text = (DOCS / "architecture.md").read_text()
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "vit").rglob("*.py")}
+    listed = set(re.findall(r"^\| `(vit/[\w/]+\.py)` \|", text, re.MULTILINE))
+    assert modules - listed == set(), "add a line per new module to docs/architecture.md"
+    assert listed - modules == set(), "modules listed in docs/architecture.md that no longer exist"
