@@ -194,3 +194,13 @@ def test_training_time_rollout_logger_on_a_map_model(tmp_path):
     for name in ("epoch_000.png", "attribution_epoch_000.png"):
         with Image.open(tmp_path / "rollout" / name) as grid:
             assert grid.mode == "RGB" and grid.width >= 2 * 160
+
+
+def test_flop_count_of_the_map_head_by_hand():
+    # The head on 16 patch tokens of width 32 (MLP 128), one latent: q 2·32·32, kv 2·16·32·64, scores and weighted sum
+    # 2·16·32 each, proj 2·32·32, MLP 2·32·128 twice. The avg-pooled model has the same blocks and classifier.
+    from vit.models.flops import forward_flops
+
+    head = 2 * 32 * 32 + 2 * 16 * 32 * 64 + 2 * (2 * 16 * 32) + 2 * 32 * 32 + 2 * (2 * 32 * 128)
+    avg = vit.VisionTransformer(**{**SMALL, "img_size": 16, "reg_tokens": 1, "global_pool": "avg"})
+    assert forward_flops(_map_model(), (3, 16, 16)) - forward_flops(avg, (3, 16, 16)) == head

@@ -76,10 +76,14 @@ class CrossAttention(nn.Module):
     def split_qkv(
         self, queries: torch.Tensor, context: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project ``queries (B, L, C)`` and ``context (B, S, C)`` into normalised per-head q, k and v."""
-        B, L, _ = queries.shape
-        S = context.shape[1]
-        q = self.q(queries).view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, heads, L, head_dim)
+        """Project ``queries (B or 1, L, C)`` and ``context (B, S, C)`` into normalised per-head q, k and v.
+
+        One set of learned queries ``(1, L, C)`` is projected once, then broadcast over the batch.
+        """
+        B, S, _ = context.shape
+        L = queries.shape[1]
+        q = self.q(queries).expand(B, -1, -1).view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
+        # q: (B, heads, L, head_dim)
         k, v = (t.transpose(1, 2) for t in self.kv(context).view(B, S, 2, self.num_heads, self.head_dim).unbind(2))
         return self.q_norm(q), self.k_norm(k), v  # k, v: (B, heads, S, head_dim)
 
@@ -95,7 +99,6 @@ class CrossAttention(nn.Module):
                 at least one True.
         """
         B, S, C = context.shape
-        queries = queries.expand(B, -1, -1)
         L = queries.shape[1]
         q, k, v = self.split_qkv(queries, context)
         mask = _key_mask(key_mask)
@@ -111,7 +114,6 @@ class CrossAttention(nn.Module):
         self, queries: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Dense weights ``(B, heads, L, S)`` that ``forward`` applies (dropout aside); rows sum to 1."""
-        queries = queries.expand(context.shape[0], -1, -1)
         q, k, _ = self.split_qkv(queries, context)
         return attention_softmax(q, k, self.scale, _key_mask(key_mask))
 
