@@ -39,14 +39,21 @@ def test_page_code_runs(page, tmp_path, monkeypatch, one_thread):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    from vit.data import DATASETS
+
+    datasets = dict(DATASETS)  # a page may register a dataset: not for the tests that follow
     namespace: dict = {"__name__": f"docs_{page.stem}"}
-    for line, code, skipped in python_blocks(page.read_text()):
-        if skipped:
-            continue
-        try:
-            exec(compile(code, f"{page.relative_to(ROOT)}:{line}", "exec"), namespace)
-        except Exception as err:
-            raise AssertionError(f"the python block at {page.name} line {line} fails: {err!r}") from err
+    try:
+        for line, code, skipped in python_blocks(page.read_text()):
+            if skipped:
+                continue
+            try:
+                exec(compile(code, f"{page.relative_to(ROOT)}:{line}", "exec"), namespace)
+            except Exception as err:
+                raise AssertionError(f"the python block at {page.name} line {line} fails: {err!r}") from err
+    finally:
+        DATASETS.clear()
+        DATASETS.update(datasets)
 
 
 def mkdocs_build(root: Path, site: Path) -> subprocess.CompletedProcess:
