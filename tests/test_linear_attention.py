@@ -166,3 +166,24 @@ def test_fullgraph_compile_of_a_linear_model_matches_eager():
     expected = torch.autograd.grad(eager.square().sum(), list(model.parameters()))
     for g, e in zip(grads, expected, strict=True):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-4)
+
+
+def test_attention_suite_linear_rows_and_checks():
+    # The suite's linear rows, with the --linear-maps option added to the benchmark's parser.
+    from vit.bench.cli import build_parser, main
+
+    parser = build_parser()
+    parser.add_argument("--linear-maps", nargs="*", choices=("elu", "relu"), default=[])
+    report = main(
+        ["--suite", "attention", "--device", "cpu", "--attn-grids", "4", "6", "--window-sizes", "--sliding-sizes"]
+        + ["--linear-maps", "elu", "relu", "--attn-dim", "16", "--attn-heads", "2", "--attn-tokens", "64"]
+        + ["--attn-reps", "1"],
+        parser,
+    )
+    rows = report["attention"]["results"]
+    assert [(r["grid"], r["layer"]) for r in rows] == [
+        (g, name) for g in (4, 6) for name in ("global", "linear elu", "linear relu")
+    ]
+    assert all(r["kib_per_token"] > 0 for r in rows)
+    names = [c["name"].split(":")[0] for c in report["attention"]["checks"]]
+    assert names == ["linear elu", "linear relu"]  # flatness only: no 64x64 grid here
