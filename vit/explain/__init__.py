@@ -6,7 +6,7 @@ render its :class:`Explanation`. Needs torch, numpy, PIL and matplotlib.
 
 from ..normalize import unnormalize
 from .attribution import attention_attribution, relevance_from_gradients
-from .capture import attention_modules, capture_attention, eval_mode, record_attention
+from .capture import AttentionRecord, attention_modules, capture_attention, eval_mode, pool_module, record_attention
 from .faithfulness import faithfulness
 from .overlay import apply_colormap, make_grid, overlay_heatmap, to_uint8_image, upsample_map
 from .panels import render_grid, render_panel, render_panels
@@ -35,6 +35,7 @@ from .stats import (
 )
 
 __all__ = [
+    "AttentionRecord",
     "CollapseReport",
     "Explanation",
     "HeadFusion",
@@ -62,6 +63,7 @@ __all__ = [
     "make_grid",
     "overlay_heatmap",
     "patch_distances",
+    "pool_module",
     "record_attention",
     "relevance_from_gradients",
     "render_grid",
