@@ -148,6 +148,25 @@ def test_bad_argument_names_the_key_and_exits(bad, culprit, capsys):
 
 
 @pytest.mark.parametrize(
+    "typo, meant",
+    [
+        ("--trainer.max_epoch", "trainer.max_epochs"),
+        ("--model.l", "model.lr"),
+        ("--no_such_setting", None),
+        ("--data.batch", "data.batch_size"),
+    ],
+)
+def test_a_prefix_of_an_option_is_an_error_never_that_option(typo, meant, capsys):
+    # argparse's prefix matching would take --trainer.max_epoch for --trainer.max_epochs and print max_epochs: 1.
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", "--config", "quickstart", typo, "1", "--print_config"])
+    out = capsys.readouterr()
+    assert exit_info.value.code == 2 and out.out == ""
+    assert out.err.startswith(f"error: unknown option {typo[2:]} on the command line") and out.err.count("\n") == 1
+    assert (f"(did you mean {meant}?)" in out.err) if meant else "did you mean" not in out.err
+
+
+@pytest.mark.parametrize(
     "bad, culprit",
     [
         (["--model.model", "vit_huge_patch1_1"], "vit_huge_patch1_1"),

@@ -131,3 +131,54 @@ def test_a_digit_saved_at_8_and_at_64_px_gets_the_same_class(trained, tmp_path):
     agree = np.mean([preds[8][k] == preds[64][k] for k in preds[8]])
     accuracy = np.mean([preds[8][f"{i:04d}"] == digits.target[i] for i in pick])
     assert agree >= 0.85 and accuracy >= 0.5, (agree, accuracy)
+
+
+BARE = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--data.num_workers", "0"]
+
+
+def test_predict_from_an_empty_folder_with_the_checkpoint_alone(trained, tmp_path, monkeypatch):
+    """No --config and no training data: class names, statistics, image size and eval transform come from the
+    checkpoint, and the probabilities are those of vit.Predictor on the same files."""
+    import vit
+
+    last, _, labels = trained
+    folder = tmp_path / "alone"
+    folder.mkdir()
+    (folder / "model.ckpt").write_bytes(last.read_bytes())
+    images = Path(next(iter(labels))).parent  # 20 PNGs of 16 px
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr("sys.argv", ["vit"])
+    cli = cli_main(["predict", *BARE, "--ckpt_path", "model.ckpt", "--data.predict_dir", str(images)])
+    rows = read_predictions(Path(cli.trainer.default_root_dir) / "predictions.csv")
+    assert len(rows) == 20 and {row["pred"] for row in rows} <= {str(d) for d in range(10)}
+    results = vit.Predictor("model.ckpt")([row["path"] for row in rows])
+    for row, result in zip(rows, results, strict=True):
+        assert row["pred"] == result.label and float(row["prob"]) == pytest.approx(result.prob, abs=2e-6)
+    accuracy = np.mean([int(row["pred"]) == labels[row["path"]] for row in rows])
+    assert accuracy >= 0.5  # chance is 0.1
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--config", "cifar10_cpu"], "data.img_size is 32 (in "),
+        (
+            ["--data.img_size", "32"],
+            "data.img_size is 32 (on the command line) but the checkpoint was trained at img_size 16",
+        ),
+        (
+            ["--data.dataset", "cifar100", "--data.img_size", "16"],
+            "'cifar100' has 100 classes but the checkpoint's model has 10",
+        ),
+    ],
+)
+def test_settings_that_contradict_the_checkpoint_are_one_line(trained, extra, message, tmp_path, capsys):
+    last, _, labels = trained
+    images = Path(next(iter(labels))).parent
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["predict", *BARE, "--runs_dir", str(tmp_path), "--ckpt_path", str(last), *extra]
+                 + ["--data.predict_dir", str(images)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err
+    assert not any(tmp_path.rglob("*.csv"))
