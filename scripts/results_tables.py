@@ -122,6 +122,14 @@ def attention_rows(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {grid}×{grid} | " + " | ".join(fmt(value.get((grid, layer)), ".1f") for layer in layers) + " |"
         )
+    last = grids[-1]
+    speedup = {
+        row["layer"]: row.get("speedup_vs_global_cpu_time", row.get("speedup_vs_global"))
+        for row in rows
+        if row["grid"] == last
+    }
+    cells = " | ".join(fmt(speedup.get(layer), ".2f") for layer in layers)
+    lines.append(f"| speed-up over global at {last}×{last} | {cells} |")
     return lines
 
 
