@@ -253,3 +253,30 @@ def test_html_report_renders_in_a_browser(checkpoint, tmp_path, explain):
     pixels = np.asarray(Image.open(shot).convert("RGB"), dtype=np.float64)
     assert pixels.std() > 20  # not a blank page
     assert (pixels.sum(axis=2) < 600).mean() > 0.1  # a tenth of the page is drawn (not white)
+
+
+def test_a_checkpoint_alone_explains_from_an_empty_folder(checkpoint, tmp_path, explain, monkeypatch):
+    """The training data moved away (its settings name a folder that is not there): class names, statistics and image
+    size come from the checkpoint's own description, with no note and no fallback to ImageNet statistics."""
+    from vit.inference import METADATA_KEY
+
+    raw = torch.load(checkpoint, weights_only=True)
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    raw[METADATA_KEY]["class_names"] = names
+    raw["datamodule_hyper_parameters"] = {"dataset": "imagefolder", "data_dir": "moved-away", "img_size": 32}
+    mean, std = raw[METADATA_KEY]["mean"], raw[METADATA_KEY]["std"]
+    assert (mean, std) == (list(ImageDataModule(dataset="digits").mean), list(ImageDataModule(dataset="digits").std))
+    files = image_files(tmp_path)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    torch.save(raw, alone / "model.ckpt")
+    monkeypatch.chdir(alone)
+    result = explain("model.ckpt", *files, "--method", "rollout", "--no-overlays")
+    assert result.returncode == 0 and "note" not in result.stderr, result.stderr
+    model, batch, _ = model_inputs(checkpoint, files)  # built by hand with the digits' statistics
+    probs = model(batch).softmax(-1)
+    for line, file, p in zip(result.stdout.strip().splitlines(), files, probs, strict=True):
+        path, name, prob = line.split()
+        assert path == str(file) and name == names[int(p.argmax())]
+        assert float(prob) == pytest.approx(p.max().item(), abs=1e-3)
+    assert sorted(p.name for p in alone.iterdir()) == ["explanations", "model.ckpt"]
