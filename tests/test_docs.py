@@ -142,3 +142,14 @@ def test_architecture_page_maps_every_module():
     listed = set(re.findall(r"^\| `(vit/[\w/]+\.py)` \|", text, re.MULTILINE))
     assert modules - listed == set(), "add a line per new module to docs/architecture.md"
     assert listed - modules == set(), "modules listed in docs/architecture.md that no longer exist"
+
+
+def test_tests_named_in_the_docs_exist():
+    """Every ``tests/<file>.py::<test>`` a page names (the canary tests of the architecture page) is still there."""
+    text = "\n".join(p.read_text() for p in PAGES)
+    named = re.findall(r"(tests/\w+\.py)((?:::\w+)?)", text)
+    assert named, "the architecture page names its canary tests"
+    for path, test in named:
+        assert (ROOT / path).is_file(), path
+        if test:
+            assert re.search(rf"^def {test[2:]}\(", (ROOT / path).read_text(), re.MULTILINE), f"{path}{test}"
