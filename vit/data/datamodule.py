@@ -9,9 +9,10 @@ ImageNet-size images and ``synthetic`` are decoded and augmented per image with 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
@@ -31,6 +32,7 @@ from vit.data.decoded import DecodedSplit, DecodeRequest
 from vit.data.decoded_loader import DecodedLoader
 from vit.data.sampler import ResumableDataLoader, ResumableSampler, SeededItems
 from vit.data.specs import DATASETS, SMALL_IMAGE_MAX, DatasetName, DatasetSpec, folder_image_size
+from vit.data.streaming import ShardImages, ShardLoader, collate_raw
 from vit.data.transforms import Augment, Preset, build_transforms, seed_transform
 from vit.data.workers import SkipReportingDataLoader, default_num_workers, seed_worker, track_workers
 from vit.normalize import IMAGENET_MEAN, IMAGENET_STD, Stats, normalize
@@ -83,6 +85,8 @@ class ImageDataModule(pl.LightningDataModule):
             computed once from its train split).
         std: Per-channel standard deviation in [0, 1], like ``mean``.
         predict_dir: Predict every image file under this folder (recursively, sorted) instead of the val split.
+        decode_device: Where ``streaming`` data is decoded: ``cpu`` (loader workers, libjpeg-turbo at a reduced DCT
+            scale) or ``cuda`` (batches of JPEG bytes decoded, cropped and flipped on the GPU).
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class ImageDataModule(pl.LightningDataModule):
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
         predict_dir: str | None = None,
+        decode_device: Literal["cpu", "cuda"] = "cpu",
     ) -> None:
         super().__init__()
         if dataset not in DATASETS:
@@ -120,6 +125,14 @@ class ImageDataModule(pl.LightningDataModule):
                 raise ValueError(f"{name} must be >= {low}, got {value}")
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
+        if decode_device not in ("cpu", "cuda"):
+            raise ValueError(f"decode_device must be 'cpu' or 'cuda', got {decode_device!r}")
+        if decode_device == "cuda" and dataset != "streaming":
+            raise DataError("--data.decode_device cuda decodes shards: it needs --data.dataset streaming")
+        if decode_device == "cuda" and not torch.cuda.is_available():
+            raise DataError(
+                "--data.decode_device cuda needs a CUDA GPU and none is visible; use --data.decode_device cpu"
+            )
         self.save_hyperparameters()
         self.spec: DatasetSpec = DATASETS[dataset]
         self.dataset = dataset
@@ -138,6 +151,8 @@ class ImageDataModule(pl.LightningDataModule):
         self.decode_once = decode_once
         self.cache_dir = cache_dir
         self.predict_dir = predict_dir
+        self.decode_device = decode_device
+        self._gpu_rng: Any = None
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self.predict_dataset: ImageFileDataset | None = None
@@ -193,6 +208,11 @@ class ImageDataModule(pl.LightningDataModule):
         if self._stats is None:
             if self.spec.mean is not None and self.spec.std is not None:
                 self._stats = (self.spec.mean, self.spec.std)
+            elif self.spec.streaming:  # recorded by vit data prepare
+                from vit.data.prepare import read_meta
+
+                meta = read_meta(self.data_dir or "")
+                self._stats = (tuple(meta["mean"]), tuple(meta["std"]))  # type: ignore[assignment]
             elif self.preset != "imagenet":  # a folder of CIFAR-size images: its own statistics, from its train split
                 self._stats = self._decoded_train().channel_stats()
             else:
@@ -265,6 +285,18 @@ class ImageDataModule(pl.LightningDataModule):
         )
 
     def _build(self, train: bool) -> Dataset:
+        if self.spec.streaming:
+            root = (self.data_dir or "").rstrip("/")
+            jitter = train and self.augment != "none"
+            return ShardImages(
+                f"{root}/{'train' if train else 'val'}",
+                self.img_size,
+                train=train,
+                seed=self.seed,
+                augment=self.augment != "none",
+                jitter=jitter,
+                raw=self.decode_device == "cuda",
+            )
         source = self.spec.source(self, train)
         if not isinstance(source, DecodeRequest):  # synthetic: generated per item
             source.transform = self._transform(train)
@@ -299,7 +331,15 @@ class ImageDataModule(pl.LightningDataModule):
         return normalize(images, self.mean, self.std)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Normalise the uint8 images of an ``(images, labels)`` batch once Lightning has moved it to the device."""
+        """Normalise the uint8 images of an ``(images, labels)`` batch once Lightning has moved it to the device
+        (JPEG bytes, with ``decode_device="cuda"``, are decoded, cropped and flipped on the GPU first)."""
+        if isinstance(batch, (list, tuple)) and isinstance(batch[0], list):
+            from vit.data.jpeg import decode_batch_cuda
+
+            if self._gpu_rng is None:
+                self._gpu_rng = np.random.default_rng([self.seed, self._global_rank()])
+            train = self.trainer is not None and self.trainer.training and self.augment != "none"
+            batch = [decode_batch_cuda(batch[0], self.img_size, train, self._gpu_rng), *batch[1:]]
         if self.normalize_on_device and isinstance(batch, (list, tuple)) and isinstance(batch[0], torch.Tensor):
             return type(batch)([self.normalize(batch[0]), *batch[1:]])
         return batch
@@ -349,6 +389,20 @@ class ImageDataModule(pl.LightningDataModule):
         )
         return track_workers(loader)
 
+    def _shard_loader(self, dataset: ShardImages, train: bool) -> ShardLoader:
+        # LitData gives each rank its part and shuffles per epoch; the epoch is the trainer's, so a resumed run
+        # replays the same order
+        trainer = self.trainer
+        return ShardLoader(
+            dataset,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            epoch_fn=(lambda: trainer.current_epoch) if train and trainer is not None else None,
+            collate_fn=collate_raw if dataset.raw else None,
+            pin_memory=self.pin_memory and torch.cuda.is_available() and not dataset.raw,
+            drop_last=train,
+        )
+
     def train_dataloader(self) -> DataLoader | DecodedLoader:
         """Shuffled, seeded training batches; the last incomplete batch is dropped."""
         if self.train_dataset is None:
@@ -361,6 +415,8 @@ class ImageDataModule(pl.LightningDataModule):
             )
         if isinstance(dataset, DecodedSplit):
             return self._decoded_loader(dataset, train=True)
+        if isinstance(dataset, ShardImages):
+            return self._shard_loader(dataset, train=True)
         seed = self.seed + self._global_rank()  # distinct augmentation streams per rank, repeatable per run
         if self.num_workers == 0:  # workers reseed their own copy in seed_worker; here the main process draws
             seed_transform(dataset.transform, seed)
@@ -372,6 +428,8 @@ class ImageDataModule(pl.LightningDataModule):
             self.setup("validate")
         if isinstance(self.val_dataset, DecodedSplit):
             return self._decoded_loader(self.val_dataset, train=False)
+        if isinstance(self.val_dataset, ShardImages):
+            return self._shard_loader(self.val_dataset, train=False)
         return self._loader(self.val_dataset, train=False)
 
     def test_dataloader(self) -> DataLoader | DecodedLoader:

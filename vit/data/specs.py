@@ -44,7 +44,7 @@ from vit.normalize import (
     Stats,
 )
 
-DatasetName = Literal["cifar10", "cifar100", "imagenet", "imagefolder", "digits", "synthetic"]
+DatasetName = Literal["cifar10", "cifar100", "imagenet", "imagefolder", "digits", "synthetic", "streaming"]
 SMALL_IMAGE_MAX = 64  # images up to this size get the CIFAR-style preset and are decoded once; larger the ImageNet one
 
 
@@ -75,6 +75,7 @@ class DatasetSpec:
             (``val/`` or ``test/``); ``None``: not a folder tree.
         download: ``(root) -> None``: fetch the dataset into ``root``; ``None``: nothing to download.
         decodable: Its small images may be decoded once into a tensor (everything but generated data).
+        streaming: Shards of ``vit data prepare`` (``data_dir``: their folder or URL), streamed with LitData.
     """
 
     source: Callable[[Options, bool], DecodeRequest | Dataset]
@@ -87,6 +88,7 @@ class DatasetSpec:
     folder: Literal["imagenet", "imagefolder"] | None = None
     download: Callable[[str], None] | None = None
     decodable: bool = True
+    streaming: bool = False
 
 
 def _cifar(name: Literal["cifar10", "cifar100"]) -> Callable[[Options, bool], DecodeRequest]:
@@ -142,6 +144,18 @@ def _synthetic(options: Options, train: bool) -> Dataset:
         seed=options.seed,
         offset=0 if train else options.synthetic_size,
     )
+
+
+def _streaming(options: Options, train: bool) -> Dataset:
+    raise AssertionError("streaming splits are built by the data module")  # ImageDataModule._build_streaming
+
+
+def _streaming_classes(options: Options) -> list[str]:
+    from vit.data.prepare import read_meta
+
+    if options.data_dir is None:
+        raise DataError("--data.data_dir is required for dataset streaming: the folder vit data prepare wrote")
+    return list(read_meta(options.data_dir)["classes"])
 
 
 def _folder_classes(options: Options) -> list[str]:
@@ -201,6 +215,14 @@ DATASETS: dict[str, DatasetSpec] = {
         UNIFORM_MEAN,
         UNIFORM_STD,
         decodable=False,
+    ),
+    "streaming": DatasetSpec(
+        _streaming,
+        "<data_dir>/train/ and <data_dir>/val/: LitData shards written by `vit data prepare` (a folder or URL)",
+        _streaming_classes,
+        preset="imagenet",
+        decodable=False,
+        streaming=True,
     ),
 }
 
