@@ -17,6 +17,7 @@ import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+import vit
 from vit import ImageDataModule, VisionTransformer, create_model
 from vit.callbacks import NonFiniteGuard, PredictionWriter, ResumeCheckpoint, RunSummary
 from vit.cli import cli_main, resolve_config_args
@@ -318,6 +319,10 @@ def test_class_path_model_trains_and_loads_from_checkpoint(tmp_path):
     assert loaded.model.head.out_features == 10
     for key, value in cli.model.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[key], value)
+    standalone = vit.load(tmp_path / "ckpt" / "last.ckpt")  # the arguments of the class_path model, recorded
+    assert standalone.patch_embed.img_size == (16, 16) and standalone.embed_dim == 32 and len(standalone.blocks) == 2
+    x = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(standalone(x), loaded.eval_model.eval()(x))
 
 
 def test_ckpt_path_last_resumes(tmp_path, caplog):

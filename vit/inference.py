@@ -81,7 +81,12 @@ def model_args(model: nn.Module, hparams: Mapping[str, Any] | None = None) -> di
     args["num_classes"] = int(model.num_classes)
     args["img_size"] = list(model.patch_embed.img_size)
     args["global_pool"] = model.global_pool  # reset_classifier may have changed it
-    return _jsonable(args)
+    args = _jsonable(args)
+    rebuilt = VisionTransformer(**args).state_dict()  # (a model built on the meta device cannot initialise)
+    own = model.state_dict()
+    if {k: tuple(v.shape) for k, v in rebuilt.items()} != {k: tuple(v.shape) for k, v in own.items()}:
+        raise ValueError("the model's constructor arguments could not be recovered (its weights differ in shape)")
+    return args
 
 
 def _jsonable(value: Any) -> Any:
@@ -111,6 +116,7 @@ def inference_metadata(
     std: Sequence[float] | None = None,
     eval_transform: str | None = None,
     model_name: str | None = None,
+    args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What inference needs, as plain JSON-ready values (stored under :data:`METADATA_KEY`).
 
@@ -123,10 +129,11 @@ def inference_metadata(
         eval_transform: The eval transform's rule, a :func:`vit.data.build_transforms` preset (``cifar``,
             ``digits``, ``imagenet``); default ``cifar`` up to 64 px, else ``imagenet``.
         model_name: The preset name the model was built from, when it was.
+        args: :func:`model_args` of ``model`` when already known (it builds a second model to check them).
     """
     from .normalize import IMAGENET_MEAN, IMAGENET_STD
 
-    args = model_args(model, hparams)
+    args = dict(args) if args is not None else model_args(model, hparams)
     height, width = args["img_size"]
     rule = eval_transform or ("cifar" if max(height, width) <= 64 else "imagenet")
     interpolation, crop_pct = EVAL_RULES.get(rule, ("bicubic", 0.875))

@@ -270,15 +270,25 @@ class ImageClassifier(LightningModule):
         """Make the checkpoint stand on its own: store what inference needs under ``vit_inference`` (class names,
         mean and std, image size, the eval transform's rule, every model argument, library versions;
         :func:`vit.inference.inference_metadata`), read from the trainer's data module when there is one."""
-        from .inference import METADATA_KEY, inference_metadata
+        from .inference import METADATA_KEY, inference_metadata, model_args
 
         if not isinstance(self.model, VisionTransformer):
             return  # another network: its arguments are not ours to describe
+        head = (self.model.num_classes, self.model.global_pool)
+        if getattr(self, "_model_args", (None, None))[0] != head:  # checked once (it builds a copy of the model)
+            try:
+                self._model_args = (head, model_args(self.model, self.hparams))
+            except ValueError as err:  # not recoverable: the checkpoint loads as before, through its hparams
+                rank_zero_warn(f"the checkpoint will not describe its model for inference: {err}")
+                self._model_args = (head, None)
+        args = self._model_args[1]
+        if args is None:
+            return
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         names = getattr(datamodule, "class_names", None)
         mean, std = getattr(datamodule, "mean", None), getattr(datamodule, "std", None)
         rule = getattr(datamodule, "preset", None)
-        checkpoint[METADATA_KEY] = inference_metadata(self.model, self.hparams, names, mean, std, rule)
+        checkpoint[METADATA_KEY] = inference_metadata(self.model, self.hparams, names, mean, std, rule, args=args)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture with one message listing its missing, unexpected and
