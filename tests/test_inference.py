@@ -103,3 +103,16 @@ def test_load_refuses_what_is_not_a_model(tmp_path):
     (tmp_path / "folder").mkdir()
     with pytest.raises(UsageError, match="not an export folder"):
         vit.load(tmp_path / "folder")
+
+
+def test_describing_a_model_in_a_checkpoint_leaves_the_random_stream_alone(tmp_path):
+    """A resumed run replays the random stream exactly: writing a checkpoint (which rebuilds the model once to check
+    its arguments) and loading one must not draw from it."""
+    module = ImageClassifier("vit_tiny_patch4_32", num_classes=7, model_overrides=TINY)
+    before = torch.random.get_rng_state()
+    checkpoint = {"state_dict": module.state_dict()}
+    module.on_save_checkpoint(checkpoint)
+    assert checkpoint[METADATA_KEY]["model_args"]["embed_dim"] == 32
+    torch.save(checkpoint, tmp_path / "m.ckpt")
+    vit.load(tmp_path / "m.ckpt")
+    assert torch.equal(torch.random.get_rng_state(), before)

@@ -13,6 +13,10 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassi
   ``nonfinite`` (:mod:`vit.callbacks.nonfinite`), ``run_summary`` (the end-of-fit report) and ``predictions``
   (``predictions.csv`` of ``vit predict``);
 - writes checkpoints atomically and reads them with ``weights_only=True`` (:mod:`vit.checkpoint_io`);
+- takes the image size, class names, statistics and eval transform of ``validate``/``test``/``predict`` from the
+  checkpoint (:mod:`vit.inference`): ``vit predict --ckpt_path CKPT --data.predict_dir DIR`` needs no ``--config``
+  and no training data, and a setting that contradicts the checkpoint is one error naming both values;
+- matches no option by a prefix: a typo (``--trainer.max_epoch``) is an error suggesting the closest option;
 - keeps freed CPU memory for reuse (``--keep_freed_memory``, :mod:`vit.allocator`);
 - logs to W&B offline when there are no credentials or no server, names runs and logs the nested config
   (:mod:`vit.loggers`);

@@ -82,7 +82,10 @@ def model_args(model: nn.Module, hparams: Mapping[str, Any] | None = None) -> di
     args["img_size"] = list(model.patch_embed.img_size)
     args["global_pool"] = model.global_pool  # reset_classifier may have changed it
     args = _jsonable(args)
-    rebuilt = VisionTransformer(**args).state_dict()  # (a model built on the meta device cannot initialise)
+    # The copy's random initialisation must not move the caller's random stream (a resumed run replays it exactly);
+    # a model built on the meta device cannot initialise.
+    with torch.random.fork_rng(devices=[]):
+        rebuilt = VisionTransformer(**args).state_dict()
     own = model.state_dict()
     if {k: tuple(v.shape) for k, v in rebuilt.items()} != {k: tuple(v.shape) for k, v in own.items()}:
         raise ValueError("the model's constructor arguments could not be recovered (its weights differ in shape)")
@@ -206,7 +209,8 @@ def build(meta: Mapping[str, Any]) -> VisionTransformer:
         UsageError: If the arguments do not build a model with this version of ``vit``.
     """
     try:
-        model = VisionTransformer(**meta["model_args"])
+        with torch.random.fork_rng(devices=[]):  # its initialisation is overwritten: leave the caller's stream alone
+            model = VisionTransformer(**meta["model_args"])
     except (TypeError, ValueError) as err:
         saved = (meta.get("versions") or {}).get("vit", "?")
         raise UsageError(f"cannot rebuild the model (saved by vit {saved}): {err}") from None
