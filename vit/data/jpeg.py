@@ -117,12 +117,12 @@ def crop_resize(data: bytes, crop: Crop, size: int) -> np.ndarray:
     factor = max(size / crop.height, size / crop.width)  # the decode may shrink the crop by this much
     image = decode(data, math.ceil(height * min(factor, 1.0)), math.ceil(width * min(factor, 1.0)))
     sy, sx = image.shape[0] / height, image.shape[1] / width
-    top, left = int(crop.top * sy), int(crop.left * sx)
-    bottom = min(image.shape[0], max(top + 1, round((crop.top + crop.height) * sy)))
-    right = min(image.shape[1], max(left + 1, round((crop.left + crop.width) * sx)))
-    region = image[top:bottom, left:right]
-    shrinking = region.shape[0] > size and region.shape[1] > size
-    out = cv2.resize(region, (size, size), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR)
+    # output pixel (x, y) samples the decoded image at the matching sub-pixel point of the box (no rounding of the
+    # box to the reduced scale's grid); what the DCT scale left is a shrink of less than 2x, so bilinear suffices
+    ax, ay = crop.width * sx / size, crop.height * sy / size
+    inverse = np.array([[ax, 0.0, crop.left * sx + 0.5 * ax - 0.5], [0.0, ay, crop.top * sy + 0.5 * ay - 0.5]])
+    flags = cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP
+    out = cv2.warpAffine(image, inverse, (size, size), flags=flags, borderMode=cv2.BORDER_REFLECT_101)
     return np.ascontiguousarray(out[:, ::-1]) if crop.flip else out
 
 

@@ -106,7 +106,7 @@ def _channel_stats(images: Sequence[bytes]) -> tuple[list[float], list[float]]:
     square = np.zeros(3)
     count = 0
     for data in images:
-        pixels = decode(data, 16, 16).reshape(-1, 3).astype(np.float64) / 255.0  # a reduced DCT scale is enough
+        pixels = decode(data).reshape(-1, 3).astype(np.float64) / 255.0
         total += pixels.sum(0)
         square += (pixels**2).sum(0)
         count += len(pixels)

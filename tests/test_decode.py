@@ -1,0 +1,102 @@
+"""JPEG decoding of the shard pipeline: pixels against PIL's decoder, crop boxes, reduced DCT scale vs full decode."""
+
+from __future__ import annotations
+
+import io
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+from sklearn.datasets import load_sample_images
+
+from vit.data.jpeg import RATIO, JpegCrop, crop_resize, decode, draw_crop, encode_jpeg, eval_crop, jpeg_size, shrink
+
+
+@pytest.fixture(scope="module")
+def photo() -> bytes:
+    image = load_sample_images().images[0][:375, :500]  # a 375x500 photograph, as ImageNet's
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def _pil(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def test_decode_matches_pil_within_jpeg_tolerance(photo: bytes) -> None:
+    ours, reference = decode(photo).astype(int), _pil(photo).astype(int)
+    assert ours.shape == reference.shape == (375, 500, 3)
+    assert jpeg_size(photo) == (375, 500)
+    diff = np.abs(ours - reference)
+    assert diff.mean() < 1.0 and diff.max() <= 8  # IDCT/upsampling rounding differences only
+
+
+def test_reduced_scale_keeps_the_minimum_size(photo: bytes) -> None:
+    assert decode(photo, 94, 125).shape == (94, 125, 3)  # 1/4 scale
+    assert decode(photo, 95, 125).shape[0] >= 95
+    assert decode(photo, 376, 0).shape == (375, 500, 3)  # never above full size
+
+
+@pytest.mark.parametrize(("height", "width"), [(375, 500), (500, 375), (32, 32), (20, 300), (300, 20)])
+def test_crops_lie_inside_the_image(height: int, width: int) -> None:
+    rng = np.random.default_rng(0)
+    flips = 0
+    for _ in range(300):
+        crop = draw_crop(rng, height, width)
+        assert crop.top >= 0 and crop.top + crop.height <= height
+        assert crop.left >= 0 and crop.left + crop.width <= width
+        assert crop.height >= 1 and crop.width >= 1
+        # the aspect ratio is in range up to the rounding of the box to whole pixels
+        assert (crop.width - 0.5) / (crop.height + 0.5) <= RATIO[1] <= 4 / 3
+        assert (crop.width + 0.5) / (crop.height - 0.5) >= RATIO[0] or crop.height == 1
+        flips += crop.flip
+    assert 100 < flips < 200
+
+
+def test_reduced_scale_crop_equals_full_decode_and_resize(photo: bytes) -> None:
+    rng = np.random.default_rng(1)
+    full = _pil(photo)
+    checked = 0
+    for _ in range(40):
+        crop = draw_crop(rng, 375, 500)
+        ours = crop_resize(photo, crop, 64).astype(float)
+        region = full[crop.top : crop.top + crop.height, crop.left : crop.left + crop.width]
+        reference = cv2.resize(region, (64, 64), interpolation=cv2.INTER_AREA)
+        if crop.flip:
+            reference = reference[:, ::-1]
+        assert ours.shape == (64, 64, 3)
+        # resampling filters differ in the finest texture only: compare what a 3x3 blur keeps
+        blur = lambda x: cv2.GaussianBlur(np.asarray(x, dtype=np.float32), (3, 3), 0)  # noqa: E731
+        assert np.abs(blur(ours) - blur(reference)).mean() < 4.0, crop
+        checked += min(crop.height, crop.width) >= 128  # decoded at 1/2 or less
+    assert checked > 10
+
+
+def test_eval_view_is_the_centre_crop(photo: bytes) -> None:
+    out = JpegCrop(64, train=False)(photo, np.random.default_rng(0)).permute(1, 2, 0).numpy().astype(float)
+    crop, _ = eval_crop(375, 500, 64)
+    assert (crop.height, crop.width) == (328, 328) and crop.top == 23 and crop.left == 86
+    full = _pil(photo)[23 : 23 + 328, 86 : 86 + 328]
+    reference = cv2.resize(full, (64, 64), interpolation=cv2.INTER_AREA)
+    assert np.abs(out - reference).mean() < 4.0
+
+
+def test_train_view_is_seeded_and_sized(photo: bytes) -> None:
+    pipeline = JpegCrop(48, train=True, jitter=True)
+    first = pipeline(photo, np.random.default_rng([3, 1]))
+    again = pipeline(photo, np.random.default_rng([3, 1]))
+    other = pipeline(photo, np.random.default_rng([3, 2]))
+    assert first.shape == (3, 48, 48) and first.dtype.is_floating_point is False
+    assert np.array_equal(first.numpy(), again.numpy())
+    assert not np.array_equal(first.numpy(), other.numpy())
+
+
+def test_shrink_never_upscales() -> None:
+    image = np.zeros((300, 400, 3), dtype=np.uint8)
+    assert shrink(image, 256).shape == (256, 341, 3)
+    assert shrink(image, 300) is image and shrink(image, 1000) is image
+    data = encode_jpeg(shrink(image, 64))
+    assert jpeg_size(data) == (64, 85)

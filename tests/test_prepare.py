@@ -1,0 +1,134 @@
+"""``vit data prepare``: shard layout, metadata, a bad image skipped and counted, reruns, foreign and half-written
+destinations."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from litdata import StreamingDataset
+from PIL import Image
+from sklearn.datasets import load_sample_images
+
+from vit.data.jpeg import decode
+from vit.data.prepare import META, main, prepare_shards
+from vit.errors import UsageError
+
+CLASSES = ["china", "flower"]
+
+
+def make_tree(root: Path, per_class: int = 4, big: bool = True) -> dict[str, int]:
+    """``train/<class>/`` + ``val/<class>/`` of JPEG crops of scikit-learn's photographs (one 300x400 per class)."""
+    photos = load_sample_images().images
+    rng = np.random.default_rng(0)
+    counts = {"train": 0, "val": 0}
+    for split, n in (("train", per_class), ("val", max(1, per_class // 2))):
+        for label, name in enumerate(CLASSES):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(n):
+                h, w = (300, 400) if big and i == 0 else (40, 60)
+                top, left = rng.integers(0, 427 - h), rng.integers(0, 640 - w)
+                Image.fromarray(photos[label][top : top + h, left : left + w]).save(folder / f"{i}.jpg", quality=95)
+                counts[split] += 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    root = tmp_path_factory.mktemp("tree")
+    counts = make_tree(root)
+    (root / "train" / "china" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    dest = tmp_path_factory.mktemp("shards") / "dest"
+    meta = prepare_shards(dataset="imagefolder", data_dir=str(root), out=str(dest), short_side=64)
+    return root, dest, {"meta": meta, "counts": counts}
+
+
+def test_layout_and_metadata(prepared: tuple[Path, Path, dict]) -> None:
+    root, dest, info = prepared
+    meta, counts = info["meta"], info["counts"]
+    assert sorted(os.listdir(dest)) == sorted([META, "train", "val"])
+    assert (dest / "train" / "index.json").is_file() and (dest / "val" / "index.json").is_file()
+    assert json.loads((dest / META).read_text()) == meta
+    assert meta["classes"] == CLASSES and meta["dataset"] == "imagefolder" and meta["short_side"] == 64
+    assert meta["source_images"] == {"train": counts["train"] + 1, "val": counts["val"]}  # the broken file counted
+    assert meta["images"] == counts
+    assert len(meta["skipped"]) == 1 and meta["skipped"][0].startswith(str(root / "train" / "china" / "broken.jpg"))
+
+
+def test_samples_hold_shrunk_jpegs_labels_and_paths(prepared: tuple[Path, Path, dict]) -> None:
+    root, dest, _ = prepared
+    train = StreamingDataset(str(dest / "train"))
+    seen = set()
+    for i in range(len(train)):
+        item = train[i]
+        path = os.fsdecode(bytes(item["path"]))
+        image = decode(bytes(item["image"]))
+        assert CLASSES[int(item["label"])] == Path(path).parent.name
+        with Image.open(path) as source:
+            original = np.asarray(source.convert("RGB"))
+        if original.shape[:2] == (300, 400):  # shrunk to a shorter side of 64
+            assert image.shape == (64, 85, 3)
+        else:  # small images keep their size, and their pixels within JPEG tolerance
+            assert image.shape == original.shape
+            assert np.abs(image.astype(int) - original).mean() < 4.0
+        seen.add((path, int(item["id"])))
+    assert len({p for p, _ in seen}) == len(train) and len({i for _, i in seen}) == len(train)
+
+
+def test_channel_statistics_are_the_train_images(prepared: tuple[Path, Path, dict]) -> None:
+    _, dest, info = prepared
+    train = StreamingDataset(str(dest / "train"))
+    pixels = np.concatenate([decode(bytes(train[i]["image"])).reshape(-1, 3) / 255.0 for i in range(len(train))])
+    np.testing.assert_allclose(info["meta"]["mean"], pixels.mean(0), atol=1e-6)
+    np.testing.assert_allclose(info["meta"]["std"], pixels.std(0), atol=1e-6)
+
+
+def test_rerun_does_nothing(prepared: tuple[Path, Path, dict], capsys: pytest.CaptureFixture[str]) -> None:
+    root, dest, info = prepared
+    before = {p: p.stat().st_mtime_ns for p in dest.rglob("*")}
+    assert main(["--data.dataset", "imagefolder", "--data.data_dir", str(root), "--out", str(dest),
+                 "--short_side", "64"]) == 0  # fmt: skip
+    assert "already prepared" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in dest.rglob("*")} == before
+
+
+def test_other_short_side_on_a_finished_dest_is_refused(prepared: tuple[Path, Path, dict]) -> None:
+    root, dest, _ = prepared
+    with pytest.raises(UsageError, match="already holds imagefolder prepared with --short_side 64"):
+        prepare_shards(dataset="imagefolder", data_dir=str(root), out=str(dest), short_side=128)
+
+
+def test_foreign_dest_is_refused_untouched(tmp_path: Path) -> None:
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("keep me")
+    with pytest.raises(UsageError, match=r"--out .*mine holds other files \(notes.txt\)"):
+        main(["--data.dataset", "digits", "--out", str(dest)])
+    assert os.listdir(dest) == ["notes.txt"] and (dest / "notes.txt").read_text() == "keep me"
+
+
+def test_half_written_dest_is_started_over(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    counts = make_tree(root, per_class=2, big=False)
+    dest = tmp_path / "dest"
+    (dest / "train").mkdir(parents=True)
+    (dest / "train" / "chunk-0-0.bin").write_bytes(b"half")  # an interrupted run: shards but no metadata
+    meta = prepare_shards(dataset="imagefolder", data_dir=str(root), out=str(dest))
+    assert meta["images"] == counts and meta["skipped"] == []
+    assert len(StreamingDataset(str(dest / "train"))) == counts["train"]
+
+
+def test_bad_arguments_are_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--data.dataset", "digits", "--out", "x", "--short_sid", "9"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown option --short_sid (did you mean --short_side?)" in err
+    with pytest.raises(UsageError, match="must be >= 1"):
+        main(["--data.dataset", "digits", "--out", "x", "--workers", "0"])
+    with pytest.raises(UsageError, match="no train/ folder"):
+        main(["--data.dataset", "imagefolder", "--data.data_dir", "/", "--out", "x"])
