@@ -52,6 +52,13 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     attn.add_argument(
         "--sliding-sizes", nargs="*", type=int, default=[7, 9], help="sliding-window kernels, odd (default: 7 9)"
     )
+    attn.add_argument(
+        "--linear-maps",
+        nargs="*",
+        choices=("elu", "relu"),
+        default=["elu", "relu"],
+        help="linear-attention rows for these feature maps (default: elu relu; none: leave them out)",
+    )
     attn.add_argument("--attn-dim", type=int, default=384)
     attn.add_argument("--attn-heads", type=int, default=6)
     attn.add_argument("--attn-tokens", type=int, default=None, help="tokens per call (default: cpu 4096, cuda 2**17)")
