@@ -1,0 +1,142 @@
+"""``--data.dataset streaming``: disjoint parts per rank, an exact mid-epoch resume, eval splits, ImageDataModule."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_prepare import make_tree  # pytest puts tests/ on sys.path (rootdir conftest, prepend mode)
+
+from vit.data import DataError, ImageDataModule
+from vit.data.prepare import prepare_shards
+from vit.data.streaming import ShardImages, ShardLoader
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("tree")
+    make_tree(root, per_class=12, big=False)  # 24 train, 12 val images
+    dest = tmp_path_factory.mktemp("shards") / "dest"
+    meta = prepare_shards(dataset="imagefolder", data_dir=str(root), out=str(dest), chunk_bytes="4kB")
+    return dest, meta
+
+
+def _ids(loader: ShardLoader, batches: int | None = None) -> list[int]:
+    out: list[int] = []
+    for i, batch in enumerate(loader):
+        out += batch[2].tolist()
+        if batches is not None and i + 1 == batches:
+            break
+    return out
+
+
+def _loader(dest: Path, seed: int = 3, batch_size: int = 4, num_workers: int = 0) -> ShardLoader:
+    dataset = ShardImages(str(dest / "train"), 16, train=True, seed=seed, return_ids=True)
+    return ShardLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+
+
+def test_epochs_shuffle_each_sample_once_seeded(shards: tuple[Path, dict]) -> None:
+    dest, meta = shards
+    loader = _loader(dest)
+    first, second = _ids(loader), _ids(loader)
+    assert sorted(first) == sorted(second) == list(range(meta["images"]["train"]))
+    assert first != second  # a new order per epoch
+    again = _loader(dest)
+    assert (_ids(again), _ids(again)) == (first, second)  # the same seed, the same orders
+    assert _ids(_loader(dest, seed=4)) != first
+
+
+_RANK = """
+import json, sys
+from vit.data.streaming import ShardImages, ShardLoader
+loader = ShardLoader(ShardImages(sys.argv[1], 16, train=True, seed=3, return_ids=True), batch_size=2)
+epochs = [[i for batch in loader for i in batch[2].tolist()] for _ in range(2)]
+print(json.dumps(epochs))
+"""
+
+
+def test_ranks_get_disjoint_parts(shards: tuple[Path, dict]) -> None:
+    dest, meta = shards
+    parts = []
+    for rank in (0, 1):  # LitData reads the rank and world size from the environment without torch.distributed
+        env = {**os.environ, "WORLD_SIZE": "2", "GLOBAL_RANK": str(rank)}
+        done = subprocess.run(
+            [sys.executable, "-c", _RANK, str(dest / "train")], env=env, capture_output=True, text=True, check=True
+        )
+        parts.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for epoch in (0, 1):
+        zero, one = parts[0][epoch], parts[1][epoch]
+        assert zero and one and not set(zero) & set(one)
+        assert sorted(zero + one) == list(range(meta["images"]["train"]))  # every sample exactly once per epoch
+    assert parts[0][0] != parts[0][1]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_mid_epoch_resume_goes_on_at_the_next_sample(shards: tuple[Path, dict], num_workers: int) -> None:
+    dest, _ = shards
+    uninterrupted = _loader(dest, num_workers=num_workers)
+    _ids(uninterrupted)
+    epoch_one = _ids(uninterrupted)
+
+    stopped = _loader(dest, num_workers=num_workers)
+    _ids(stopped)
+    head = _ids(stopped, batches=2)
+    state = stopped.state_dict()
+    assert state == {"epoch": 1, "batches": 2}
+    saved = torch.load(_save(dest, state), weights_only=True)  # as it travels in a checkpoint
+
+    resumed = _loader(dest, num_workers=num_workers)
+    resumed.load_state_dict(saved)
+    tail = _ids(resumed)
+    assert head + tail == epoch_one
+    assert len(tail) == len(epoch_one) - 8
+    assert _ids(resumed) == _ids(_loader_at_epoch(dest, 2, num_workers))  # and the next epoch is epoch 2's order
+
+
+def _save(dest: Path, state: dict) -> Path:
+    path = dest.parent / "state.pt"
+    torch.save(state, path)
+    return path
+
+
+def _loader_at_epoch(dest: Path, epoch: int, num_workers: int) -> ShardLoader:
+    loader = _loader(dest, num_workers=num_workers)
+    for _ in range(epoch):
+        _ids(loader)
+    return loader
+
+
+def test_datamodule_streams_every_split(shards: tuple[Path, dict]) -> None:
+    dest, meta = shards
+    dm = ImageDataModule(dataset="streaming", data_dir=str(dest), img_size=24, batch_size=5, num_workers=0)
+    assert dm.num_classes == 2 and dm.class_names == meta["classes"]
+    assert dm.mean == tuple(meta["mean"]) and dm.std == tuple(meta["std"])
+    dm.setup("fit")
+    train = list(dm.train_dataloader())
+    assert len(train) == meta["images"]["train"] // 5  # the incomplete last batch dropped
+    images, labels = train[0]
+    assert images.shape == (5, 3, 24, 24) and images.dtype == torch.uint8 and labels.dtype == torch.int64
+    for loader in (dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader()):
+        batches = list(loader)
+        assert sum(len(b[1]) for b in batches) == meta["images"]["val"]  # every val image, the last batch kept
+    val = ShardImages(str(dest / "val"), 24, train=False, return_ids=True)
+    ids = [val[i][2] for i in range(len(val))]
+    assert ids == list(range(meta["images"]["val"]))  # eval splits keep the stored order
+    first = [b[0] for b in dm.val_dataloader()]
+    assert all(torch.equal(a, b) for a, b in zip(first, [b[0] for b in dm.val_dataloader()], strict=True))
+
+
+def test_streaming_needs_prepared_shards(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not a finished shard folder"):
+        ImageDataModule(dataset="streaming", data_dir=str(tmp_path)).num_classes
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on machines without CUDA")
+def test_cuda_decoding_without_cuda_is_one_clear_error(shards: tuple[Path, dict]) -> None:
+    with pytest.raises(DataError, match="--data.decode_device cuda needs a CUDA GPU"):
+        ImageDataModule(dataset="streaming", data_dir=str(shards[0]), decode_device="cuda")
