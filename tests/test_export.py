@@ -60,7 +60,8 @@ def test_timm_local_dir_builds_the_same_network(case, tmp_path):
     assert config["pretrained_cfg"]["label_names"] == ["cat", "dog", "ship", "frog", "bird"]
     theirs = timm.create_model(f"local-dir:{tmp_path / 'hub'}", pretrained=True).eval()
     assert type(theirs).__module__.startswith("timm.")
-    assert tuple(theirs.pretrained_cfg["mean"]) == (0.5,) * 3 and tuple(theirs.pretrained_cfg["input_size"]) == (3, 32, 32)
+    cfg = theirs.pretrained_cfg
+    assert tuple(cfg["mean"]) == (0.5,) * 3 and tuple(cfg["input_size"]) == (3, 32, 32)
     x = torch.randn(4, 3, 32, 32)
     with torch.no_grad():
         assert (theirs(x) - module.model.eval()(x)).abs().max() <= 1e-5
@@ -79,6 +80,7 @@ def test_onnx_runtime_matches_pytorch_and_vit_load_opens_the_folder(case, tmp_pa
     preset, overrides = ONNX_CASES[case]
     module = save_checkpoint(tmp_path / "m.ckpt", preset, **overrides)
     assert export_main(["--ckpt_path", str(tmp_path / "m.ckpt"), "--out", str(tmp_path / "hub"), "--onnx"]) == 0
+    assert sorted(p.name for p in (tmp_path / "hub").iterdir()) == ["config.json", "model.onnx", "model.safetensors"]
     config = json.loads((tmp_path / "hub" / "config.json").read_text())
     assert (config["architecture"] == "vit.VisionTransformer") == (case != "global")  # timm has no local attention
     session = onnxruntime.InferenceSession(str(tmp_path / "hub" / "model.onnx"), providers=["CPUExecutionProvider"])

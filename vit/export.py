@@ -121,6 +121,7 @@ def export_onnx(model: nn.Module, path: Path, batch_sizes: Sequence[int] = (1, 3
     explicit = explicit_copy(model)
     channels, height, width = model.pretrained_cfg["input_size"]
     example = torch.randn(2, channels, height, width)
+    large = sum(p.numel() * p.element_size() for p in model.parameters()) > 1_800_000_000
     # torch.export's exporter: it follows the tiled path's writes into slices of one output tensor, which the
     # TorchScript tracer gets wrong (measured |Δlogit| 3e-3 on a sliding model); its progress lines are dropped.
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
@@ -136,6 +137,7 @@ def export_onnx(model: nn.Module, path: Path, batch_sizes: Sequence[int] = (1, 3
                 dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=65536)},),
                 dynamo=True,
                 verbose=False,
+                external_data=large,  # one file unless protobuf's 2 GB limit needs the weights beside it
             )
         finally:
             logging.disable(logging.NOTSET)
