@@ -10,11 +10,10 @@
 #
 # The repository is not pip-installed on the GPU machine: every Python step runs from the repository root
 # (`python -m vit.bench`, `python -` reading a script), where Python finds the package `vit` in the current
-# directory. What the machine lacks travels with the device tool's `carry`, prepared here once:
-#   mkdir -p data && cp ../shared/data/cifar10/cifar10-jpeg.tar.gz data/    # /data/ is git-ignored
-#   wheels of albumentations, albucore, jsonargparse (and what they need that is missing there) in .whl/
-# and the call is: run(command="bash scripts/gpu_check.sh $OUT/check", carry=["data", ".whl"], timeout_s=600).
-# Carried wheels (.whl/*.whl) are installed first with pip --no-index --no-deps.
+# directory. A machine without network gets what it lacks beside the repository before the call:
+#   data/cifar10-jpeg.tar.gz    the CIFAR-10 JPEGs (train|test/<class>/*.jpg) as one tarball; /data/ is git-ignored
+#   .whl/*.whl                  wheels of the packages missing there (albumentations, jsonargparse, ...), installed
+#                               first with pip --no-index --no-deps
 #
 # Environment: PYTHON (default: python, else python3), BUDGET_S (default 560), CIFAR_TAR (default
 # data/cifar10-jpeg.tar.gz), WHEELS (default .whl), DRY_RUN (1: CPU, tiny settings).
@@ -124,7 +123,7 @@ EOF"
 # 2. Throughput against timm, eager: ViT-S/16 batch 512 and ViT-B/16 batch 256 in bf16 autocast.
 step model_eager 55 435 "$PY" "${BENCH[@]}" --suite model "${MODELS[@]}" --json "$OUT/model_eager.json"
 
-# 3. Global vs window vs sliding-window attention (issue 12: sliding rows, k = 7 and 9) from 32x32 to 128x128; the
+# 3. Global vs window vs sliding-window attention (sliding rows: k = 7 and 9) from 32x32 to 128x128; the
 #    sliding layers compile their FlexAttention kernel once per grid, hence the longer limit.
 if importable "vit.layers.neighborhood_attention"; then
     step attention 90 345 "$PY" "${BENCH[@]}" --suite attention "${ATTN[@]}" --json "$OUT/attention.json"
@@ -133,7 +132,7 @@ else
     note "attention: no sliding rows, vit.layers.NeighborhoodAttention is not importable"
 fi
 
-# 4. Attribution (issue 14, Chefer et al. 2021) on a ViT-B/16 batch of 64 in bf16 autocast: seconds per batch.
+# 4. Attribution (Chefer et al. 2021) on a ViT-B/16 batch of 64 in bf16 autocast: seconds per batch.
 if importable "vit.explain.attribution"; then
     step attribution 35 310 "$PY" - "$OUT/attribution.json" "${ATTRIBUTION[@]}" <<'EOF'
 """Time vit.explain.attribution.attention_attribution on one batch: warm-up, then the median of 3 timed calls."""
@@ -196,7 +195,7 @@ else
     note "attribution: skipped, vit.explain.attribution is not importable"
 fi
 
-# 5. Training. With configs/cifar10_speedrun.yaml (issue 13): the speedrun on the real CIFAR-10 tarball, then the
+# 5. Training. With configs/cifar10_speedrun.yaml: the speedrun on the real CIFAR-10 tarball, then the
 #    test accuracy of the final weights. Without it: vit_small.yaml for two minutes on synthetic data.
 FIT_SCRIPT=$(
     cat <<'EOF'
@@ -260,7 +259,7 @@ EOF
         step speedrun 280 30 "$PY" - "$OUT/speedrun.json" "$SCRATCH/run" test "${SPEEDRUN[@]}" \
             --data.data_dir "$CIFAR_DIR" <<<"$FIT_SCRIPT"
     else
-        note "speedrun: skipped, $CIFAR_TAR not found or unreadable (copy it into the repository's data/ and carry it)"
+        note "speedrun: skipped, $CIFAR_TAR not found or unreadable (copy it into the repository's data/)"
     fi
 else
     note "speedrun: skipped, configs/cifar10_speedrun.yaml not found; synthetic fit instead"

@@ -1,0 +1,45 @@
+"""What a user reads: a short README that runs CI's test command, and files that speak only of the project itself."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_COMMAND = 'python -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && pytest --durations=20'
+ELSEWHERE = re.compile(r"\.\./shared|/work/|(?<!Lightning )\bissues? #?\d+|device tool|\bthe carry\b", re.IGNORECASE)
+"""Places and words of the workshop the project was built in, which a user does not have (an upstream project's
+issue, ``Lightning issue #20550``, is a reference a user can follow)."""
+
+
+def user_facing_files() -> list[Path]:
+    """README, docs pages, configs, scripts, mkdocs.yml and the package: the tracked files a user reads."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    keep = ("README.md", "mkdocs.yml", "pyproject.toml", "docs/", "configs/", "scripts/", "vit/")
+    return [ROOT / f for f in listed if f.startswith(keep) and not f.endswith((".png", ".json"))]
+
+
+def test_readme_is_an_entry_page_with_ci_test_command():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    assert TEST_COMMAND in text and TEST_COMMAND in (ROOT / ".ci" / "run").read_text()
+    assert 'pytest -m "not slow"' in text  # the quick tier
+
+
+def test_the_project_speaks_only_of_itself():
+    files = user_facing_files()
+    assert len(files) > 50  # git sees the tree
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in files
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if ELSEWHERE.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_readme_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(((?!https?://)[^)#]+)\)", text)
+    assert targets and all((ROOT / t).exists() for t in targets), [t for t in targets if not (ROOT / t).exists()]
