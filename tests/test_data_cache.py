@@ -187,7 +187,10 @@ def test_decoded_eval_batches_equal_the_per_image_eval_pipeline(tmp_path: Path) 
 
 
 def test_every_dataset_kind_is_one_spec_entry() -> None:
-    assert sorted(DATASETS) == sorted(["cifar10", "cifar100", "digits", "imagefolder", "imagenet", "synthetic"])
+    assert sorted(DATASETS) == sorted(
+        ["cifar10", "cifar100", "digits", "imagefolder", "imagenet", "streaming", "synthetic"]
+    )
+    assert DATASETS["streaming"].streaming and not DATASETS["streaming"].decodable
     assert DATASETS["cifar10"].preset == "cifar" and DATASETS["imagefolder"].preset is None
     assert DATASETS["cifar100"].num_classes == 100 and not DATASETS["synthetic"].decodable
 

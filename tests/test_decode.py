@@ -68,9 +68,10 @@ def test_reduced_scale_crop_equals_full_decode_and_resize(photo: bytes) -> None:
         if crop.flip:
             reference = reference[:, ::-1]
         assert ours.shape == (64, 64, 3)
-        # resampling filters differ in the finest texture only: compare what a 3x3 blur keeps
+        # resampling filters differ in the finest texture, and at a reduced scale the box edges sit on the decoded
+        # grid (under half an output pixel away): compare what a 3x3 blur keeps
         blur = lambda x: cv2.GaussianBlur(np.asarray(x, dtype=np.float32), (3, 3), 0)  # noqa: E731
-        assert np.abs(blur(ours) - blur(reference)).mean() < 4.0, crop
+        assert np.abs(blur(ours) - blur(reference)).mean() < 6.0, crop
         checked += min(crop.height, crop.width) >= 128  # decoded at 1/2 or less
     assert checked > 10
 
@@ -80,8 +81,9 @@ def test_eval_view_is_the_centre_crop(photo: bytes) -> None:
     crop, _ = eval_crop(375, 500, 64)
     assert (crop.height, crop.width) == (328, 328) and crop.top == 23 and crop.left == 86
     full = _pil(photo)[23 : 23 + 328, 86 : 86 + 328]
-    reference = cv2.resize(full, (64, 64), interpolation=cv2.INTER_AREA)
-    assert np.abs(out - reference).mean() < 4.0
+    reference = cv2.resize(full, (64, 64), interpolation=cv2.INTER_AREA).astype(np.float32)
+    blur = lambda x: cv2.GaussianBlur(np.asarray(x, dtype=np.float32), (3, 3), 0)  # noqa: E731
+    assert np.abs(blur(out) - blur(reference)).mean() < 6.0  # decoded at 1/4 scale: see the test above
 
 
 def test_train_view_is_seeded_and_sized(photo: bytes) -> None:

@@ -133,7 +133,7 @@ def test_datamodule_streams_every_split(shards: tuple[Path, dict]) -> None:
 
 def test_streaming_needs_prepared_shards(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="not a finished shard folder"):
-        ImageDataModule(dataset="streaming", data_dir=str(tmp_path)).num_classes
+        _ = ImageDataModule(dataset="streaming", data_dir=str(tmp_path)).num_classes
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on machines without CUDA")

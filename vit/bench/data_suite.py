@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import tempfile
 import time
 import warnings
@@ -20,10 +21,13 @@ from typing import Any
 import torch
 
 from vit.bench.harness import check, device_name, log, print_table, summarize, write_report
-from vit.bench.photos import make_data
+from vit.bench.photos import make_data, real_photos
 
 DATA_CIFAR_TARGET = 5000.0  # images/s per worker
 DATA_JPEG_TARGET = 600.0
+DATA_SHARD_TARGET = 1200.0  # images per CPU second per worker: shard -> random-resized crop 224 -> flip
+DATA_SHARD_SPEEDUP = 2.0  # over the folder loader (load_rgb -> albumentations), same photographs, one worker
+SHORT_SIDE = 256  # what vit data prepare shrinks ImageNet-size images to
 DATA_BATCH_TARGET = 50_000.0  # images/s per core, the batched CIFAR augmentation of the decoded-once loader
 BATCH = 512  # images per call of the batched augmentation
 
@@ -58,6 +62,32 @@ def one_worker() -> Iterator[None]:
         cv2.setNumThreads(cv2_threads)
 
 
+SHARDS = "vit.data shards"
+
+
+def shard_samples(folder: Path, files: Sequence[Path]) -> list[bytes]:
+    """The JPEG bytes of ``files`` as ``vit data prepare`` stores them (shorter side at most 256), read back from
+    LitData shards written into ``folder``."""
+    import numpy as np
+    from litdata import StreamingDataset
+    from PIL import Image
+
+    from vit.data.prepare import prepare_shards
+
+    root = folder / "tree"
+    for split in ("train", "val"):
+        (root / split / "photos").mkdir(parents=True)
+    for i, path in enumerate(files):
+        split = "val" if i == 0 else "train"
+        with Image.open(path) as image:
+            np.asarray(image)  # fully readable
+        (root / split / "photos" / path.name).symlink_to(path)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        prepare_shards(dataset="imagefolder", data_dir=str(root), out=str(folder / "shards"), short_side=SHORT_SIDE)
+    shards = StreamingDataset(str(folder / "shards" / "train"))
+    return [bytes(shards[i]["image"]) for i in range(len(shards))]
+
+
 def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
     import albumentations as A
     import cv2
@@ -79,7 +109,12 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
     with one_worker(), tempfile.TemporaryDirectory(prefix="vit-bench-") as tmp:
         log(f"data: writing {args.data_images} JPEG files of {args.jpeg_size[0]}x{args.jpeg_size[1]}")
         cifar_dir = Path(args.cifar_mini) if args.cifar_mini else None
-        cifar_images, files, source = make_data(Path(tmp), args.data_images, args.jpeg_size, args.seed, cifar_dir)
+        (Path(tmp) / "small").mkdir()
+        cifar_images, _, _ = make_data(Path(tmp) / "small", args.data_images, (32, 32), args.seed, cifar_dir)
+        # real photographs: random crops of scikit-learn's two sample photographs, rescaled to ImageNet's size
+        files = real_photos(Path(tmp), args.data_images, tuple(args.jpeg_size), args.seed)
+        source = "random crops of sklearn.datasets.load_sample_images (china.jpg, flower.jpg) rescaled"
+        shard_items = shard_samples(Path(tmp), files)
         sizes = [f.stat().st_size for f in files]
 
         def pil_rgb(path: Path) -> Any:  # what load_rgb did before it decoded JPEGs with torchvision
@@ -139,6 +174,32 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
         generator = torch.Generator().manual_seed(args.seed)
         basic_batch, strong_batch = BatchAugment("cifar", 32, "basic"), BatchAugment("cifar", 32, "strong")
         batch = torch.stack([chw(cifar_images[i % len(cifar_images)]) for i in range(BATCH)]).contiguous()
+        shard_crop = "shard -> RRC 224 -> flip"
+        shard_rng = np.random.default_rng(args.seed)
+        from vit.data.jpeg import JpegCrop, draw_crop, jpeg_size
+
+        shard_train = JpegCrop(224, train=True)
+        shard_preset = JpegCrop(224, train=True, jitter=True)
+
+        def shard_cv2(data: bytes) -> torch.Tensor:  # full-size OpenCV decode, then the same crop
+            image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR_RGB)
+            c = draw_crop(shard_rng, *image.shape[:2])
+            out = cv2.resize(image[c.top : c.top + c.height, c.left : c.left + c.width], (224, 224))
+            return chw(np.ascontiguousarray(out[:, ::-1]) if c.flip else out)
+
+        def shard_pil_draft(data: bytes) -> torch.Tensor:  # PIL at the reduced scale draft() allows for the crop
+            import io
+
+            c = draw_crop(shard_rng, *jpeg_size(data))
+            with Image.open(io.BytesIO(data)) as image:
+                full_w, full_h = image.size
+                f = min(1.0, max(224 / c.height, 224 / c.width))
+                image.draft("RGB", (int(full_w * f), int(full_h * f)))
+                sx, sy = image.size[0] / full_w, image.size[1] / full_h
+                box = (c.left * sx, c.top * sy, (c.left + c.width) * sx, (c.top + c.height) * sy)
+                out = np.asarray(image.convert("RGB").resize((224, 224), Image.BILINEAR, box=box))
+            return chw(np.ascontiguousarray(out[:, ::-1]) if c.flip else out)
+
         pipelines: list[tuple[str, str, str, str, Callable[[Any], Any], str]] = [
             # (name, implementation, decoder, where the normalisation runs, fn, input kind)
             (cifar, mine, "–", "device", lambda im: cifar_device(image=im)["image"], "cifar"),
@@ -156,13 +217,17 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
             (crop, tv, "decode_jpeg", "worker", lambda p: tv_crop_worker(tv_decode(p)), "jpeg"),
             (jitter, mine, loader, "device", lambda p: preset_device(image=load_rgb(p))["image"], "jpeg"),
             (jitter, tv, "decode_jpeg", "worker", lambda p: tv_preset(tv_decode(p)), "jpeg"),
+            (shard_crop, SHARDS, "simplejpeg, reduced DCT", "device", lambda d: shard_train(d, shard_rng), "shard"),
+            (shard_crop, SHARDS, "cv2.imdecode, full", "device", shard_cv2, "shard"),
+            (shard_crop, SHARDS, "PIL draft", "device", shard_pil_draft, "shard"),
+            (jitter, SHARDS, "simplejpeg, reduced DCT", "device", lambda d: shard_preset(d, shard_rng), "shard"),
         ]
         # The pipelines must produce what the model (after the device step) eats: (3, size, size), uint8 or float32.
-        inputs = {"cifar": cifar_images, "jpeg": files, "batch": [batch]}
+        inputs = {"cifar": cifar_images, "jpeg": files, "batch": [batch], "shard": shard_items}
         for name, family, _, where, fn, kind in pipelines:
             out = fn(inputs[kind][0])
             if name != decode:
-                size = 224 if kind == "jpeg" else 32
+                size = 224 if kind in ("jpeg", "shard") else 32
                 shape = (BATCH, 3, size, size) if kind == "batch" else (3, size, size)
                 dtype = torch.uint8 if where == "device" else torch.float32
                 if tuple(out.shape) != shape or out.dtype != dtype:
@@ -195,6 +260,7 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
                     "cifar": "32x32 uint8 array",
                     "batch": f"{BATCH}x3x32x32 uint8 tensor",
                     "jpeg": f"{args.jpeg_size[0]}x{args.jpeg_size[1]} JPEG q90",
+                    "shard": f"shard sample (shorter side {SHORT_SIDE}, q90)",
                 }[kind],
                 "images_per_s": spread["median"],
                 "ms_per_image": 1e3 / spread["median"],
@@ -268,5 +334,29 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
                 f"{row['images_per_cpu_s']:.0f} images per CPU second (wall clock {row['images_per_s']:.0f}/s)",
             )
         )
+    folder = next(
+        r for r in rows if r["pipeline"] == crop and r["implementation"] == mine and r["normalise"] == "device"
+    )
+    for row in rows:  # the shard loader's workers: libjpeg-turbo at a reduced DCT scale
+        if (
+            row["implementation"] == SHARDS
+            and row["pipeline"] == shard_crop
+            and row["decoder"].startswith("simplejpeg")
+        ):
+            checks.append(
+                check(
+                    f"{shard_crop} [{row['decoder']}] >= {DATA_SHARD_TARGET:.0f} images per CPU second per worker",
+                    row["images_per_cpu_s"] >= DATA_SHARD_TARGET,
+                    f"{row['images_per_cpu_s']:.0f} images per CPU second (wall clock {row['images_per_s']:.0f}/s)",
+                )
+            )
+            speedup = row["images_per_cpu_s"] / folder["images_per_cpu_s"]
+            checks.append(
+                check(
+                    f"{shard_crop} >= {DATA_SHARD_SPEEDUP:.0f}x the folder loader ({crop}, load_rgb), one worker",
+                    speedup >= DATA_SHARD_SPEEDUP,
+                    f"{speedup:.2f}x ({row['images_per_cpu_s']:.0f} vs {folder['images_per_cpu_s']:.0f} per CPU s)",
+                )
+            )
     report["data"]["checks"] = checks
     write_report(args, report)

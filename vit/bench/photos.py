@@ -76,3 +76,35 @@ def make_data(
 
         small = [cv2.resize(photo_like(rng, 64, 64), (32, 32), interpolation=cv2.INTER_AREA) for _ in range(100)]
     return small, files, source
+
+
+def real_photos(folder: Path, count: int, jpeg_size: tuple[int, int], seed: int = 0) -> list[Path]:
+    """Write ``count`` JPEG files (quality 90) of real photographs: random crops of scikit-learn's two sample
+    photographs (427x640), each rescaled to ``jpeg_size`` (height, width), as ImageNet's typical 375x500.
+
+    Args:
+        folder: where the JPEG files go.
+        count: how many files.
+        jpeg_size: (height, width) of each file.
+        seed: seed of the crops.
+    """
+    import cv2
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photos = load_sample_images().images
+    rng = np.random.default_rng(seed)
+    height, width = jpeg_size
+    files = []
+    for i in range(count):
+        photo = photos[i % len(photos)]
+        scale = rng.uniform(0.5, 0.9)  # crops of half to 90 % of the photograph's sides, at its aspect ratio
+        h, w = round(photo.shape[0] * scale), round(photo.shape[1] * scale)
+        top, left = int(rng.integers(0, photo.shape[0] - h + 1)), int(rng.integers(0, photo.shape[1] - w + 1))
+        crop = photo[top : top + h, left : left + w]
+        image = cv2.resize(crop, (width, height), interpolation=cv2.INTER_AREA if w > width else cv2.INTER_CUBIC)
+        path = folder / f"photo-{i:04d}.jpg"
+        Image.fromarray(image).save(path, quality=90)
+        files.append(path)
+    return files

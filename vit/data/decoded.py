@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import stat
-import tempfile
 import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.utils.data import Dataset
 
+from vit.atomic import atomic_write
 from vit.data.datasets import DataError, load_rgb
 
 log = logging.getLogger(__name__)
@@ -155,17 +155,8 @@ def save_cache(split: DecodedSplit, path: Path) -> bool:
         "crc": _crc(split.images),
     }
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-            try:
-                torch.save(state, tmp)
-                tmp.flush()
-                os.fsync(tmp.fileno())
-            except BaseException:
-                os.unlink(tmp.name)
-                raise
-        os.chmod(tmp.name, 0o644)
-        os.replace(tmp.name, path)
+        with atomic_write(path) as f:
+            torch.save(state, f)
         return True
     except OSError as err:
         log.warning("cannot write the decoded-image cache %s (%s); keeping it in memory only", path, err)
