@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from test_prepare import make_tree  # pytest puts tests/ on sys.path (rootdir conftest, prepend mode)
@@ -140,3 +141,42 @@ def test_streaming_needs_prepared_shards(tmp_path: Path) -> None:
 def test_cuda_decoding_without_cuda_is_one_clear_error(shards: tuple[Path, dict]) -> None:
     with pytest.raises(DataError, match="--data.decode_device cuda needs a CUDA GPU"):
         ImageDataModule(dataset="streaming", data_dir=str(shards[0]), decode_device="cuda")
+
+
+class _Recorder(pl.LightningModule):
+    """A linear model that keeps every training batch's images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(3 * 16 * 16, 2)
+        self.batches: list[torch.Tensor] = []
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.batches.append(batch[0].clone())
+        return torch.nn.functional.cross_entropy(self.linear(batch[0].flatten(1)), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_fit_resumed_from_a_mid_epoch_checkpoint_sees_the_next_samples(
+    shards: tuple[Path, dict], tmp_path: Path
+) -> None:
+    dest, _ = shards
+
+    def fit(max_steps: int, ckpt_path: str | None = None) -> tuple[pl.Trainer, _Recorder]:
+        dm = ImageDataModule(dataset="streaming", data_dir=str(dest), img_size=16, batch_size=4, num_workers=0)
+        trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")  # fmt: skip
+        model = _Recorder()
+        trainer.fit(model, dm, ckpt_path=ckpt_path)
+        return trainer, model
+
+    _, uninterrupted = fit(9)  # 6 batches an epoch: epoch 0 and half of epoch 1
+    stopped, first = fit(8)  # stopped two batches into epoch 1
+    stopped.save_checkpoint(tmp_path / "last.ckpt")
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)["loops"]["fit_loop"]["state_dict"]
+    assert saved["combined_loader"] == [{"epoch": 1, "batches": 2}]
+    _, resumed = fit(9, str(tmp_path / "last.ckpt"))
+    assert len(resumed.batches) == 1
+    assert all(torch.equal(a, b) for a, b in zip(first.batches + resumed.batches, uninterrupted.batches, strict=True))

@@ -21,7 +21,10 @@ from vit.data.datasets import (
 )
 from vit.data.decoded import DecodedSplit
 from vit.data.decoded_loader import DecodedLoader
+from vit.data.jpeg import JpegCrop, decode_batch_cuda
+from vit.data.prepare import prepare_shards, read_meta
 from vit.data.specs import DATASETS, DatasetName, DatasetSpec
+from vit.data.streaming import ShardImages, ShardLoader
 from vit.data.transforms import (
     EVAL_CROP_FRACTION,
     Augment,
@@ -74,6 +77,12 @@ __all__ = [
     "IMG_EXTENSIONS",
     "ImageDataModule",
     "ImageFileDataset",
+    "JpegCrop",
+    "ShardImages",
+    "ShardLoader",
+    "decode_batch_cuda",
+    "prepare_shards",
+    "read_meta",
     "Preset",
     "SkipReportingDataLoader",
     "Stats",

@@ -101,10 +101,11 @@ class ShardLoader(StreamingDataLoader):
         self._resume: tuple[int, int] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        self._epoch = self._epoch_fn() if self._epoch_fn is not None else self._epoch + 1
         skip = 0
-        if self._resume is not None and self._resume[0] == self._epoch:
-            skip = self._resume[1]
+        if self._resume is not None:  # the first epoch after a restore is the saved one, cut where it stopped
+            self._epoch, skip = self._resume
+        else:
+            self._epoch = self._epoch_fn() if self._epoch_fn is not None else self._epoch + 1
         self._resume = None
         self.restore = False
         self.current_epoch = self._epoch  # LitData adds one and shuffles with it
@@ -119,11 +120,10 @@ class ShardLoader(StreamingDataLoader):
         return {"epoch": int(self._epoch), "batches": int(self._batches_out)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
-        """Resume epoch ``state_dict["epoch"]`` after its first ``batches`` batches when it is iterated next.
+        """Iterate epoch ``state_dict["epoch"]`` next, from batch ``batches`` on (Lightning restores the state of a
+        checkpoint saved mid-epoch before it iterates the loader again).
 
         Args:
             state_dict: The output of :meth:`state_dict`.
         """
         self._resume = (int(state_dict["epoch"]), int(state_dict["batches"]))
-        if self._epoch_fn is None:
-            self._epoch = self._resume[0] - 1
