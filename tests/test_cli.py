@@ -251,12 +251,12 @@ def test_help_is_small_and_lists_every_option(capsys):
 
 
 @pytest.mark.parametrize("keep", [True, False])
-def test_keep_freed_memory_is_set_before_the_run_unless_false(keep, monkeypatch, tmp_path):
+def test_keep_freed_memory_is_set_before_the_run_only_when_asked(keep, monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr("vit.cli.keep_freed_memory", lambda: calls.append("kept") or True)
     args = ["fit", "--config", "quickstart", "--trainer.fast_dev_run", "true", "--trainer.logger", "false"]
     args += [*SMALL, *TINY_VIT, *CPU, *dirs(tmp_path), "--torch_num_threads", "1"]
-    cli = cli_main(args + ([] if keep else ["--keep_freed_memory", "false"]))
+    cli = cli_main(args + (["--keep_freed_memory", "true"] if keep else []))
     assert cli.trainer.state.finished
     assert calls == (["kept"] if keep else [])
 

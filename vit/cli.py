@@ -5,8 +5,9 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassi
 
 - looks a bare ``--config`` name up in ``configs/`` (``--config vit_small`` finds ``configs/vit_small.yaml``);
 - gives every ``fit`` its own folder ``runs/<config>/<run name>/`` (checkpoints, ``config.yaml``, W&B files,
-  rollout PNGs), named like its W&B run, so runs never overwrite each other; ``--ckpt_path last`` resumes the most
-  recent run of the config in its own folder; ``validate``/``test``/``predict`` write below the checkpoint's run;
+  rollout PNGs; :mod:`vit.runs` names, claims and finds them), named like its W&B run, so runs never overwrite
+  each other; ``--ckpt_path last`` resumes the most recent run of the config in its own folder;
+  ``validate``/``test``/``predict`` write below the checkpoint's run;
 - writes ``num_classes`` and ``img_size`` once, in ``data``, and links them into ``model``;
 - adds a ``checkpoint`` (:class:`~lightning.pytorch.callbacks.ModelCheckpoint`, best ``val/acc``), ``resume``
   (:mod:`vit.callbacks.resume`: ``last.ckpt`` at epoch ends, every N steps and on SIGTERM/SIGINT, bit-exact resume),
@@ -17,7 +18,7 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassi
   checkpoint (:mod:`vit.inference`): ``vit predict --ckpt_path CKPT --data.predict_dir DIR`` needs no ``--config``
   and no training data, and a setting that contradicts the checkpoint is one error naming both values;
 - matches no option by a prefix: a typo (``--trainer.max_epoch``) is an error suggesting the closest option;
-- keeps freed CPU memory for reuse (``--keep_freed_memory``, :mod:`vit.allocator`);
+- keeps freed CPU memory for reuse when asked (``--keep_freed_memory true``, :mod:`vit.allocator`);
 - logs to W&B offline when there are no credentials or no server, names runs and logs the nested config
   (:mod:`vit.loggers`);
 - turns every bad input into one ``error:`` line and an exit status from :data:`EXIT_STATUSES`, without usage
@@ -26,7 +27,6 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassi
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -54,14 +54,10 @@ from .errors import EXIT_BAD_INPUT, EXIT_NON_FINITE, UsageError, fail, suggest
 from .inference import read_metadata
 from .lit_module import ConfigError, ImageClassifier
 from .loggers import (
-    _get,
-    config_name,
     configured_wandb_loggers,
-    default_run_name,
     log_config,
     name_wandb_runs,
     offline_without_server,
-    wandb_run_id,
     without_anonymous_setting,
 )
 from .models.checkpoint_errors import (
@@ -70,6 +66,19 @@ from .models.checkpoint_errors import (
     check_is_checkpoint,
     checkpoint_errors,
     read_checkpoint,
+)
+from .runs import (
+    RUN_DIR_ENV,
+    _get,
+    claim_folder,
+    config_name,
+    default_run_name,
+    find_last_checkpoint,
+    first_process_of_job,
+    forget_claimed_folders,
+    remove_unused_folders,
+    run_folder_of,
+    wandb_run_id,
 )
 
 # ------------------------------------------------------------------------------------------- exit statuses
@@ -337,45 +346,6 @@ def _implied_classes(data: Namespace) -> int | None:
         return None
 
 
-# ------------------------------------------------------------------------------------------------ run folders
-def find_last_checkpoint(runs_dir: str | Path, config: str) -> Path | None:
-    """The ``last.ckpt`` written most recently by any run of ``config``: ``<runs_dir>/<config>/*/checkpoints/``.
-
-    Args:
-        runs_dir: The folder of all runs (``runs``).
-        config: The config name.
-    """
-    candidates = list(Path(runs_dir, config).glob("*/checkpoints/last.ckpt"))
-    return max(candidates, key=lambda p: p.stat().st_mtime_ns) if candidates else None
-
-
-def run_folder_of(checkpoint: str | Path) -> Path | None:
-    """The run folder holding ``checkpoint`` (``<run>/checkpoints/<file>``), or ``None``."""
-    path = Path(checkpoint)
-    return path.parent.parent if path.parent.name == "checkpoints" else None
-
-
-_CLAIMED: list[Path] = []  # folders created by this process for runs, removed again if a run fails before using them
-
-RUN_DIR_ENV = "VIT_RUN_DIR"
-"""Environment variable through which the DDP processes Lightning starts find rank 0's run folder."""
-
-
-def claim_folder(folder: Path) -> Path:
-    """Create and return ``folder``, or ``folder-2``, ``folder-3``... the first that did not exist (atomically: two
-    runs started in the same second get two folders)."""
-    candidate, n = folder, 1
-    while True:
-        created = [p for p in (candidate, *candidate.parents) if not p.exists()]  # the folder and new parents
-        try:
-            candidate.mkdir(parents=True)
-            _CLAIMED.extend(created)  # innermost first, the order in which empty ones are removed
-            return candidate
-        except FileExistsError:
-            n += 1
-            candidate = folder.with_name(f"{folder.name}-{n}")
-
-
 class LogConfig(SaveConfigCallback):
     """Lightning's config saving (``config.yaml`` in the run folder), plus the whole nested run config sent to the
     loggers (:func:`vit.loggers.log_config`): Lightning itself logs only the model's and data's arguments.
@@ -420,9 +390,10 @@ class VitCLI(LightningCLI):
         parser.add_argument(
             "--keep_freed_memory",
             type=bool,
-            default=True,
-            help="glibc's malloc keeps freed blocks of up to 32 MiB for reuse instead of returning them to the system "
-            "and page-faulting them back in every step (vit.allocator); false keeps the C library's defaults.",
+            default=False,
+            help="true: glibc's malloc keeps freed blocks of up to 32 MiB for reuse instead of returning them to the "
+            "system and page-faulting them back in every step (vit.allocator; process-wide, so opt-in); false keeps "
+            "the C library's defaults.",
         )
         parser.add_argument(
             "--runs_dir",
@@ -509,6 +480,12 @@ class VitCLI(LightningCLI):
             folder, name, run_id = resumed, resumed.name, wandb_run_id(resumed)
             # ModelCheckpoint warns that its folder "exists and is not empty": expected when a run continues there.
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        elif self.subcommand == "fit" and not first_process_of_job():
+            # Another node's first process (multi-node DDP): the job's first process claims the run folder; this one
+            # writes nothing there (checkpoints, config, W&B and media are written by global rank 0, and
+            # ModelCheckpoint broadcasts rank 0's folder), so it claims none and only names where rank 0's would be.
+            name = default_run_name(config)
+            folder = Path(config.runs_dir, config_name(config), name)
         else:
             given = next((w.init_args.get("name") for w in configured_wandb_loggers(config)), None)
             name = given or default_run_name(config)
@@ -577,13 +554,6 @@ class _WithoutLitLoggerTip(logging.Filter):
 _QUIET = _WithoutLitLoggerTip()
 
 
-def _remove_unused_folders() -> None:
-    """Remove the run folders this process created and left empty (a run that failed before it wrote anything)."""
-    for folder in _CLAIMED:
-        with contextlib.suppress(OSError):
-            folder.rmdir()  # only succeeds when empty
-
-
 def cli_main(args: ArgsType = None) -> VitCLI | None:
     """Entry point of ``vit``, ``python -m vit`` and ``scripts/fit.py``.
 
@@ -624,11 +594,11 @@ def cli_main(args: ArgsType = None) -> VitCLI | None:
         )
     except tuple(EXIT_STATUSES) as err:
         status = next(code for kind, code in EXIT_STATUSES.items() if isinstance(err, kind))
-        _remove_unused_folders()
+        remove_unused_folders()
         fail(str(err), status)
     finally:
         _ARGS = None
-        _CLAIMED.clear()
+        forget_claimed_folders()
     return cli if args is not None else None
 
 

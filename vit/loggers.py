@@ -29,7 +29,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from .runs import _get, attention_kind, config_name, default_run_name, wandb_run_id  # noqa: F401  (cli.py)
+from .runs import _get, attention_kind, config_name
 
 WANDB_LOGGER_CLASSES = ("lightning.pytorch.loggers.WandbLogger", "lightning.pytorch.loggers.wandb.WandbLogger")
 """``class_path`` spellings of Lightning's W&B logger in a CLI config."""

@@ -8,13 +8,15 @@ The one owner of the mechanism that the CLI, the W&B loggers and the resume call
   (:func:`remove_unused_folders`);
 - ``--ckpt_path last`` is the newest ``last.ckpt`` of the config's runs (:func:`find_last_checkpoint`), and the run
   continues in that folder with its W&B run id (:func:`wandb_run_id`);
-- the DDP processes that Lightning starts find rank 0's folder through :data:`RUN_DIR_ENV`;
+- the DDP processes that Lightning starts find rank 0's folder through :data:`RUN_DIR_ENV`; under multi-node DDP only
+  the job's first process claims a folder (:func:`first_process_of_job`), the others write nothing of their own;
 - ``last.ckpt`` itself goes to the run's ``checkpoints/`` (:func:`last_checkpoint_path`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -144,6 +146,17 @@ def claim_folder(folder: Path) -> Path:
         except FileExistsError:
             n += 1
             candidate = folder.with_name(f"{folder.name}-{n}")
+
+
+def first_process_of_job() -> bool:
+    """Whether this process is global rank 0 of its job, from what the launchers set before anything starts:
+    ``RANK`` (torchrun), ``SLURM_PROCID`` (srun), else ``NODE_RANK`` / ``GROUP_RANK`` and ``LOCAL_RANK``
+    (Lightning's own launcher, started once per node). A process started alone is the first."""
+    for variable in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(variable, "").isdigit():
+            return int(os.environ[variable]) == 0
+    node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or "0"
+    return int(node) == 0 and int(os.environ.get("LOCAL_RANK", "0")) == 0
 
 
 def remove_unused_folders() -> None:
