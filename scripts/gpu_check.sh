@@ -288,6 +288,38 @@ else
     note "linear_attention, map_head: skipped, vit.layers has no LinearAttention / AttentionPoolLatent"
 fi
 
+# 6c. JPEG decode on the GPU (--data.decode_device cuda): nvJPEG on batches of shard bytes, then random-resized crop
+#     224 + flip there; images/s and GPU ms per batch of 256 real photographs (rescaled crops of scikit-learn's two).
+DECODE_SCRIPT='
+import tempfile, time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vit.bench.photos import real_photos
+from vit.data.jpeg import decode, decode_batch_cuda, encode_jpeg, shrink
+
+with tempfile.TemporaryDirectory() as tmp:
+    files = real_photos(Path(tmp), 256, (375, 500))
+    datas = [encode_jpeg(shrink(decode(p.read_bytes()), 256)) for p in files]
+rng = np.random.default_rng(0)
+for _ in range(3):
+    decode_batch_cuda(datas, 224, True, rng)
+torch.cuda.synchronize()
+start, n = time.perf_counter(), 20
+for _ in range(n):
+    decode_batch_cuda(datas, 224, True, rng)
+torch.cuda.synchronize()
+dt = (time.perf_counter() - start) / n
+print(f"RESULT  GPU JPEG decode + RRC 224 + flip (shards, batch 256): {256 / dt:.0f} images/s, {dt * 1e3:.1f} ms per batch")
+'
+if [[ $DRY == 1 ]]; then
+    note "gpu_decode: skipped in a dry run (needs CUDA)"
+else
+    step gpu_decode 40 100 "$PY" -c "$DECODE_SCRIPT"
+fi
+
 # 7. The model comparison compiled (torch.compile of both models): last, since compilation time varies most. The
 #    JSON is rewritten after each model, so a timeout still keeps ViT-S.
 step model_compiled 400 0 "$PY" "${BENCH[@]}" --suite model "${MODELS[@]}" --compile --json "$OUT/model_compiled.json"

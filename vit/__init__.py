@@ -16,7 +16,10 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 from .layers import (
     Attention,
+    AttentionPoolLatent,
     Block,
+    CrossAttention,
+    LinearAttention,
     NeighborhoodAttention,
     PatchEmbed,
     WindowAttention,
@@ -53,7 +56,10 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Attention",
+    "AttentionPoolLatent",
     "Block",
+    "CrossAttention",
+    "LinearAttention",
     "NeighborhoodAttention",
     "PatchEmbed",
     "VisionTransformer",
