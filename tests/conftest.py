@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -32,14 +33,31 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
-@pytest.fixture(scope="module")
+@contextlib.contextmanager
+def _threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture
 def one_thread():
-    """One intra-op thread for a test module (and the child processes it starts): runs compared bit for bit must sum
-    in the same order, and two OpenMP threads stall on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    """One intra-op thread for a test, restored after it (the CLI's ``torch_num_threads`` sets it for the whole
+    process): small matrices gain nothing from two, and on a shared machine OpenMP's barriers stall whenever another
+    process holds a core."""
+    with _threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def one_thread_per_module():
+    """:func:`one_thread` for a whole module, its module-scoped fixtures included: runs compared bit for bit must sum
+    in the same order."""
+    with _threads(1):
+        yield
 
 
 class TinyFit:

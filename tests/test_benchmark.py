@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -130,7 +131,7 @@ def test_attention_suite_rows():
     report = main(
         ["--suite", "attention", "--device", "cpu", "--attn-grids", "6", "9", "--window-sizes", "3", "4"]
         + ["--sliding-sizes", "3", "7", "--attn-dim", "32", "--attn-heads", "2", "--attn-tokens", "200"]
-        + ["--attn-reps", "2"]
+        + ["--attn-reps", "2", "--linear-maps"]
     )
     rows = report["attention"]["results"]
     # grid 6: global, w3, w4, s3 (s7 does not fit); grid 9: global, w3, w4, s3, s7
@@ -205,6 +206,9 @@ def test_attention_checks_read_the_per_token_series(monkeypatch):
     assert checks["sliding 7: per-token time flat within ±15%"][1].startswith("largest deviation 110.0%")
 
 
+SHARD_CROP = "shard -> RRC 224 -> flip"
+
+
 def test_data_suite_rows(tmp_path):
     pytest.importorskip("albumentations")
     report = main(
@@ -217,7 +221,8 @@ def test_data_suite_rows(tmp_path):
     assert ("CIFAR preset (pad-crop, flip, normalise)", "albumentations (ours)", "–") in pipelines
     assert ("JPEG -> RRC 224 -> flip -> normalise", "torchvision v2", "decode_jpeg") in pipelines
     assert all(r["images_per_s"] > 0 and r["images_per_cpu_s"] > 0 for r in data["results"])
-    assert all(c["detail"].endswith("/s)") and "per CPU second" in c["detail"] for c in data["checks"])
+    rates = [c for c in data["checks"] if "the folder loader" not in c["name"]]
+    assert all(c["detail"].endswith("/s)") and "per CPU second" in c["detail"] for c in rates)
     normalised_on = {
         (r["implementation"], r["normalise"]) for r in data["results"] if r["pipeline"].startswith("CIFAR")
     }
@@ -231,13 +236,18 @@ def test_data_suite_rows(tmp_path):
     assert inputs == {"512x3x32x32 uint8 tensor"}
     # The targets are checked on what the loaders run: the batched augmentation on one core, and ImageDataModule's
     # workers (uint8 out, normalised on the device).
-    assert [c["name"].split(" [")[0] for c in data["checks"]] == [
+    # workers (uint8 out, normalised on the device), and the shard loader's worker against the folder loader's.
+    assert [c["name"].split(" [")[0] for c in rates] == [
         "CIFAR preset (pad-crop, flip, normalise)",
         "CIFAR preset (pad-crop, flip, normalise)",
         "JPEG -> RRC 224 -> flip -> normalise",
+        SHARD_CROP,
     ]
     assert data["checks"][0]["name"].endswith(">= 50000 images/s per core")
-    assert all("load_rgb" in c["name"] or "CIFAR" in c["name"] for c in data["checks"])
+    assert rates[-1]["name"].endswith(">= 1200 images per CPU second per worker")
+    (speedup,) = [c for c in data["checks"] if "the folder loader" in c["name"]]
+    assert speedup["name"].startswith(f"{SHARD_CROP} >= 2x the folder loader")
+    assert re.fullmatch(r"\d+\.\d\dx \(\d+ vs \d+ per CPU s\)", speedup["detail"])
     assert torch.get_num_threads() == report["threads"]  # the suite restores the thread count
 
 

@@ -37,15 +37,7 @@ def dirs(tmp_path: Path) -> list[str]:
     return ["--trainer.default_root_dir", str(tmp_path), "--checkpoint.dirpath", str(tmp_path / "ckpt")]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread (as quickstart.yaml's torch_num_threads sets): these small matrices gain nothing from
-    two, and on a shared machine OpenMP's barriers stall whenever another process holds a core. Restored after
-    each test, since the CLI sets it for the whole process."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # as quickstart.yaml's torch_num_threads sets
 
 
 def subprocess_env() -> dict[str, str]:

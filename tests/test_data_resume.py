@@ -46,7 +46,7 @@ def final_state(args: list[str]) -> dict[str, torch.Tensor]:
     return state
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # runs compared bit for bit must sum in the same order
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")  # runs compared bit for bit must sum in the same order
 
 
 @pytest.mark.slow

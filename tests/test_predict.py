@@ -18,12 +18,7 @@ COMMON = ["--config", "quickstart", "--trainer.logger", "false", "--trainer.enab
 COMMON += ["--trainer.enable_model_summary", "false", "--data.num_workers", "0"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

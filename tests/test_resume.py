@@ -96,7 +96,7 @@ def ckpt(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """``python -m vit.bench``: the same as ``vit bench`` (see ``vit.bench``)."""
 
-from vit.main import console
+from vit.bench.cli import main
 
-console(["bench"])
+main()
