@@ -91,6 +91,7 @@ def test_mkdocs_build_strict_fails_on(tmp_path, page, text, message):
     shutil.copytree(DOCS, tmp_path / "docs")
     shutil.copy(ROOT / "mkdocs.yml", tmp_path)
     (tmp_path / "vit").symlink_to(ROOT / "vit")
+    (tmp_path / "scripts").symlink_to(ROOT / "scripts")  # the griffe extension mkdocs.yml names
     with open(tmp_path / "docs" / page, "a") as f:
         f.write(text)
     result = mkdocs_build(tmp_path, tmp_path / "site")
