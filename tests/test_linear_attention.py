@@ -169,16 +169,13 @@ def test_fullgraph_compile_of_a_linear_model_matches_eager():
 
 
 def test_attention_suite_linear_rows_and_checks():
-    # The suite's linear rows, with the --linear-maps option added to the benchmark's parser.
-    from vit.bench.cli import build_parser, main
+    # The suite's linear rows (--linear-maps), without the window and sliding rows.
+    from vit.bench.cli import main
 
-    parser = build_parser()
-    parser.add_argument("--linear-maps", nargs="*", choices=("elu", "relu"), default=[])
     report = main(
         ["--suite", "attention", "--device", "cpu", "--attn-grids", "4", "6", "--window-sizes", "--sliding-sizes"]
         + ["--linear-maps", "elu", "relu", "--attn-dim", "16", "--attn-heads", "2", "--attn-tokens", "64"]
-        + ["--attn-reps", "1"],
-        parser,
+        + ["--attn-reps", "1"]
     )
     rows = report["attention"]["results"]
     assert [(r["grid"], r["layer"]) for r in rows] == [
