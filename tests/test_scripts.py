@@ -23,11 +23,14 @@ class Result:
 
 @pytest.fixture
 def compare(capsys):
-    """``compare(*args)``: ``python -m vit.compare`` in this process, with its exit status and printed output."""
+    """``compare(*args)``: ``vit compare`` in this process, with its exit status and printed output."""
 
     def run(*args) -> Result:
         capsys.readouterr()
-        code = compare_main([str(a) for a in args])
+        try:
+            code = compare_main([str(a) for a in args])
+        except SystemExit as exit_info:  # bad input: one error line, then exit status 2
+            code = exit_info.code
         out = capsys.readouterr()
         return Result(code, out.out, out.err)
 
