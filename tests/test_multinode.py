@@ -57,7 +57,10 @@ def two_nodes(tmp_path: Path, *extra: str) -> list[subprocess.CompletedProcess]:
     ]  # fmt: skip
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
-    env.pop("RANK", None), env.pop("LOCAL_RANK", None), env.pop("SLURM_PROCID", None)
+    # Not this test process's rank settings, nor its W&B service (earlier tests started one): each "node" is a fresh
+    # job, whose rank 0 starts its own, as on a cluster.
+    for variable in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "WANDB_SERVICE"):
+        env.pop(variable, None)
     procs = [
         subprocess.Popen(args, env={**env, "NODE_RANK": str(r)}, cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
