@@ -155,8 +155,8 @@ def load() -> ctypes.CDLL | None:
 def ready() -> bool:
     """Build or load the kernel on the first call that needs it (:func:`load`) and say whether it is there.
 
-    The layer calls this on its first CPU fp32 forward, so a model that only ever runs on CUDA never compiles it;
-    under ``torch.compile`` it runs while tracing, so a model compiled before it ever ran eagerly traces the kernel.
+    Meant for the layer's first CPU fp32 forward (so a model that only runs on CUDA never compiles it); under
+    ``torch.compile`` it runs while tracing. The layer does not call it yet: it still calls :func:`load` when built.
     """
     return load() is not None
 
