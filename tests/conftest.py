@@ -52,6 +52,22 @@ def one_thread():
         yield
 
 
+@pytest.fixture
+def random_vit():
+    """Build tiny ViTs whose attention is random, not near-uniform: ``random_vit(**VisionTransformer kwargs)``
+    draws every parameter from N(0, 0.3²) with the test's generator (seeded per test)."""
+    from vit import VisionTransformer
+
+    def build(**config) -> VisionTransformer:
+        model = VisionTransformer(**config)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.3)
+        return model
+
+    return build
+
+
 @pytest.fixture(scope="module")
 def one_thread_per_module():
     """:func:`one_thread` for a whole module, its module-scoped fixtures included: runs compared bit for bit must sum

@@ -29,21 +29,21 @@ from vit.explain import (
     unnormalize,
 )
 
-
-def make_model(**overrides) -> VisionTransformer:
-    """A tiny ViT with random (not near-uniform) attention: every parameter drawn from N(0, 0.3²)."""
-    config = dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=5, mlp_ratio=2.0)
-    model = VisionTransformer(**{**config, **overrides})
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    return model
+CONFIG = dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=5, mlp_ratio=2.0)
+# Blocks: 0 = window (no shift), 1 = window shifted by 2, 2 = global.
+WINDOW = dict(CONFIG, img_size=32, patch_size=4, window_size=4, shift_windows=True, global_attn_indexes=(2,))
 
 
-def window_model(**overrides) -> VisionTransformer:
-    """Blocks: 0 = window (no shift), 1 = window shifted by 2, 2 = global."""
-    config = dict(img_size=32, patch_size=4, window_size=4, shift_windows=True, global_attn_indexes=(2,))
-    return make_model(**{**config, **overrides})
+@pytest.fixture
+def make_model(random_vit):
+    """A tiny ViT (:data:`CONFIG`) with random attention (conftest's ``random_vit``)."""
+    return lambda **overrides: random_vit(**{**CONFIG, **overrides})
+
+
+@pytest.fixture
+def window_model(random_vit):
+    """A tiny ViT with window, shifted-window and global blocks (:data:`WINDOW`)."""
+    return lambda **overrides: random_vit(**{**WINDOW, **overrides})
 
 
 def images_for(model: VisionTransformer, batch: int = 2) -> torch.Tensor:
@@ -114,7 +114,7 @@ def assert_state_equal(model: nn.Module, before: dict) -> None:
 
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("reg_tokens", [0, 2])
-def test_capture_equals_manual_softmax_global(fused, reg_tokens):
+def test_capture_equals_manual_softmax_global(make_model, fused, reg_tokens):
     model = make_model(fused_attn=fused, reg_tokens=reg_tokens)
     images = images_for(model, 3)
     n = model.num_prefix_tokens + model.patch_embed.num_patches
@@ -132,7 +132,7 @@ def test_capture_equals_manual_softmax_global(fused, reg_tokens):
     ("img_size", "reg_tokens", "class_token"),
     [((32, 32), 0, True), ((24, 40), 1, True), ((32, 32), 1, False)],  # (24, 40): 6 x 10 grid, padded windows
 )
-def test_capture_equals_manual_softmax_window(img_size, reg_tokens, class_token):
+def test_capture_equals_manual_softmax_window(window_model, img_size, reg_tokens, class_token):
     pool = "token" if class_token else "avg"
     model = window_model(img_size=img_size, reg_tokens=reg_tokens, class_token=class_token, global_pool=pool)
     rows, cols = img_size[0] // 4, img_size[1] // 4
@@ -155,7 +155,7 @@ def test_capture_equals_manual_softmax_window(img_size, reg_tokens, class_token)
         torch.testing.assert_close(block.attn(x), block.attn.proj(dense), atol=1e-5, rtol=1e-4)
 
 
-def test_capture_in_train_mode_restores_every_flag_and_leaves_nothing_behind():
+def test_capture_in_train_mode_restores_every_flag_and_leaves_nothing_behind(make_model):
     model = make_model(attn_drop_rate=0.3, drop_path_rate=0.5, proj_drop_rate=0.3)
     model.train()
     model.blocks[1].eval()  # mixed flags must come back exactly
@@ -172,7 +172,7 @@ def test_capture_in_train_mode_restores_every_flag_and_leaves_nothing_behind():
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
-def test_capture_costs_nothing_afterwards_training_stays_fused(monkeypatch):
+def test_capture_costs_nothing_afterwards_training_stays_fused(window_model, monkeypatch):
     model = window_model()
     capture_attention(model, images_for(model))
 
@@ -184,7 +184,7 @@ def test_capture_costs_nothing_afterwards_training_stays_fused(monkeypatch):
     model(images_for(model)).sum().backward()  # fused path only, no hooks
 
 
-def test_capture_cleans_up_when_forward_raises():
+def test_capture_cleans_up_when_forward_raises(make_model):
     model = make_model()
     model.train()
     before = model_state(model)
@@ -194,7 +194,7 @@ def test_capture_cleans_up_when_forward_raises():
 
 
 @pytest.mark.gpu
-def test_capture_on_cuda_under_bf16_autocast_matches_float32():
+def test_capture_on_cuda_under_bf16_autocast_matches_float32(window_model):
     model = window_model(reg_tokens=1).cuda()
     images = images_for(model).cuda()
     before = model_state(model)
@@ -225,7 +225,7 @@ class LoopedBlocks(nn.Module):
         return x
 
 
-def test_capture_accepts_module_list_blocks():
+def test_capture_accepts_module_list_blocks(make_model):
     model = make_model()
     images = images_for(model)
     for got, want in zip(capture_attention(LoopedBlocks(model), images), capture_attention(model, images), strict=True):
@@ -316,15 +316,15 @@ def test_rollout_matches_loops_batched_equals_per_sample(fusion, ratio, prefix, 
 @pytest.mark.parametrize(
     ("build", "pool"),
     [
-        (lambda: make_model(reg_tokens=2), "token"),  # class + 2 registers
-        (lambda: make_model(img_size=(32, 48)), "token"),  # 4 x 6 grid
-        (lambda: make_model(class_token=False, global_pool="avg", reg_tokens=1), "avg"),
-        (lambda: window_model(img_size=(24, 40), reg_tokens=1), "token"),  # padded 6 x 10 grid
+        (dict(CONFIG, reg_tokens=2), "token"),  # class + 2 registers
+        (dict(CONFIG, img_size=(32, 48)), "token"),  # 4 x 6 grid
+        (dict(CONFIG, class_token=False, global_pool="avg", reg_tokens=1), "avg"),
+        (dict(WINDOW, img_size=(24, 40), reg_tokens=1), "token"),  # padded 6 x 10 grid
     ],
     ids=["registers", "non_square", "avg_pool", "window_padded"],
 )
-def test_rollout_map_on_models(build, pool):
-    model = build()
+def test_rollout_map_on_models(random_vit, build, pool):
+    model = random_vit(**build)
     images = images_for(model, 2)
     rows, cols = model.patch_embed.grid_size
     got = rollout_map(model, images, head_fusion="max", discard_ratio=0.2)

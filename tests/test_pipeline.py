@@ -8,26 +8,25 @@ import math
 import pytest
 import torch
 
-from vit import VisionTransformer
 from vit.explain import (
     Explanation,
+    attention_attribution,
     attention_rollout,
     attention_statistics,
     capture_attention,
+    compute,
     detect_collapse,
     explain_images,
 )
 from vit.normalize import DIGITS_MEAN, DIGITS_STD, normalize
 
+CONFIG = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5, mlp_ratio=2.0)
 
-def make_model(**overrides) -> VisionTransformer:
-    config = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5, mlp_ratio=2.0)
-    torch.manual_seed(0)
-    model = VisionTransformer(**{**config, **overrides})
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)  # random, not near-uniform, attention
-    return model
+
+@pytest.fixture
+def make_model(random_vit):
+    """A tiny ViT (:data:`CONFIG`) with random attention (conftest's ``random_vit``)."""
+    return lambda **overrides: random_vit(**{**CONFIG, **overrides})
 
 
 def pixels(batch: int = 3, size: int = 16) -> torch.Tensor:
@@ -43,7 +42,7 @@ def pixels(batch: int = 3, size: int = 16) -> torch.Tensor:
         ({"img_size": (16, 24), "window_size": 2, "global_attn_indexes": (1,)}, "token"),
     ],
 )
-def test_explanation_equals_the_separate_pieces(overrides, pool):
+def test_explanation_equals_the_separate_pieces(make_model, overrides, pool):
     model = make_model(**overrides)
     images = pixels(size=16)
     if "img_size" in overrides:
@@ -75,7 +74,7 @@ def test_explanation_equals_the_separate_pieces(overrides, pool):
     torch.testing.assert_close(ex.images, images.float() / 255, rtol=0, atol=0)
 
 
-def test_one_forward_pass_and_the_model_left_as_it_was():
+def test_one_forward_pass_and_the_model_left_as_it_was(make_model):
     model = make_model()
     model.train()
     model.blocks[1].eval()  # a mixed state, given back module by module
@@ -95,7 +94,7 @@ def test_one_forward_pass_and_the_model_left_as_it_was():
     assert all(block.attn.fused_attn for block in model.blocks)
 
 
-def test_normalised_float_input_gives_the_same_and_is_displayed_unnormalised():
+def test_normalised_float_input_gives_the_same_and_is_displayed_unnormalised(make_model):
     model = make_model()
     images = pixels()
     inputs = normalize(images, DIGITS_MEAN, DIGITS_STD)
@@ -132,7 +131,7 @@ def test_captions_metrics_and_collapse():
     assert ex.captions()[0] == "true 2 · pred 1 (70 %)"
 
 
-def test_without_statistics_and_real_stats():
+def test_without_statistics_and_real_stats(make_model):
     model = make_model()
     ex = explain_images(model, pixels(), mean=DIGITS_MEAN, std=DIGITS_STD, statistics=False)
     assert ex.entropy is None and ex.distance is None and ex.collapse == {} and ex.metrics() == {}
@@ -143,7 +142,7 @@ def test_without_statistics_and_real_stats():
     assert all(0 < value <= math.log(17) for key, value in ex.metrics().items() if "entropy" in key)
 
 
-def test_bad_input():
+def test_bad_input(make_model):
     model = make_model()
     with pytest.raises(ValueError, match="mean and std"):
         explain_images(model, pixels(), mean=None, std=None)
@@ -151,3 +150,90 @@ def test_bad_input():
         explain_images(model, pixels()[0], mean=DIGITS_MEAN, std=DIGITS_STD)
     with pytest.raises(ValueError, match="one label per image"):
         explain_images(model, pixels(), labels=[1], mean=DIGITS_MEAN, std=DIGITS_STD)
+
+
+def test_concat_of_batches_equals_one_explanation_of_all_images(make_model):
+    model = make_model(reg_tokens=1)
+    images = torch.randint(0, 256, (7, 3, 16, 16), generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
+    labels = torch.tensor([0, 1, 2, 3, 4, 0, 1])
+    whole = explain_images(model, images, labels=labels, mean=DIGITS_MEAN, std=DIGITS_STD)
+    parts = [
+        explain_images(model, images[s], labels=labels[s], mean=DIGITS_MEAN, std=DIGITS_STD)
+        for s in (slice(0, 2), slice(2, 7))  # unequal batches: the means must weigh them by size
+    ]
+    joined = Explanation.concat(parts)
+    for name in ("images", "labels", "probs", "preds", "rollout", "entropy", "distance"):
+        torch.testing.assert_close(getattr(joined, name), getattr(whole, name), msg=name)
+    for mine, theirs in zip(joined.attentions, whole.attentions, strict=True):
+        torch.testing.assert_close(mine, theirs)
+    assert sorted(joined.collapse) == sorted(whole.collapse) == [0, 1]
+    for i, report in whole.collapse.items():
+        merged = joined.collapse[i]
+        assert merged.num_images == 7 and merged.collapsed == report.collapsed
+        torch.testing.assert_close(merged.normalized_entropy, report.normalized_entropy)
+        torch.testing.assert_close(merged.argmax_agreement, report.argmax_agreement)
+        assert torch.equal(merged.argmax_counts, report.argmax_counts) and torch.equal(merged.mask, report.mask)
+    parts[0].attentions = []
+    assert Explanation.concat(parts).attentions == []  # kept only when every part kept them
+    with pytest.raises(ValueError, match="no explanations"):
+        Explanation.concat([])
+    without_labels = explain_images(model, images[:2], mean=DIGITS_MEAN, std=DIGITS_STD)
+    with pytest.raises(ValueError, match="with and without statistics or labels"):
+        Explanation.concat([parts[1], without_labels])
+
+
+def one_hot_rows(batch: int, heads: int, n: int, key: int) -> torch.Tensor:
+    attn = torch.zeros(batch, heads, n, n)
+    attn[..., key] = 1.0
+    return attn
+
+
+def test_collapse_merged_over_batches_is_the_collapse_of_all_images():
+    # Batch 1 (2 images): every query of both heads looks at key 0, a one-hot collapse. Batch 2 (1 image): head 0
+    # uniform over the 4 keys, head 1 puts 0.3 / 0.7 on keys 0 / 1. Over all images head 1 is neither uniform nor
+    # one-hot, so the block is healthy: the first batch alone would have called it collapsed.
+    first = one_hot_rows(2, 2, 4, key=0)
+    second = torch.zeros(1, 2, 4, 4)
+    second[:, 0] = 0.25
+    second[:, 1, :, :2] = torch.tensor([0.3, 0.7])
+    reports = [detect_collapse(first), detect_collapse(second)]
+    assert reports[0].collapsed
+    merged = type(reports[0]).merge(reports)
+    whole = detect_collapse(torch.cat([first, second]))
+    assert not merged.collapsed and not whole.collapsed
+    # Head 0: uniform rows tie, their argmax is key 0 too; head 1: 8 of 12 rows on key 0.
+    torch.testing.assert_close(merged.argmax_agreement, torch.tensor([1.0, 2 / 3]))
+    torch.testing.assert_close(merged.argmax_agreement, whole.argmax_agreement)
+    # Normalised by log 4: keys 1-3 are allowed through the second batch. Head 0: (0 + 0 + 1) / 3.
+    h1 = -(0.3 * math.log(0.3) + 0.7 * math.log(0.7)) / math.log(4) / 3
+    torch.testing.assert_close(merged.normalized_entropy, torch.tensor([1 / 3, h1]))
+    torch.testing.assert_close(merged.normalized_entropy, whole.normalized_entropy)
+    assert torch.equal(merged.mask, torch.ones(4, 4, dtype=torch.bool))
+    assert merged.one_hot.tolist() == whole.one_hot.tolist() == [True, False]
+    assert merged.num_images == 3
+    with pytest.raises(ValueError, match="cannot merge"):
+        type(reports[0]).merge([reports[0], detect_collapse(first, uniform_threshold=0.9)])
+
+
+def test_compute_in_batches_equals_compute_at_once(make_model):
+    model = make_model(reg_tokens=1)
+    images = torch.randint(0, 256, (5, 3, 16, 16), generator=torch.Generator().manual_seed(3), dtype=torch.uint8)
+    kwargs = dict(mean=DIGITS_MEAN, std=DIGITS_STD, block=0, faithfulness_steps=4, target=2)
+    small, whole = compute(model, images, batch_size=2, **kwargs), compute(model, images, batch_size=5, **kwargs)
+    at_once = explain_images(model, images, mean=DIGITS_MEAN, std=DIGITS_STD)
+    torch.testing.assert_close(small.explanation.rollout, at_once.rollout)
+    torch.testing.assert_close(small.explanation.entropy, at_once.entropy)
+    assert small.explanation.attentions == [] and small.block == 0 and small.target == 2
+    # Head maps: each head's class-token row of block 0 over the 4 x 4 patches.
+    torch.testing.assert_close(small.head_maps, at_once.attentions[0][:, :, 0, 2:].reshape(5, 2, 4, 4))
+    torch.testing.assert_close(small.attribution, whole.attribution)
+    inputs = normalize(images, DIGITS_MEAN, DIGITS_STD)
+    torch.testing.assert_close(small.attribution, attention_attribution(model, inputs, target=2))
+    assert small.faithfulness["deletion_auc"] == pytest.approx(whole.faithfulness["deletion_auc"])
+    assert set(small.faithfulness["deletion_auc"]) == {"rollout", "attribution", "random"}
+    only_rollout = compute(model, images, mean=DIGITS_MEAN, std=DIGITS_STD, method="rollout")
+    assert only_rollout.attribution is None and only_rollout.faithfulness is None and only_rollout.block == 1
+    with pytest.raises(ValueError, match="block 2 out of range: the model has 2 blocks"):
+        compute(model, images, mean=DIGITS_MEAN, std=DIGITS_STD, block=2)
+    with pytest.raises(ValueError, match="target 5 out of range: the model has 5 classes"):
+        compute(model, images, mean=DIGITS_MEAN, std=DIGITS_STD, target=5)

@@ -1,7 +1,8 @@
 """Understanding attention: capture the dense weights, roll them out, measure them, show them.
 
 :func:`explain_images` is the one pipeline (one forward pass gives predictions and attention); panels and plots
-render its :class:`Explanation`. Needs torch, numpy, PIL and matplotlib.
+render its :class:`Explanation`. :func:`compute` explains many images in batches, with attribution and
+faithfulness, as ``vit explain`` does (:class:`Results`). Needs torch, numpy, PIL and matplotlib.
 """
 
 from ..normalize import unnormalize
@@ -12,6 +13,7 @@ from .overlay import apply_colormap, make_grid, overlay_heatmap, to_uint8_image,
 from .panels import render_grid, render_panel, render_panels
 from .pipeline import Explanation, display_pixels, explain_images
 from .plots import distance_plot, figure_to_array
+from .results import Results, compute
 from .rollout import (
     HeadFusion,
     RolloutPool,
@@ -39,6 +41,7 @@ __all__ = [
     "CollapseReport",
     "Explanation",
     "HeadFusion",
+    "Results",
     "RolloutPool",
     "apply_colormap",
     "attention_attribution",
@@ -48,6 +51,7 @@ __all__ = [
     "attention_rollout",
     "attention_statistics",
     "capture_attention",
+    "compute",
     "describe_collapse",
     "detect_collapse",
     "discard_lowest",

@@ -32,12 +32,11 @@ from torch import nn
 from ..atomic import write_bytes
 from ..errors import ArgumentParser
 from ..inference import read_metadata
-from ..normalize import IMAGENET_MEAN, IMAGENET_STD, normalize
-from .attribution import attention_attribution
-from .faithfulness import faithfulness
+from ..normalize import IMAGENET_MEAN, IMAGENET_STD
 from .panels import render_grid, render_panel
-from .pipeline import Explanation, explain_images
-from .rollout import HeadFusion, head_pool
+from .report import render_report
+from .results import Results, block_index, compute
+from .rollout import HeadFusion
 
 METHODS = ("rollout", "attribution")
 GRID_IMAGES = 32  # the grid PNG shows the first images only
@@ -229,76 +228,25 @@ def parse_target(text: str | None, explainer: Explainer) -> int | None:
     return index
 
 
-@dataclass
-class Results:
-    """Everything the command computed, on the CPU, before anything is written."""
+def compute_for(explainer: Explainer, pixels: torch.Tensor, args: argparse.Namespace,
+                labels: torch.Tensor | None = None) -> Results:  # fmt: skip
+    """:func:`~vit.explain.results.compute` with the command's options.
 
-    explanation: Explanation  # all images; ``attentions`` is empty (see ``head_maps``)
-    attribution: torch.Tensor | None  # (B, rows, cols)
-    head_maps: torch.Tensor  # (B, heads, rows, cols): each head's attention to the patches in ``block``
-    block: int
-    faithfulness: dict | None
-    target: int | None = None  # the class attributed (``--target``); None: each image's prediction
-
-
-def head_maps(attn: torch.Tensor, num_prefix_tokens: int, pooled_by_token: bool, grid: tuple[int, int]):
-    """Per-head maps ``(B, heads, rows, cols)`` of one block: the class-token row, or the patch rows' mean."""
-    P = num_prefix_tokens
-    rows = attn[:, :, 0, P:] if pooled_by_token else attn[:, :, P:, P:].mean(dim=2)
-    return rows.reshape(*rows.shape[:2], *grid)
-
-
-def compute(
-    explainer: Explainer, pixels: torch.Tensor, args: argparse.Namespace, labels: torch.Tensor | None = None
-) -> Results:
-    """Explain ``pixels`` (uint8, or normalised floats) in batches, then measure faithfulness over all of them."""
-    model = explainer.model
+    Raises:
+        InputError: If ``--target`` or ``--report-block`` does not exist in the model.
+    """
     target = parse_target(args.target, explainer)
-    depth = len(model.blocks)
-    block = args.report_block if args.report_block >= 0 else depth + args.report_block
-    if not 0 <= block < depth:
-        raise InputError(f"--report-block {args.report_block} out of range: the model has {depth} blocks")
-    pooled_by_token = head_pool(model) == "token"
-    parts, attributions, heads = [], [], []
-    chunks = pixels.split(args.batch_size)
-    label_chunks = labels.split(args.batch_size) if labels is not None else [None] * len(chunks)
-    for chunk, chunk_labels in zip(chunks, label_chunks, strict=True):
-        part = explain_images(
-            model, chunk, labels=chunk_labels, class_names=explainer.class_names, mean=explainer.mean,
-            std=explainer.std, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, statistics=True,
-        )  # fmt: skip
-        heads.append(head_maps(part.attentions[block], model.num_prefix_tokens, pooled_by_token,
-                               model.patch_embed.grid_size))  # fmt: skip
-        part.attentions = []
-        parts.append(part)
-        if args.method in ("attribution", "both"):
-            inputs = normalize(chunk, explainer.mean, explainer.std)
-            attributions.append(attention_attribution(model, inputs, target=target).float().cpu())
-    sizes = torch.tensor([len(p) for p in parts], dtype=torch.float32)[:, None, None]
-    explanation = Explanation(
-        images=torch.cat([p.images for p in parts]),
-        labels=labels,
-        probs=torch.cat([p.probs for p in parts]),
-        preds=torch.cat([p.preds for p in parts]),
-        attentions=[],
-        rollout=torch.cat([p.rollout for p in parts]),
-        entropy=(torch.stack([p.entropy for p in parts]) * sizes).sum(0) / sizes.sum(),
-        distance=(torch.stack([p.distance for p in parts]) * sizes).sum(0) / sizes.sum(),
-        collapse=parts[0].collapse,
-        class_names=explainer.class_names,
-    )
-    attribution = torch.cat(attributions) if attributions else None
-    scores = None
-    if args.faithfulness:
-        maps = {}
-        if args.method in ("rollout", "both"):
-            maps["rollout"] = explanation.rollout
-        if attribution is not None:
-            maps["attribution"] = attribution
-        inputs = normalize(pixels, explainer.mean, explainer.std)
-        scores = faithfulness(model, inputs, maps, target=target, steps=args.steps, baseline=args.baseline,
-                              batch_size=4 * args.batch_size)  # fmt: skip
-    return Results(explanation, attribution, torch.cat(heads), block, scores, target)
+    try:
+        block_index(explainer.model, args.report_block)
+    except ValueError as err:
+        raise InputError(f"--report-{err}") from None
+    return compute(
+        explainer.model, pixels, mean=explainer.mean, std=explainer.std, labels=labels,
+        class_names=explainer.class_names, method=args.method, target=target, block=args.report_block,
+        head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
+        faithfulness_steps=args.steps if args.faithfulness else None, baseline=args.baseline,
+        batch_size=args.batch_size,
+    )  # fmt: skip
 
 
 def png_bytes(image: np.ndarray) -> bytes:
@@ -395,7 +343,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             files, pixels, labels = load_split(explainer, args.limit)
         else:
             pixels = load_images(explainer, files)
-        results = compute(explainer, pixels, args, labels)
+        results = compute_for(explainer, pixels, args, labels)
         write_outputs(args, files, results)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -447,7 +395,5 @@ def write_outputs(args: argparse.Namespace, files: Sequence[Path], results: Resu
         summary |= {key: scores[key] for key in ("fractions", "deletion_curve", "insertion_curve")}
         write_atomic(args.json, (json.dumps(summary, indent=2) + "\n").encode())
     if args.html is not None:
-        from .report import render_report
-
         html = render_report(files, results, title=f"{args.checkpoint.name}: {len(files)} images", alpha=args.alpha)
         write_atomic(args.html, html.encode())

@@ -87,6 +87,54 @@ class Explanation:
         height, width = self.images.shape[-2:]
         return math.hypot(height, width)
 
+    @classmethod
+    def concat(cls, parts: Sequence[Explanation]) -> Explanation:
+        """One explanation of the images of all ``parts`` (batches of one model, in order).
+
+        Per-image tensors are concatenated; entropy, distance and the pooling head's entropy are the means over all
+        images (each part weighted by its number of images); the collapse reports are merged exactly
+        (:meth:`~vit.explain.CollapseReport.merge`). ``attentions`` is kept only when every part kept it.
+
+        Raises:
+            ValueError: If ``parts`` is empty, or the parts differ in class names, statistics or labels.
+        """
+        if not parts:
+            raise ValueError("no explanations to concatenate")
+        first = parts[0]
+        for part in parts[1:]:
+            if part.class_names != first.class_names:
+                raise ValueError("cannot concatenate explanations with different class names")
+            if (part.entropy is None) != (first.entropy is None) or (part.labels is None) != (first.labels is None):
+                raise ValueError("cannot concatenate explanations with and without statistics or labels")
+        sizes = torch.tensor([len(part) for part in parts], dtype=torch.float32)
+
+        def cat(name: str) -> torch.Tensor | None:
+            values = [getattr(part, name) for part in parts]
+            return None if values[0] is None else torch.cat(values)
+
+        def mean(name: str) -> torch.Tensor | None:
+            values = [getattr(part, name) for part in parts]
+            if values[0] is None:
+                return None
+            weights = sizes.reshape(-1, *([1] * values[0].ndim))
+            return (torch.stack(values) * weights).sum(dim=0) / sizes.sum()
+
+        kept = all(part.attentions for part in parts)
+        return cls(
+            images=torch.cat([part.images for part in parts]),
+            labels=cat("labels"),
+            probs=torch.cat([part.probs for part in parts]),
+            preds=torch.cat([part.preds for part in parts]),
+            attentions=[torch.cat(block) for block in zip(*(p.attentions for p in parts), strict=True)] if kept else [],
+            rollout=torch.cat([part.rollout for part in parts]),
+            entropy=mean("entropy"),
+            distance=mean("distance"),
+            collapse={i: CollapseReport.merge([part.collapse[i] for part in parts]) for i in first.collapse},
+            class_names=first.class_names,
+            pool_attention=cat("pool_attention"),
+            pool_entropy=mean("pool_entropy"),
+        )
+
     def metrics(self, prefix: str = "attn") -> dict[str, float]:
         """Scalars for a logger: ``{prefix}/entropy/block_{i}`` (nats) and ``{prefix}/distance/block_{i}``
         (pixels), means over heads, ``{prefix}/collapsed_blocks``, and ``{prefix}/entropy/pool`` for an

@@ -13,7 +13,6 @@ import html
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,9 +21,7 @@ from PIL import Image
 from .overlay import overlay_heatmap
 from .panels import upscale
 from .plots import distance_plot, entropy_plot, figure_to_array
-
-if TYPE_CHECKING:
-    from .command import Results
+from .results import Results
 
 SIZE = 160  # display size of each picture, pixels
 HEAD_IMAGES = 8  # images whose per-head maps are shown

@@ -132,7 +132,10 @@ def attention_statistics(
 
 @dataclass
 class CollapseReport:
-    """Outcome of :func:`detect_collapse` for one block.
+    """Outcome of :func:`detect_collapse` for one block, with the sums it was decided from.
+
+    Reports of disjoint batches of images merge exactly (:meth:`merge`): the result is the report
+    :func:`detect_collapse` gives on all their images at once.
 
     Attributes:
         collapsed: Every head is near-uniform or near-one-hot.
@@ -142,6 +145,11 @@ class CollapseReport:
         normalized_entropy: ``(heads,)`` mean over rows of ``entropy / log(allowed keys)``, in ``[0, 1]``.
         argmax_agreement: ``(heads,)`` fraction of (image, query) rows whose argmax is the head's most
             frequent key.
+        num_images: Images the report was measured on.
+        mask: ``(N, N)`` bool, the allowed pattern the entropies were normalised by.
+        query_entropy: ``(heads, N)`` each query's row entropy in nats, summed over the images.
+        argmax_counts: ``(heads, N)`` how many (image, query) rows have their largest weight on each key.
+        thresholds: ``(uniform_threshold, one_hot_threshold, argmax_agreement)`` the heads were classified by.
     """
 
     collapsed: bool
@@ -149,6 +157,11 @@ class CollapseReport:
     one_hot: torch.Tensor
     normalized_entropy: torch.Tensor
     argmax_agreement: torch.Tensor
+    num_images: int
+    mask: torch.Tensor
+    query_entropy: torch.Tensor
+    argmax_counts: torch.Tensor
+    thresholds: tuple[float, float, float | None]
 
     def __bool__(self) -> bool:
         return self.collapsed
@@ -163,6 +176,35 @@ class CollapseReport:
             )
         )
         return f"{'collapsed' if self.collapsed else 'healthy'}: {heads}"
+
+    @classmethod
+    def merge(cls, reports: Sequence[CollapseReport]) -> CollapseReport:
+        """One report over the images of all ``reports`` (disjoint batches of one block, same thresholds).
+
+        The sums add up and the allowed patterns are united (a key that underflowed to 0 in one batch is
+        allowed when another batch gave it weight), so the result equals :func:`detect_collapse` on the
+        concatenated weights.
+
+        Raises:
+            ValueError: If ``reports`` is empty, or the reports differ in heads, tokens or thresholds.
+        """
+        if not reports:
+            raise ValueError("no reports to merge")
+        first = reports[0]
+        for report in reports[1:]:
+            if report.query_entropy.shape != first.query_entropy.shape or report.thresholds != first.thresholds:
+                raise ValueError(
+                    f"cannot merge a report of {tuple(report.query_entropy.shape)} (heads, tokens) and thresholds "
+                    f"{report.thresholds} with one of {tuple(first.query_entropy.shape)} and {first.thresholds}"
+                )
+        mask = torch.stack([r.mask for r in reports]).any(dim=0)
+        return _classify(
+            mask,
+            sum((r.query_entropy for r in reports), torch.zeros_like(first.query_entropy)),
+            sum((r.argmax_counts for r in reports), torch.zeros_like(first.argmax_counts)),
+            sum(r.num_images for r in reports),
+            *first.thresholds,
+        )
 
 
 def detect_collapse(
@@ -180,7 +222,8 @@ def detect_collapse(
     ``one_hot_threshold`` or when at least a fraction ``argmax_agreement`` of all (image, query) rows share the
     same argmax key (every query looks at one token, e.g. the class token). The block is collapsed when every
     head is uniform or one-hot. Note that a freshly initialised ViT attends almost uniformly, so it is flagged
-    as uniform until training sharpens its attention.
+    as uniform until training sharpens its attention. Reports of several batches combine with
+    :meth:`CollapseReport.merge`.
 
     Args:
         attn: One block's weights ``(B, heads, N, N)``.
@@ -208,11 +251,27 @@ def detect_collapse(
         mask = (attn > 0).any(dim=1).any(dim=0)  # (N, N)
     if mask.shape != (N, N):
         raise ValueError(f"mask must have shape ({N}, {N}), got {tuple(mask.shape)}")
-    max_entropy = mask.to(attn.device).sum(dim=-1).float().log()  # (N,) log(allowed keys)
-    # A row with a single allowed key has entropy 0 and counts as one-hot (normalised entropy 0).
-    normalized = (row_entropy(attn) / max_entropy.clamp_min(1e-12)).mean(dim=(0, 2))  # (heads,)
+    query_entropy = row_entropy(attn).sum(dim=0)  # (heads, N)
     argmax = attn.argmax(dim=-1).transpose(0, 1).reshape(H, -1)  # (heads, B * N)
-    agreement = (argmax == argmax.mode(dim=1).values[:, None]).float().mean(dim=1)
+    counts = torch.zeros(H, N, dtype=torch.long, device=attn.device).scatter_add_(1, argmax, torch.ones_like(argmax))
+    return _classify(mask.bool().cpu(), query_entropy.cpu(), counts.cpu(), B, uniform_threshold, one_hot_threshold,
+                     argmax_agreement)  # fmt: skip
+
+
+def _classify(
+    mask: torch.Tensor,
+    query_entropy: torch.Tensor,
+    argmax_counts: torch.Tensor,
+    num_images: int,
+    uniform_threshold: float,
+    one_hot_threshold: float,
+    argmax_agreement: float | None,
+) -> CollapseReport:
+    """The report from its sums: :func:`detect_collapse` and :meth:`CollapseReport.merge` share this rule."""
+    max_entropy = mask.sum(dim=-1).float().log()  # (N,) log(allowed keys)
+    # A row with a single allowed key has entropy 0 and counts as one-hot (normalised entropy 0).
+    normalized = (query_entropy / max_entropy.clamp_min(1e-12)).sum(dim=1) / (num_images * mask.shape[0])
+    agreement = argmax_counts.max(dim=1).values.float() / argmax_counts.sum(dim=1).float()
     uniform = normalized >= uniform_threshold
     one_hot = normalized <= one_hot_threshold
     if argmax_agreement is not None:
@@ -220,10 +279,15 @@ def detect_collapse(
     one_hot = one_hot & ~uniform
     return CollapseReport(
         collapsed=bool((uniform | one_hot).all()),
-        uniform=uniform.cpu(),
-        one_hot=one_hot.cpu(),
-        normalized_entropy=normalized.cpu(),
-        argmax_agreement=agreement.cpu(),
+        uniform=uniform,
+        one_hot=one_hot,
+        normalized_entropy=normalized,
+        argmax_agreement=agreement,
+        num_images=num_images,
+        mask=mask,
+        query_entropy=query_entropy,
+        argmax_counts=argmax_counts,
+        thresholds=(uniform_threshold, one_hot_threshold, argmax_agreement),
     )
 
 
