@@ -17,7 +17,8 @@ from vit.bench.cli import parse_args
 from vit.bench.harness import summarize
 from vit.bench.memory import TensorMemoryTracker
 from vit.bench.model_suite import count_flops, peak_tflops
-from vit.layers import WindowAttention, neighborhood_kernel
+from vit.kernels import neighborhood as neighborhood_kernel
+from vit.layers import WindowAttention
 from vit.models import VisionTransformer, model_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,13 +21,8 @@ import vit
 from vit import ImageClassifier, ImageDataModule
 from vit.callbacks import AttentionRolloutLogger
 from vit.explain import attention_distance, attention_rollout, attention_statistics, capture_attention
-from vit.layers import (
-    Attention,
-    NeighborhoodAttention,
-    neighborhood_attention_mask,
-    neighborhood_kernel,
-    neighborhood_mask_mod,
-)
+from vit.kernels import neighborhood as neighborhood_kernel
+from vit.layers import Attention, NeighborhoodAttention, neighborhood_attention_mask, neighborhood_mask_mod
 from vit.models import model_config
 
 

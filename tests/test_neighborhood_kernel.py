@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vit.layers import Attention, NeighborhoodAttention, neighborhood_attention_mask, neighborhood_kernel
+from vit.kernels import neighborhood as neighborhood_kernel
+from vit.layers import Attention, NeighborhoodAttention, neighborhood_attention_mask
 
 
 def require_kernel():

@@ -21,7 +21,8 @@ from torch import nn
 
 from vit.bench.harness import autocast, check, device_name, log, print_table, timed, write_report
 from vit.bench.memory import peak_bytes
-from vit.layers import Attention, LinearAttention, NeighborhoodAttention, WindowAttention, neighborhood_kernel
+from vit.kernels import neighborhood as neighborhood_kernel
+from vit.layers import Attention, LinearAttention, NeighborhoodAttention, WindowAttention
 
 WINDOW_FLATNESS_TARGET = 0.15  # per-token time within ±15 % of the smallest grid's (window, sliding, linear layers)
 WINDOW_SPEEDUP_TARGET = 5.0  # over global attention at 64x64 tokens (window, sliding and linear layers)

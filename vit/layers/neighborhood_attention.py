@@ -8,7 +8,7 @@ Prefix tokens (class / register) attend to every token and every token attends t
 
 Three exact, linear-cost paths, none of which builds an ``N × N`` mask or score matrix:
 
-* CPU, fp32: a fused kernel (:mod:`vit.layers.neighborhood_kernel`, compiled when a layer is first built) in
+* CPU, fp32: a fused kernel (:mod:`vit.kernels.neighborhood`, compiled when a layer is first built) in
   which every patch query scores exactly its ``k²`` neighbours and the prefix keys, forward and backward. Trains on
   the CPU.
 * Any device: the queries are cut into ``t × t`` tiles (inside one residue class); each tile attends to its halo of
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import neighborhood_kernel
+from ..kernels import neighborhood as neighborhood_kernel
 from .attention import Attention
 from .utils import to_2tuple
 
