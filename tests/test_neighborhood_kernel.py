@@ -250,7 +250,7 @@ def test_a_compiler_that_fails_is_reported_with_its_output(fresh_kernel_state, m
     monkeypatch.setenv("VIT_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(RuntimeError, match="could not compile(.|\n)*out of luck"):
         neighborhood_kernel.build([str(fake)])
-    assert not list((tmp_path / "cache" / "kernels").iterdir())  # nothing half-written
+    assert not list((tmp_path / "cache").rglob("*"))  # nothing half-written, not even the cache's folder
 
 
 def test_switched_off_by_the_environment(fresh_kernel_state, monkeypatch):

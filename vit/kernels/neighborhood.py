@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import write_bytes
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "neighborhood_attention_cpu.cpp"
@@ -100,21 +102,16 @@ def build(compiler: list[str] | None = None) -> Path:
         target = cache_dir() / f"neighborhood_attention_cpu-{key.hexdigest()[:16]}.so"
         if target.exists():
             return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # Compiled under a temporary name and renamed: processes building at once (DDP) never load half a file.
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
-            command = [*compiler, *flags, str(SOURCE), "-o", tmp]
+        # The compiler writes into a private folder; the library reaches the cache through vit.atomic, so processes
+        # building at once (DDP) never load half a file, and a failed build leaves nothing in the cache.
+        with tempfile.TemporaryDirectory(prefix="vit-kernel-") as scratch:
+            built = Path(scratch) / target.name
+            command = [*compiler, *flags, str(SOURCE), "-o", str(built)]
             result = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
             if result.returncode == 0:
-                os.chmod(tmp, 0o755)  # mkstemp's 0600 would keep a shared cache's other users out
-                os.replace(tmp, target)
+                write_bytes(target, built.read_bytes())
                 log.info("vit: compiled the CPU sliding-window kernel into %s", target)
                 return target
-        finally:
-            if os.path.exists(tmp):  # a failed or interrupted build leaves nothing behind
-                os.unlink(tmp)
         errors.append(f"{' '.join(flags)}: {result.stderr.strip()[-2000:]}")
     raise RuntimeError(f"{shlex.join(compiler)} could not compile {SOURCE.name}:\n" + "\n".join(errors))
 
