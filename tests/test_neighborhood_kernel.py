@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -199,12 +200,72 @@ def test_qk_norm_on_the_kernel_path(kernel):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
 
 
+def test_building_a_layer_compiles_nothing_its_first_cpu_forward_does(fresh_kernel_state, monkeypatch, tmp_path):
+    """Built, switched to eval and inspected, the layer leaves the kernel alone (the cache stays empty); its first CPU
+    fp32 forward compiles and loads it and runs it, with the masked attention's outputs and gradients."""
+    if neighborhood_kernel.find_compiler() is None:
+        pytest.skip("no C++ compiler: the layer uses its tiled path")
+    monkeypatch.setenv("VIT_CACHE_DIR", str(tmp_path))
+    layer = NeighborhoodAttention(32, 2, grid_size=(6, 7), kernel_size=3, num_prefix_tokens=1).eval()
+    dense = Attention(32, 2).eval()
+    dense.load_state_dict(layer.state_dict(), strict=True)
+    mask = layer.dense_mask()
+    assert neighborhood_kernel.status() == "not built" and not neighborhood_kernel.available()
+    assert not list(tmp_path.rglob("*"))
+    x = torch.randn(2, 43, 32, requires_grad=True)
+    out = layer(x)
+    assert neighborhood_kernel.status() == "ready" and neighborhood_kernel.available()
+    assert [p.suffix for p in (tmp_path / "kernels").iterdir()] == [".so"]
+    want = dense(x, attn_mask=mask)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    grad = torch.randn_like(out)
+    torch.testing.assert_close(
+        torch.autograd.grad(out, x, grad)[0], torch.autograd.grad(want, x, grad)[0], atol=1e-5, rtol=1e-4
+    )
+
+
+def test_first_forwards_in_two_threads_build_the_kernel_once(fresh_kernel_state, monkeypatch):
+    """Two threads' first forwards at once: one build, and both run the kernel."""
+    if neighborhood_kernel.find_compiler() is None:
+        pytest.skip("no C++ compiler: the layer uses its tiled path")
+    builds, build = [], neighborhood_kernel.build
+    monkeypatch.setattr(neighborhood_kernel, "build", lambda: builds.append(1) or build())
+    layer = NeighborhoodAttention(32, 2, grid_size=(6, 7), kernel_size=3, num_prefix_tokens=1).eval()
+    taken = []
+    monkeypatch.setattr(layer, "forward_kernel", lambda x, m=layer.forward_kernel: taken.append(1) or m(x))
+    x = torch.randn(2, 43, 32)
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(layer, [x, x]))
+    assert builds == [1] and taken == [1, 1] and neighborhood_kernel.status() == "ready"
+    torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+
+
+def test_forwards_that_do_not_run_the_kernel_do_not_load_it(fresh_kernel_state):
+    """fp64, fused_attn=False, autocast, attention dropout in training and torch.func transforms take the tiled path
+    without building the kernel."""
+    x = torch.randn(2, 43, 32)
+
+    def layer(**kwargs):
+        return NeighborhoodAttention(32, 2, grid_size=(6, 7), kernel_size=3, num_prefix_tokens=1, **kwargs)
+
+    layer().double()(x.double())
+    layer(fused_attn=False)(x)
+    layer(attn_drop=0.1).train()(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer()(x)
+    plain = layer()
+    torch.func.grad(lambda x: plain(x).sum())(x)
+    assert neighborhood_kernel.status() == "not built" and not neighborhood_kernel.available()
+
+
 def test_a_model_compiled_before_it_ever_ran_traces_the_kernel(fresh_kernel_state, monkeypatch):
-    """The layer loads the kernel when it is built, so the first (compiled) call already has the op in its graph."""
+    """The first (compiled) call loads the kernel while tracing (:func:`ready` is a constant to dynamo), so the op is
+    in its graph."""
     if neighborhood_kernel.find_compiler() is None:
         pytest.skip("no C++ compiler")
     torch._dynamo.reset()
     layer = NeighborhoodAttention(32, 2, grid_size=(6, 7), kernel_size=3, num_prefix_tokens=1)
+    assert neighborhood_kernel.status() == "not built"
     targets = []
 
     def record(gm, example_inputs):

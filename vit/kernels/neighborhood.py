@@ -4,11 +4,13 @@ Each patch query computes its scores against exactly its ``k × k`` neighbours a
 masked, gathered or padded (the tiled path of :class:`~vit.layers.NeighborhoodAttention` hands ``(t + k - 1)²`` keys
 to every tile of ``t × t`` queries). Prefix queries attend to every token in the same call.
 
-The source is plain C++ with a C interface and no torch headers. :class:`~vit.layers.NeighborhoodAttention` calls
-:func:`load` when it is built: the first time on a machine that compiles it with the system's C++ compiler
-(``$CXX``, else ``c++``, ``g++`` or ``clang++``; about two seconds) into :func:`cache_dir`, keyed by the source, the
-compiler, the flags and the CPU; afterwards it only loads it with :mod:`ctypes`. It is called through a
-:func:`torch.library.custom_op` with its fake (shape) function and autograd formula registered, so
+The source is plain C++ with a C interface and no torch headers. Nothing is compiled when a layer is built: the
+layer's first forward that would run the kernel (CPU, fp32, no autocast, no ``torch.func`` transform) calls
+:func:`ready`, which calls :func:`load` once per process. The first time on a machine that compiles the source with
+the system's C++ compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``; about two seconds) into :func:`cache_dir`,
+keyed by the source, the compiler, the flags and the CPU; afterwards it only loads it with :mod:`ctypes`. A model
+that runs only on CUDA (FlexAttention), or is only built, exported or inspected, never compiles it. The kernel is
+called through a :func:`torch.library.custom_op` with its fake (shape) function and autograd formula registered, so
 ``torch.compile(fullgraph=True)`` traces the layer as one opaque op. Without a compiler (or with
 ``VIT_NEIGHBORHOOD_KERNEL=0``) the layer uses its tiled path and says so once in the log.
 
@@ -148,12 +150,13 @@ def load() -> ctypes.CDLL | None:
     return _lib
 
 
-@torch._dynamo.assume_constant_result  # run once while tracing and compiled in as a constant: no graph break
+@torch.compiler.assume_constant_result  # run once while tracing and compiled in as a constant: no graph break
 def ready() -> bool:
     """Build or load the kernel on the first call that needs it (:func:`load`) and say whether it is there.
 
-    Meant for the layer's first CPU fp32 forward (so a model that only runs on CUDA never compiles it); under
-    ``torch.compile`` it runs while tracing. The layer does not call it yet: it still calls :func:`load` when built.
+    The layer's CPU fp32 forward calls it before taking the kernel's path, so building a layer compiles nothing and a
+    model that only runs on CUDA never compiles the kernel. Under ``torch.compile`` it runs once while tracing and its
+    answer is compiled in, so a model compiled before it ever ran eagerly traces the kernel's op too.
     """
     return load() is not None
 

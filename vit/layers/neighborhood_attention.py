@@ -8,9 +8,9 @@ Prefix tokens (class / register) attend to every token and every token attends t
 
 Three exact, linear-cost paths, none of which builds an ``N × N`` mask or score matrix:
 
-* CPU, fp32: a fused kernel (:mod:`vit.kernels.neighborhood`, compiled when a layer is first built) in
-  which every patch query scores exactly its ``k²`` neighbours and the prefix keys, forward and backward. Trains on
-  the CPU.
+* CPU, fp32: a fused kernel (:mod:`vit.kernels.neighborhood`, compiled by the first forward that runs it, never
+  when a layer is built) in which every patch query scores exactly its ``k²`` neighbours and the prefix keys, forward
+  and backward. Trains on the CPU.
 * Any device: the queries are cut into ``t × t`` tiles (inside one residue class); each tile attends to its halo of
   at most ``(t + k - 1)²`` keys plus the prefix keys, with an additive 0 / -inf mask per tile (it depends only on
   where the tile sits relative to the border), all tiles batched through one
@@ -225,9 +225,6 @@ class NeighborhoodAttention(Attention):
         patches = P + (row_starts[:, None, :, None] * cols + col_starts[None, :, None, :]).reshape(rows * cols, -1)
         neighbours = torch.cat([torch.arange(P).expand(rows * cols, P), patches], dim=1)
         self.register_buffer("neighbour_index", neighbours, persistent=False)  # (rows * cols, P + k²)
-        # Built (about 2 s, once per machine) or loaded now rather than at the first forward, so that a model compiled
-        # before it ever ran eagerly traces the kernel too; logs once and falls back where it cannot be built.
-        neighborhood_kernel.load()
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Attend within neighbourhoods; ``x`` is ``(B, prefix + rows * cols, C)``."""
@@ -246,7 +243,9 @@ class NeighborhoodAttention(Attention):
         if fused and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
             # The kernel has an autograd formula only: torch.func transforms (jvp, grad, vmap) take the tiled path.
             functorch = not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
-            if neighborhood_kernel.available() and not functorch:
+            # ready() builds or loads the kernel on the first call (about 2 s, once per machine; under torch.compile
+            # while tracing), logs once and answers False where it cannot be built: then the tiled path runs.
+            if not functorch and neighborhood_kernel.ready():
                 return self.forward_kernel(x)
         return self.forward_tiled(x)
 
