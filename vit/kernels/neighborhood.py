@@ -9,10 +9,10 @@ layer's first forward that would run the kernel (CPU, fp32, no autocast, no ``to
 :func:`ready`, which calls :func:`load` once per process. The first time on a machine that compiles the source with
 the system's C++ compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``; about two seconds) into :func:`cache_dir`,
 keyed by the source, the compiler, the flags and the CPU; afterwards it only loads it with :mod:`ctypes`. A model
-that runs only on CUDA (FlexAttention), or is only built, exported or inspected, never compiles it. The kernel is
-called through a :func:`torch.library.custom_op` with its fake (shape) function and autograd formula registered, so
-``torch.compile(fullgraph=True)`` traces the layer as one opaque op. Without a compiler (or with
-``VIT_NEIGHBORHOOD_KERNEL=0``) the layer uses its tiled path and says so once in the log.
+that runs only on CUDA (FlexAttention), or is only built, inspected or exported by ``vit export`` (explicit paths),
+never compiles it. The kernel is called through a :func:`torch.library.custom_op` with its fake (shape) function
+and autograd formula registered, so ``torch.compile(fullgraph=True)`` traces the layer as one opaque op.
+Without a compiler (or with ``VIT_NEIGHBORHOOD_KERNEL=0``) the layer uses its tiled path and says so once in the log.
 
 fp32 only; head dims 16, 32, 48, 64, 96 and 128 run vectorised code, other head dims a plain loop.
 The work is split over (image, head) pairs across ``torch.get_num_threads()`` threads (ctypes releases the GIL).
@@ -162,7 +162,8 @@ def ready() -> bool:
 
 
 def available() -> bool:
-    """Whether the kernel is loaded (reads a flag only, so ``torch.compile`` traces it without a graph break)."""
+    """Whether the kernel is loaded; builds nothing (reads a flag only, so ``torch.compile`` traces it without a graph
+    break)."""
     return _lib is not None
 
 
