@@ -1,4 +1,4 @@
-"""``scripts/explain.py``: rollout and attribution overlays, faithfulness and an HTML report for image files.
+"""``vit explain`` (``scripts/explain.py``): the command around ``compute``: read images, write overlays and reports.
 
     python scripts/explain.py CHECKPOINT IMAGE_OR_FOLDER [...] [--method both] [--faithfulness] [--json out.json]
                               [--html report.html] [--out explanations]
