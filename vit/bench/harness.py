@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ..atomic import write_text
+
 _START = time.perf_counter()
 
 
@@ -123,11 +125,7 @@ def check(name: str, passed: bool, detail: str) -> dict[str, Any]:
 def write_report(args: argparse.Namespace, report: dict[str, Any]) -> None:
     """Write the JSON report (after every model and suite, so a timeout keeps what was measured)."""
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
-        tmp.replace(path)
+        write_text(args.json, json.dumps(report, indent=2, default=str) + "\n")
 
 
 class BenchError(ValueError):
