@@ -68,6 +68,38 @@ def random_vit():
     return build
 
 
+PHOTO_CLASSES = ["china", "flower"]
+
+
+@pytest.fixture(scope="session")
+def photo_tree():
+    """Write a class-folder tree of real photographs: ``photo_tree(root, per_class=4, big=True) -> counts``.
+
+    ``train/<class>/`` and ``val/<class>/`` (:data:`PHOTO_CLASSES`, one class per scikit-learn sample photograph)
+    of JPEG crops, 40x60, and with ``big`` the first of each class 300x400; ``val`` gets half as many.
+    """
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    def make(root: Path, per_class: int = 4, big: bool = True) -> dict[str, int]:
+        photos = load_sample_images().images
+        rng = np.random.default_rng(0)
+        counts = {"train": 0, "val": 0}
+        for split, n in (("train", per_class), ("val", max(1, per_class // 2))):
+            for label, name in enumerate(PHOTO_CLASSES):
+                folder = root / split / name
+                folder.mkdir(parents=True)
+                for i in range(n):
+                    h, w = (300, 400) if big and i == 0 else (40, 60)
+                    top, left = rng.integers(0, 427 - h), rng.integers(0, 640 - w)
+                    Image.fromarray(photos[label][top : top + h, left : left + w]).save(folder / f"{i}.jpg", quality=95)
+                    counts[split] += 1
+        return counts
+
+    return make
+
+
 @pytest.fixture(scope="module")
 def one_thread_per_module():
     """:func:`one_thread` for a whole module, its module-scoped fixtures included: runs compared bit for bit must sum

@@ -1,5 +1,5 @@
-"""torch.compile(fullgraph=True) traces the global, windowed and sliding-window models (forward and backward) and
-matches eager.
+"""torch.compile(fullgraph=True) traces the global, windowed, sliding-window, linear-attention and MAP-head models
+(forward and backward) and matches eager.
 
 Inductor on the CPU: a cold compile takes about 1.5 minutes for the first two tiny models and 5 minutes for the sliding
 one on two loaded cores (cached afterwards).
@@ -19,16 +19,20 @@ TINY = {"depth": 3, "embed_dim": 64, "num_heads": 2}
 
 
 @pytest.mark.parametrize(
-    "name, overrides",
+    "name, overrides, backend",
     [
-        ("vit_tiny_patch4_32", {}),
+        ("vit_tiny_patch4_32", {}, "inductor"),
         # Block 0: 4x4 windows; block 1: shifted by 2 (uneven edge windows, four window shapes); block 2: global.
-        ("vit_tiny_window_patch4_32", {"global_attn_indexes": (2,)}),
+        ("vit_tiny_window_patch4_32", {"global_attn_indexes": (2,)}, "inductor"),
         # Blocks 0-1: 5x5 neighbourhoods through the CPU kernel (one custom op in the graph), block 2: global.
-        ("vit_tiny_sliding_patch4_32", {"global_attn_indexes": (2,)}),
+        ("vit_tiny_sliding_patch4_32", {"global_attn_indexes": (2,)}, "inductor"),
+        # Linear attention in blocks 0-1 and the MAP head (after a register token) add no kernel of their own: the
+        # graph is traced whole (aot_eager) without the minute of code generation.
+        ("vit_tiny_linear_patch4_32", {"global_attn_indexes": (2,)}, "aot_eager"),
+        ("vit_tiny_map_patch4_32", {"reg_tokens": 1}, "aot_eager"),
     ],
 )
-def test_fullgraph_compile_matches_eager_forward_and_backward(name, overrides):
+def test_fullgraph_compile_matches_eager_forward_and_backward(name, overrides, backend):
     torch._dynamo.reset()
     model = vit.create_model(name, **TINY, **overrides).train()
     x = torch.randn(3, 3, 32, 32)
@@ -40,7 +44,7 @@ def test_fullgraph_compile_matches_eager_forward_and_backward(name, overrides):
         return loss.detach(), grads
 
     eager_loss, eager_grads = loss_and_grads(model)
-    compiled = torch.compile(model, fullgraph=True, backend="inductor")  # raises on any graph break
+    compiled = torch.compile(model, fullgraph=True, backend=backend)  # raises on any graph break
     compiled_loss, compiled_grads = loss_and_grads(compiled)
     torch.testing.assert_close(compiled_loss, eager_loss, atol=1e-5, rtol=1e-5)
     for (param_name, _), got, want in zip(model.named_parameters(), compiled_grads, eager_grads, strict=True):

@@ -1,4 +1,4 @@
-"""LinearAttention: the formula written out, Attention's parameters, memory linear in tokens, capture, compile."""
+"""LinearAttention: the formula written out, Attention's parameters, memory linear in tokens, capture."""
 
 from __future__ import annotations
 
@@ -153,19 +153,6 @@ def test_capture_and_statistics_of_a_linear_model():
     assert (stats["entropy"] > 0).all() and (stats["entropy"] <= torch.log(torch.tensor(17.0)) + 1e-4).all()
     relevance = attention_attribution(model, x)  # the hook's dense weights reproduce the linear blocks
     assert relevance.shape == (2, 4, 4) and torch.isfinite(relevance).all()
-
-
-def test_fullgraph_compile_of_a_linear_model_matches_eager():
-    torch._dynamo.reset()
-    model = _tiny_linear(global_attn_indexes=(1,)).train()
-    x = torch.randn(2, 3, 16, 16)
-    eager = model(x)
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(x)  # raises on any graph break
-    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
-    grads = torch.autograd.grad(compiled.square().sum(), list(model.parameters()))
-    expected = torch.autograd.grad(eager.square().sum(), list(model.parameters()))
-    for g, e in zip(grads, expected, strict=True):
-        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-4)
 
 
 def test_attention_suite_linear_rows_and_checks():

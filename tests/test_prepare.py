@@ -11,36 +11,18 @@ import numpy as np
 import pytest
 from litdata import StreamingDataset
 from PIL import Image
-from sklearn.datasets import load_sample_images
 
 from vit.data.jpeg import decode
 from vit.data.prepare import META, main, prepare_shards
 from vit.errors import UsageError
 
-CLASSES = ["china", "flower"]
-
-
-def make_tree(root: Path, per_class: int = 4, big: bool = True) -> dict[str, int]:
-    """``train/<class>/`` + ``val/<class>/`` of JPEG crops of scikit-learn's photographs (one 300x400 per class)."""
-    photos = load_sample_images().images
-    rng = np.random.default_rng(0)
-    counts = {"train": 0, "val": 0}
-    for split, n in (("train", per_class), ("val", max(1, per_class // 2))):
-        for label, name in enumerate(CLASSES):
-            folder = root / split / name
-            folder.mkdir(parents=True)
-            for i in range(n):
-                h, w = (300, 400) if big and i == 0 else (40, 60)
-                top, left = rng.integers(0, 427 - h), rng.integers(0, 640 - w)
-                Image.fromarray(photos[label][top : top + h, left : left + w]).save(folder / f"{i}.jpg", quality=95)
-                counts[split] += 1
-    return counts
+CLASSES = ["china", "flower"]  # conftest.PHOTO_CLASSES: the classes photo_tree writes
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+def prepared(tmp_path_factory: pytest.TempPathFactory, photo_tree) -> tuple[Path, Path, dict]:
     root = tmp_path_factory.mktemp("tree")
-    counts = make_tree(root)
+    counts = photo_tree(root)
     (root / "train" / "china" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
     dest = tmp_path_factory.mktemp("shards") / "dest"
     meta = prepare_shards(dataset="imagefolder", data_dir=str(root), out=str(dest), short_side=64)
@@ -111,9 +93,9 @@ def test_foreign_dest_is_refused_untouched(tmp_path: Path) -> None:
     assert os.listdir(dest) == ["notes.txt"] and (dest / "notes.txt").read_text() == "keep me"
 
 
-def test_half_written_dest_is_started_over(tmp_path: Path) -> None:
+def test_half_written_dest_is_started_over(tmp_path: Path, photo_tree) -> None:
     root = tmp_path / "tree"
-    counts = make_tree(root, per_class=2, big=False)
+    counts = photo_tree(root, per_class=2, big=False)
     dest = tmp_path / "dest"
     (dest / "train").mkdir(parents=True)
     (dest / "train" / "chunk-0-0.bin").write_bytes(b"half")  # an interrupted run: shards but no metadata

@@ -43,3 +43,18 @@ def test_readme_links_resolve():
     text = (ROOT / "README.md").read_text()
     targets = re.findall(r"\]\(((?!https?://)[^)#]+)\)", text)
     assert targets and all((ROOT / t).exists() for t in targets), [t for t in targets if not (ROOT / t).exists()]
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers live in tests/conftest.py as fixtures: a test module that imports another runs its tests'
+    module-level code twice and breaks when that module is renamed or skipped."""
+    import ast
+
+    modules = {path.stem for path in (ROOT / "tests").glob("test_*.py")}
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in modules]
+    assert modules and not found, found

@@ -11,7 +11,6 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from test_prepare import make_tree  # pytest puts tests/ on sys.path (rootdir conftest, prepend mode)
 
 from vit.data import DataError, ImageDataModule
 from vit.data.prepare import prepare_shards
@@ -19,9 +18,9 @@ from vit.data.streaming import ShardImages, ShardLoader
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+def shards(tmp_path_factory: pytest.TempPathFactory, photo_tree) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("tree")
-    make_tree(root, per_class=12, big=False)  # 24 train, 12 val images
+    photo_tree(root, per_class=12, big=False)  # 24 train, 12 val images
     dest = tmp_path_factory.mktemp("shards") / "dest"
     meta = prepare_shards(dataset="imagefolder", data_dir=str(root), out=str(dest), chunk_bytes="4kB")
     return dest, meta
