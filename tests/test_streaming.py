@@ -54,14 +54,18 @@ def test_epochs_shuffle_each_sample_once_seeded(shards: tuple[Path, dict]) -> No
 _RANK = """
 import json, sys
 from vit.data.streaming import ShardImages, ShardLoader
-loader = ShardLoader(ShardImages(sys.argv[1], 16, train=True, seed=3, return_ids=True), batch_size=2)
-epochs = [[i for batch in loader for i in batch[2].tolist()] for _ in range(2)]
-print(json.dumps(epochs))
+out = {}
+for batch_size in (2, 5):
+    loader = ShardLoader(ShardImages(sys.argv[1], 16, train=True, seed=3, return_ids=True), batch_size=batch_size)
+    out[batch_size] = [[[i for i in batch[2].tolist()] for batch in loader] for _ in range(2)]
+print(json.dumps(out))
 """
 
 
-def test_ranks_get_disjoint_parts(shards: tuple[Path, dict]) -> None:
+@pytest.mark.slow
+def test_ranks_get_disjoint_parts_of_equal_whole_batches(shards: tuple[Path, dict]) -> None:
     dest, meta = shards
+    n = meta["images"]["train"]
     parts = []
     for rank in (0, 1):  # LitData reads the rank and world size from the environment without torch.distributed
         env = {**os.environ, "WORLD_SIZE": "2", "GLOBAL_RANK": str(rank)}
@@ -70,10 +74,16 @@ def test_ranks_get_disjoint_parts(shards: tuple[Path, dict]) -> None:
         )
         parts.append(json.loads(done.stdout.strip().splitlines()[-1]))
     for epoch in (0, 1):
-        zero, one = parts[0][epoch], parts[1][epoch]
+        zero, one = ([i for batch in part["2"][epoch] for i in batch] for part in parts)
         assert zero and one and not set(zero) & set(one)
-        assert sorted(zero + one) == list(range(meta["images"]["train"]))  # every sample exactly once per epoch
-    assert parts[0][0] != parts[0][1]
+        assert sorted(zero + one) == list(range(n))  # 24 = 2 ranks x 6 batches of 2: every sample exactly once
+        # Batches of 5: 24 is not a multiple of 2 x 5. Each rank gets the same number of whole batches (under DDP a
+        # rank with one batch more would wait for the others at the end of the epoch); 4 samples are left out.
+        fives = [part["5"][epoch] for part in parts]
+        assert [len(batches) for batches in fives] == [2, 2] and all(len(b) == 5 for r in fives for b in r)
+        seen = [i for batches in fives for b in batches for i in b]
+        assert len(set(seen)) == len(seen) == 20 and set(seen) <= set(range(n))
+    assert parts[0]["2"][0] != parts[0]["2"][1]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -28,7 +28,8 @@ class ShardImages(StreamingDataset):
     Args:
         input_dir: The split folder (``DEST/train``, ``DEST/val``) or its URL.
         img_size: Height and width of the images.
-        train: Shuffle per epoch; otherwise the stored order.
+        train: Shuffle per epoch and give every rank the same number of whole batches; otherwise the stored order,
+            every sample.
         seed: Seed of the order and of the crops.
         augment: Random-resized crop + flip (train only); otherwise the eval view.
         jitter: The ImageNet preset's colour jitter (with ``augment``).
@@ -47,7 +48,11 @@ class ShardImages(StreamingDataset):
         raw: bool = False,
         return_ids: bool = False,
     ) -> None:
-        super().__init__(input_dir, shuffle=train, seed=seed, drop_last=False)
+        # Training: every rank gets the same number of whole batches (LitData hands out parts in batch units and,
+        # without drop_last, gives one rank an extra, partial batch: under DDP the other ranks would wait for it at
+        # the end of every epoch). Fewer than ranks x batch size samples of each shuffled epoch are left out, a
+        # different few each epoch. Evaluation keeps every sample; ranks may get unequal parts.
+        super().__init__(input_dir, shuffle=train, seed=seed, drop_last=train)
         self.img_size = img_size
         self.train = train
         self.raw = raw
