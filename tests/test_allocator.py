@@ -53,12 +53,14 @@ def run_python(code: str, *args: str) -> int:
     return int(out.stdout.split()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not allocator.is_glibc(), reason="glibc's malloc only")
 def test_large_blocks_come_from_the_heap_not_fresh_mappings():
     assert run_python(MAPPED, "default") >= 24 * MIB  # glibc's default: a block this large is a fresh mmap
     assert run_python(MAPPED, "keep") == 0  # below the raised threshold: served from the heap
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not allocator.is_glibc(), reason="glibc's malloc only")
 def test_freed_blocks_are_reused_without_page_faults():
     pages = 5 * 4 * (2**21 * 4) // os.sysconf("SC_PAGE_SIZE")  # every block of every step faulted in again

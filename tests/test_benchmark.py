@@ -252,6 +252,7 @@ def test_data_suite_rows(tmp_path):
     assert torch.get_num_threads() == report["threads"]  # the suite restores the thread count
 
 
+@pytest.mark.slow
 def test_model_and_attention_suites_run_without_the_training_stack(tmp_path):
     """The GPU check relies on ``python -m vit.bench`` importing only torch, timm and vit's model code for these suites.
 

@@ -239,6 +239,7 @@ def test_png_failure_is_a_warning(tmp_path):
     assert fit.state.finished and fit.current_epoch == 1
 
 
+@pytest.mark.slow
 def test_grid_png_and_wandb_media_with_an_offline_wandb_logger(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

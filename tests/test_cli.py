@@ -55,6 +55,7 @@ def vit_small_weights(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_config_runs_fast_dev_run_on_cpu(config, tmp_path, vit_small_weights):
     text = config.read_text()

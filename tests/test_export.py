@@ -74,6 +74,7 @@ ONNX_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(ONNX_CASES))
 def test_onnx_runtime_matches_pytorch_and_vit_load_opens_the_folder(case, tmp_path, capsys):
     onnxruntime = pytest.importorskip("onnxruntime")

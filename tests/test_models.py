@@ -19,6 +19,7 @@ def _input(model: vit.VisionTransformer, batch: int = 2) -> torch.Tensor:
     return torch.randn(batch, 3, *model.patch_embed.img_size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", vit.list_models())
 def test_preset_forward_backward(name):
     model = vit.create_model(name, num_classes=7)
@@ -31,6 +32,7 @@ def test_preset_forward_backward(name):
     assert no_grad == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", vit.list_models())
 def test_preset_fused_and_manual_paths_agree(name):
     model = vit.create_model(name).eval()
@@ -95,6 +97,7 @@ def _timm_pair(name: str, **overrides):
     return ours, reference
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224", "vit_small_map_patch16_224"]
 )
@@ -288,6 +291,7 @@ def test_load_pretrained_refuses_pickles_that_run_code(tmp_path, capsys):
         vit.load_pretrained(vit.create_model("vit_tiny_patch4_32", depth=1), tmp_path / "nothing.pth")
 
 
+@pytest.mark.slow
 def test_model_layer_imports_without_training_stack():
     import subprocess
     import sys

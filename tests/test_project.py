@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_COMMAND = 'python -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && pytest --durations=20'
+TEST_COMMAND = 'python -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && pytest -n auto --durations=20'
 ELSEWHERE = re.compile(r"\.\./shared|/work/|(?<!Lightning )\bissues? #?\d+|device tool|\bthe carry\b", re.IGNORECASE)
 """Places and words of the workshop the project was built in, which a user does not have (an upstream project's
 issue, ``Lightning issue #20550``, is a reference a user can follow)."""
@@ -24,7 +24,7 @@ def test_readme_is_an_entry_page_with_ci_test_command():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 200
     assert TEST_COMMAND in text and TEST_COMMAND in (ROOT / ".ci" / "run").read_text()
-    assert 'pytest -m "not slow"' in text  # the quick tier
+    assert 'pytest -m "not slow" -n auto' in text  # the quick tier
 
 
 def test_the_project_speaks_only_of_itself():

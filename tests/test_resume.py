@@ -178,6 +178,7 @@ def test_data_workers_ignore_termination_signals():
     assert not worker.is_alive()
 
 
+@pytest.mark.slow
 def test_a_script_holding_loaders_with_workers_exits():
     # Workers ignore SIGTERM, and multiprocessing's exit handler terminates and then joins them: a script that still
     # holds its loaders at exit used to wait forever. Its own interpreter, since the hang is at interpreter exit.

@@ -35,6 +35,7 @@ def run_args(runs: Path, *extra: str) -> list[str]:
     return [*base, "--runs_dir", str(runs), *extra]
 
 
+@pytest.mark.slow
 def test_two_fits_keep_two_runs_and_last_continues_the_newer(tmp_path, capsys):
     first = cli_main(run_args(tmp_path, "--trainer.max_epochs", "1"))
     second = cli_main(run_args(tmp_path, "--trainer.max_epochs", "2"))

@@ -127,6 +127,7 @@ def _rows(stdout: str) -> dict[str, list[str]]:
     return {row.split()[0]: row.split() for row in [header, *rows]}
 
 
+@pytest.mark.slow
 def test_compare_keeps_finished_fit_runs_and_counts_a_resumed_run_once(offline_runs, compare, monkeypatch):
     monkeypatch.chdir(offline_runs.parent)
     result = compare(offline_runs)
@@ -147,6 +148,7 @@ def test_compare_keeps_finished_fit_runs_and_counts_a_resumed_run_once(offline_r
         assert image.format == "PNG" and image.size == (700, 450)
 
 
+@pytest.mark.slow
 def test_compare_all_shows_validate_and_crashed_runs(offline_runs, compare, tmp_path):
     result = compare(offline_runs, "--all", "--plot", tmp_path / "all.png")
     assert result.returncode == 0, result.stderr
@@ -197,6 +199,7 @@ def test_compare_series_in_minutes_continues_the_clock_of_a_resumed_run():
         series(run, "val/acc", "hours")
 
 
+@pytest.mark.slow
 def test_compare_plots_against_minutes(offline_runs, compare, monkeypatch):
     monkeypatch.chdir(offline_runs.parent)
     result = compare(offline_runs, "--x", "minutes")
@@ -228,6 +231,7 @@ def test_there_is_a_window_vs_global_sweep():
     assert 0 in window_sizes and len(window_sizes - {0}) >= 2  # global against at least two window sizes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
 def test_sweep_parameters_are_valid_overrides(path, capsys):
     """Each combination parses with the CLI (as the agent's ``--key=value`` arguments) and builds the model."""

@@ -82,6 +82,7 @@ def media(history: list[dict], key: str) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_run_has_the_rollout_panel_and_attention_metrics(offline_runs, window_run):
     state, records = window_run
     assert state["state"] == "finished" and state["exit_code"] == 0
@@ -118,6 +119,7 @@ def test_run_has_the_rollout_panel_and_attention_metrics(offline_runs, window_ru
             assert 0 < row[f"attn/distance/block_{block}"] < 16 * 2**0.5
 
 
+@pytest.mark.slow
 def test_run_config_is_nested_and_runs_are_named_grouped_and_tagged(window_run):
     state, records = window_run
     config = state["config"]
