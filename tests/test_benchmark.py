@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import statistics
@@ -314,3 +315,14 @@ def test_per_sample_rate_counts_wall_clock_and_cpu_time():
     wall, cpu = per_sample_rate(lambda _: time.sleep(0.01), [None], 5)
     assert wall <= 100.0  # 5 calls took at least 50 ms
     assert cpu > 10 * wall
+
+
+def test_cpu_grids_above_64_leave_global_attention_out():
+    from vit.bench import attention_suite
+
+    args = argparse.Namespace(attn_dim=8, attn_heads=2, attn_tokens=16, seed=0, precision="fp32", linear_maps=["relu"])
+    cpu = torch.device("cpu")
+    at_64 = attention_suite.attention_cases(64, args, cpu, [4], [3])
+    above = attention_suite.attention_cases(65, args, cpu, [4], [3])
+    assert [c["layer"] for c in at_64] == ["global", "window 4", "sliding 3", "linear relu"]
+    assert [c["layer"] for c in above] == ["window 4", "sliding 3", "linear relu"]

@@ -47,7 +47,12 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     model.add_argument("--steps", type=int, default=None, help="steps per model per round (default: cpu 1, cuda 10)")
     model.add_argument("--warmup", type=int, default=None, help="warm-up steps per model (default: cpu 1, cuda 5)")
     attn = parser.add_argument_group("attention suite")
-    attn.add_argument("--attn-grids", nargs="+", type=int, help="patch grid sides (default: cpu 16..64, cuda 32..128)")
+    attn.add_argument(
+        "--attn-grids",
+        nargs="+",
+        type=int,
+        help="patch grid sides (default: cpu 16..64, cuda 32..128; global attention stops at 64 on the cpu)",
+    )
     attn.add_argument("--window-sizes", nargs="*", type=int, default=[7, 8], help="block windows (default: 7 8)")
     attn.add_argument(
         "--sliding-sizes", nargs="*", type=int, default=[7, 9], help="sliding-window kernels, odd (default: 7 9)"
