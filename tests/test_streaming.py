@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
 
@@ -121,20 +122,22 @@ def _loader_at_epoch(dest: Path, epoch: int, num_workers: int) -> ShardLoader:
     return loader
 
 
-def test_datamodule_streams_every_split(shards: tuple[Path, dict]) -> None:
+@pytest.mark.parametrize(("size", "preset"), [(24, "cifar"), (72, "imagenet")])  # a folder's shards: by img_size
+def test_datamodule_streams_every_split(shards: tuple[Path, dict], size: int, preset: str) -> None:
     dest, meta = shards
-    dm = ImageDataModule(dataset="streaming", data_dir=str(dest), img_size=24, batch_size=5, num_workers=0)
+    dm = ImageDataModule(dataset="streaming", data_dir=str(dest), img_size=size, batch_size=5, num_workers=0)
+    assert dm.preset == preset
     assert dm.num_classes == 2 and dm.class_names == meta["classes"]
     assert dm.mean == tuple(meta["mean"]) and dm.std == tuple(meta["std"])
     dm.setup("fit")
     train = list(dm.train_dataloader())
     assert len(train) == meta["images"]["train"] // 5  # the incomplete last batch dropped
     images, labels = train[0]
-    assert images.shape == (5, 3, 24, 24) and images.dtype == torch.uint8 and labels.dtype == torch.int64
+    assert images.shape == (5, 3, size, size) and images.dtype == torch.uint8 and labels.dtype == torch.int64
     for loader in (dm.val_dataloader(), dm.test_dataloader(), dm.predict_dataloader()):
         batches = list(loader)
         assert sum(len(b[1]) for b in batches) == meta["images"]["val"]  # every val image, the last batch kept
-    val = ShardImages(str(dest / "val"), 24, train=False, return_ids=True)
+    val = ShardImages(str(dest / "val"), size, train=False, return_ids=True)
     ids = [val[i][2] for i in range(len(val))]
     assert ids == list(range(meta["images"]["val"]))  # eval splits keep the stored order
     first = [b[0] for b in dm.val_dataloader()]
@@ -189,3 +192,54 @@ def test_fit_resumed_from_a_mid_epoch_checkpoint_sees_the_next_samples(
     _, resumed = fit(9, str(tmp_path / "last.ckpt"))
     assert len(resumed.batches) == 1
     assert all(torch.equal(a, b) for a, b in zip(first.batches + resumed.batches, uninterrupted.batches, strict=True))
+
+
+def test_small_images_stream_with_the_augmentation_of_their_folder(tmp_path: Path) -> None:
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photos, rng = load_sample_images().images, np.random.default_rng(0)
+    for split, n in (("train", 6), ("val", 3)):
+        for label, name in enumerate(["china", "flower"]):
+            (tmp_path / "tree" / split / name).mkdir(parents=True)
+            for i in range(n):  # 32x32 crops, as CIFAR's
+                top, left = rng.integers(0, 427 - 96), rng.integers(0, 640 - 96)
+                crop = Image.fromarray(photos[label][top : top + 96, left : left + 96]).resize((32, 32))
+                crop.save(tmp_path / "tree" / split / name / f"{i}.jpg", quality=95)
+    prepare_shards(dataset="imagefolder", data_dir=str(tmp_path / "tree"), out=str(tmp_path / "shards"))
+    kwargs = dict(img_size=32, batch_size=4, num_workers=0)
+    folder = ImageDataModule(dataset="imagefolder", data_dir=str(tmp_path / "tree"), decode_once=False, **kwargs)
+    stream = ImageDataModule(dataset="streaming", data_dir=str(tmp_path / "shards"), **kwargs)
+    assert stream.preset == folder.preset == "cifar"
+    folder.setup("fit")
+    stream.setup("fit")
+    # Evaluation: the image itself, as from the folder (both decoders are libjpeg-turbo).
+    by_path = {os.fsdecode(p): i for i, p in enumerate(folder.val_dataset._paths)}
+    views = {}
+    for i in range(len(stream.val_dataset)):
+        path = stream.val_dataset.path(i)
+        mine, theirs = stream.val_dataset[i][0], folder.val_dataset[by_path[path]][0]
+        assert mine.shape == theirs.shape == (3, 32, 32) and mine.dtype == theirs.dtype == torch.uint8
+        assert (mine.int() - theirs.int()).abs().max() <= 1, path
+        views[path] = mine
+    # Training: the folder's pad-crop and flip (a shift of at most 4 pixels, mirrored or not), not a resized crop.
+    train = ShardImages(
+        str(tmp_path / "shards" / "train"), 32, train=True, image_transform=stream.train_dataset.image_transform
+    )
+    eval_train = ShardImages(
+        str(tmp_path / "shards" / "train"), 32, train=False, image_transform=stream.val_dataset.image_transform
+    )
+    eval_by_path = {eval_train.path(i): eval_train[i][0] for i in range(len(eval_train))}
+    moved = 0
+    for i in range(len(train)):
+        image, whole = train[i][0].int(), eval_by_path[train.path(i)].int()
+        padded = torch.nn.functional.pad(whole, (4, 4, 4, 4))
+        matches = [
+            (dy, dx, flip)
+            for dy in range(9) for dx in range(9) for flip in (False, True)
+            if torch.equal((padded.flip(-1) if flip else padded)[:, dy : dy + 32, dx : dx + 32][:, 4:-4, 4:-4],
+                           image[:, 4:-4, 4:-4])
+        ]  # fmt: skip
+        assert matches, train.path(i)
+        moved += (4, 4, False) not in matches
+    assert moved > len(train) // 2  # most images are shifted or flipped

@@ -183,7 +183,12 @@ class ImageDataModule(pl.LightningDataModule):
 
     @property
     def preset(self) -> Preset:
-        """The augmentation family: ``cifar``, ``digits`` or ``imagenet`` (folders and synthetic: by image size)."""
+        """The augmentation family: ``cifar``, ``digits`` or ``imagenet`` (folders and synthetic: by image size;
+        shards: their source dataset's, or by ``img_size`` for a prepared folder)."""
+        if self._preset is None and self.spec.streaming:
+            from vit.data.prepare import read_meta
+
+            self._preset = DATASETS[read_meta(self.data_dir or "")["dataset"]].preset
         if self._preset is None:
             size = folder_image_size(self.layout) if self.layout is not None else self.img_size
             self._preset = "cifar" if size <= SMALL_IMAGE_MAX else "imagenet"
@@ -288,6 +293,11 @@ class ImageDataModule(pl.LightningDataModule):
         if self.spec.streaming:
             root = (self.data_dir or "").rstrip("/")
             jitter = train and self.augment != "none"
+            transform = None
+            if self.preset != "imagenet" and self.decode_device != "cuda":  # small images: as from a folder
+                transform = build_transforms(
+                    self.preset, self.img_size, train, self.mean, self.std, self.augment, normalize=False
+                )
             return ShardImages(
                 f"{root}/{'train' if train else 'val'}",
                 self.img_size,
@@ -296,6 +306,7 @@ class ImageDataModule(pl.LightningDataModule):
                 augment=self.augment != "none",
                 jitter=jitter,
                 raw=self.decode_device == "cuda",
+                image_transform=transform,
             )
         source = self.spec.source(self, train)
         if not isinstance(source, DecodeRequest):  # synthetic: generated per item

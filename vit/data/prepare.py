@@ -1,11 +1,11 @@
 """``vit data prepare``: write any dataset the data module knows as LitData shards that stream to every rank.
 
 ``DEST/<split>/`` (``train``, ``val``) holds ``litdata.optimize`` output: per sample the JPEG bytes (re-encoded with
-the shorter side at most ``short_side``, never upscaled), the label, the source path (bytes: LitData would read a
-``str`` ending in ``.jpg`` as an image file) and a sample id. ``DEST`` also
-holds ``vit-shards.json`` (class names, per-channel statistics, image counts, skipped files), written last and
-atomically: it marks a finished DEST. A DEST without it but with our split folders is half-written and is started
-over; a DEST holding anything else is refused.
+the shorter side at most ``short_side``, never upscaled; a JPEG file already that small keeps its own bytes), the
+label, the source path (bytes: LitData would read a ``str`` ending in ``.jpg`` as an image file) and a sample id.
+``DEST`` also holds ``vit-shards.json`` (class names, per-channel statistics, image counts, skipped files), written
+last and atomically: it marks a finished DEST. A DEST without it but with our split folders is half-written and is
+started over; a DEST holding anything else is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from vit.atomic import write_text
 from vit.data.datasets import load_rgb
-from vit.data.jpeg import encode_jpeg, shrink
+from vit.data.jpeg import decode, encode_jpeg, shrink
 from vit.errors import ArgumentParser, UsageError
 
 META = "vit-shards.json"
@@ -35,19 +35,35 @@ _OURS = {META, _SKIPPED, *SPLITS}
 
 def _encode(item: tuple[int, Any, int, str], short_side: int, skipped_dir: str, quality: int) -> Iterator[dict]:
     index, image, label, source = item
+    original = None
     if isinstance(image, str):
         try:
+            original = Path(image).read_bytes()
             image = load_rgb(image)
         except OSError as err:
             name = hashlib.sha1(source.encode()).hexdigest()[:16]
             write_text(Path(skipped_dir) / f"{name}.txt", f"{source}\t{' '.join(str(err).split())}\n")
             return
     yield {
-        "image": encode_jpeg(shrink(image, short_side), quality),
+        "image": _kept(original, image, short_side) or encode_jpeg(shrink(image, short_side), quality),
         "label": label,
         "path": os.fsencode(source),
         "id": index,
     }
+
+
+def _kept(original: bytes | None, image: np.ndarray, short_side: int) -> bytes | None:
+    """The source file's own bytes when they are a JPEG that needs no shrinking and decodes (here, without EXIF
+    rotation or colour conversion) to the image read: no second generation of JPEG loss; ``None`` otherwise."""
+    if original is None or original[:2] != b"\xff\xd8" or min(image.shape[:2]) > short_side:
+        return None
+    try:
+        again = decode(original)
+    except (ValueError, RuntimeError):  # CMYK and other JPEGs libjpeg-turbo does not turn into RGB
+        return None
+    if again.shape != image.shape or np.abs(again.astype(np.int16) - image).max() > 1:
+        return None
+    return original
 
 
 def _inputs(dataset: str, data_dir: str | None) -> tuple[list[str], dict[str, list[tuple[int, Any, int, str]]], Any]:

@@ -220,7 +220,6 @@ DATASETS: dict[str, DatasetSpec] = {
         _streaming,
         "<data_dir>/train/ and <data_dir>/val/: LitData shards written by `vit data prepare` (a folder or URL)",
         _streaming_classes,
-        preset="imagenet",
         decodable=False,
         streaming=True,
     ),

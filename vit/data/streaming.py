@@ -19,7 +19,7 @@ import numpy as np
 from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import default_collate
 
-from vit.data.jpeg import JpegCrop
+from vit.data.jpeg import JpegCrop, decode
 
 
 class ShardImages(StreamingDataset):
@@ -35,6 +35,9 @@ class ShardImages(StreamingDataset):
         jitter: The ImageNet preset's colour jitter (with ``augment``).
         raw: Return the JPEG bytes instead of a decoded image (decoding on the GPU).
         return_ids: Return ``(image, label, sample id)``.
+        image_transform: An albumentations pipeline (:func:`~vit.data.build_transforms`, ``normalize=False``)
+            applied to the whole decoded image instead of the crop above: small images (the ``cifar`` and
+            ``digits`` presets) get the augmentation they get from a folder. Seeded per sample like the crop.
     """
 
     def __init__(
@@ -47,6 +50,7 @@ class ShardImages(StreamingDataset):
         jitter: bool = False,
         raw: bool = False,
         return_ids: bool = False,
+        image_transform: Callable[..., dict[str, Any]] | None = None,
     ) -> None:
         # Training: every rank gets the same number of whole batches (LitData hands out parts in batch units and,
         # without drop_last, gives one rank an extra, partial batch: under DDP the other ranks would wait for it at
@@ -58,6 +62,7 @@ class ShardImages(StreamingDataset):
         self.raw = raw
         self.return_ids = return_ids
         self.pipeline = JpegCrop(img_size, train and augment, jitter)
+        self.image_transform = image_transform
 
     def __getitem__(self, index: Any) -> Any:
         item = super().__getitem__(index)
@@ -66,7 +71,11 @@ class ShardImages(StreamingDataset):
             image: Any = bytes(item["image"])
         else:
             rng = np.random.default_rng([self.seed, int(self.current_epoch), sample_id])
-            image = self.pipeline(item["image"], rng)
+            if self.image_transform is None:
+                image = self.pipeline(item["image"], rng)
+            else:
+                self.image_transform.set_random_seed(int(rng.integers(2**31)))
+                image = self.image_transform(image=decode(item["image"]))["image"]
         return (image, label, sample_id) if self.return_ids else (image, label)
 
     def path(self, index: int) -> str:
