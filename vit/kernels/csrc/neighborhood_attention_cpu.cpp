@@ -1,7 +1,7 @@
 // Exact neighbourhood (sliding-window) attention on the CPU, fp32, forward and backward.
 //
-// Built by vit/layers/neighborhood_kernel.py when the first sliding layer is made (plain C ABI, no torch headers)
-// and called through ctypes.
+// Built by vit/kernels/neighborhood.py on the first CPU forward that runs it (plain C ABI, no torch headers) and
+// called through ctypes.
 // Layout: q, k, v, out and their gradients are (B, N, H, D) contiguous: N tokens, the first P of them prefix tokens.
 // Patch query n (token P + n) attends to the K tokens nbr[n, :] (prefix tokens and its k x k neighbours); a prefix
 // query attends to all N tokens. Every patch query sees exactly K keys, so the work is linear in N and no masked
