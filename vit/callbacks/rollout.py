@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from PIL import Image
 from torch import nn
 
 from .. import loggers
+from ..atomic import write_bytes
 from ..explain import (
     Explanation,
     HeadFusion,
@@ -33,6 +33,7 @@ from ..explain import (
 )
 from ..explain.attribution import attention_attribution
 from ..explain.faithfulness import faithfulness
+from ..explain.panels import png_bytes
 from ..explain.selection import fixed_images, select_indices
 from ..normalize import normalize
 
@@ -316,9 +317,8 @@ class AttentionRolloutLogger(Callback):
 
     def _save(self, trainer: Trainer, epoch: int, figures: dict[str, np.ndarray]) -> None:
         folder = self.output_dir if self.output_dir is not None else Path(trainer.default_root_dir) / "rollout"
-        folder.mkdir(parents=True, exist_ok=True)
         for name, figure in figures.items():
-            Image.fromarray(figure).save(folder / FILES[name].format(epoch))
+            write_bytes(folder / FILES[name].format(epoch), png_bytes(figure))
 
     def _log(
         self,

@@ -15,7 +15,6 @@ anything is written; every file is written to a temporary name and renamed.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 import time
@@ -24,16 +23,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, get_args
 
-import numpy as np
 import torch
-from PIL import Image
 from torch import nn
 
 from ..atomic import write_bytes
 from ..errors import ArgumentParser
 from ..inference import read_metadata
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD
-from .panels import render_grid, render_panel
+from .panels import png_bytes, render_grid, render_panel
 from .report import render_report
 from .results import Results, block_index, compute
 from .rollout import HeadFusion
@@ -247,13 +244,6 @@ def compute_for(explainer: Explainer, pixels: torch.Tensor, args: argparse.Names
         faithfulness_steps=args.steps if args.faithfulness else None, baseline=args.baseline,
         batch_size=args.batch_size,
     )  # fmt: skip
-
-
-def png_bytes(image: np.ndarray) -> bytes:
-    """A ``uint8`` RGB array as PNG file contents."""
-    buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def write_atomic(path: Path, data: bytes) -> None:

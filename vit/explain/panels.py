@@ -14,6 +14,7 @@ maximum (the overlay is min-max normalised per image). :func:`render_grid` tiles
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from typing import Literal
 
@@ -28,6 +29,13 @@ Resample = Literal["nearest", "bicubic"]
 _RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bicubic": Image.Resampling.BICUBIC}
 BAR_WIDTH = 12
 """Width in pixels of the colour bar."""
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """A ``uint8`` RGB array as PNG file contents (to write with :func:`vit.atomic.write_bytes`)."""
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:

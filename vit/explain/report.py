@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 from .overlay import overlay_heatmap
-from .panels import upscale
+from .panels import png_bytes, upscale
 from .plots import distance_plot, entropy_plot, figure_to_array
 from .results import Results
 
@@ -41,9 +39,7 @@ th:first-child, td:first-child { text-align: left; }
 
 def png_data_uri(image: np.ndarray) -> str:
     """A ``uint8`` RGB array as a ``data:image/png;base64,...`` URI."""
-    buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode("ascii")
 
 
 def _img(image: np.ndarray, alt: str, label: str) -> str:
