@@ -61,6 +61,18 @@ def test_samples_hold_shrunk_jpegs_labels_and_paths(prepared: tuple[Path, Path, 
     assert len({p for p, _ in seen}) == len(train) and len({i for _, i in seen}) == len(train)
 
 
+def test_train_shards_mix_the_classes_and_eval_shards_keep_their_order(prepared: tuple[Path, Path, dict]) -> None:
+    # LitData reads a chunk's samples together: train shards in folder order would stream one class at a time.
+    _, dest, _ = prepared
+    train, val = StreamingDataset(str(dest / "train")), StreamingDataset(str(dest / "val"))
+    labels = [int(train[i]["label"]) for i in range(len(train))]
+    assert sorted(labels) != labels and sorted(labels) == [0] * 4 + [1] * 4  # the broken image of class 0 left out
+    ids = [int(train[i]["id"]) for i in range(len(train))]
+    assert sorted(ids) != ids
+    assert [int(val[i]["id"]) for i in range(len(val))] == list(range(len(val)))
+    assert [int(val[i]["label"]) for i in range(len(val))] == [0, 0, 1, 1]
+
+
 def test_channel_statistics_are_the_train_images(prepared: tuple[Path, Path, dict]) -> None:
     _, dest, info = prepared
     train = StreamingDataset(str(dest / "train"))

@@ -173,6 +173,9 @@ def prepare_shards(
     skipped_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, int] = {}
     for split, items in splits.items():
+        if split == "train":  # class folders come sorted: shards in that order would stream one class at a time, as
+            # LitData reads a chunk's samples together; a fixed permutation mixes the classes in every chunk
+            items = [items[i] for i in np.random.default_rng(0).permutation(len(items))]
         print(f"{split}: {len(items)} images -> {dest / split}")
         optimize(
             fn=partial(_encode, short_side=short_side, skipped_dir=str(skipped_dir), quality=quality),
