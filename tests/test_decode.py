@@ -10,7 +10,21 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_sample_images
 
-from vit.data.jpeg import RATIO, JpegCrop, crop_resize, decode, draw_crop, encode_jpeg, eval_crop, jpeg_size, shrink
+import torch
+
+from vit.data.jpeg import (
+    RATIO,
+    Crop,
+    JpegCrop,
+    crop_resize,
+    crop_resize_batch,
+    decode,
+    draw_crop,
+    encode_jpeg,
+    eval_crop,
+    jpeg_size,
+    shrink,
+)
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +116,30 @@ def test_shrink_never_upscales() -> None:
     assert shrink(image, 300) is image and shrink(image, 1000) is image
     data = encode_jpeg(shrink(image, 64))
     assert jpeg_size(data) == (64, 85)
+
+
+@pytest.mark.parametrize("size", [64, 224])
+def test_batched_crop_equals_opencv_per_image(size: int) -> None:
+    """The GPU path's batched crop (here on CPU tensors) against OpenCV's bilinear resize of each crop: images of
+    four shapes in one batch, random-resized crops with flips, the eval view, a one-pixel box and the whole image."""
+    photo = load_sample_images().images[1]
+    shapes = [(256, 341), (341, 256), (256, 256), (40, 300)]
+    images = [cv2.resize(photo, (w, h), interpolation=cv2.INTER_AREA) for h, w in shapes]
+    rng = np.random.default_rng(4)
+    batch, crops = [], []
+    for image in images:
+        h, w = image.shape[:2]
+        boxes = [draw_crop(rng, h, w) for _ in range(6)]
+        boxes += [eval_crop(h, w, size)[0], Crop(h - 1, w - 1, 1, 1, flip=True), Crop(0, 0, h, w, flip=True)]
+        batch += [torch.from_numpy(image).permute(2, 0, 1)] * len(boxes)
+        crops += boxes
+    assert any(c.flip for c in crops) and not all(c.flip for c in crops)
+    out = crop_resize_batch(batch, crops, size)
+    assert out.shape == (len(crops), 3, size, size) and out.dtype == torch.uint8
+    for got, image, crop in zip(out, [b.permute(1, 2, 0).numpy() for b in batch], crops, strict=True):
+        region = image[crop.top : crop.top + crop.height, crop.left : crop.left + crop.width]
+        reference = cv2.resize(region, (size, size), interpolation=cv2.INTER_LINEAR)
+        if crop.flip:
+            reference = reference[:, ::-1]
+        diff = np.abs(got.permute(1, 2, 0).numpy().astype(int) - reference.astype(int))
+        assert diff.max() <= 1, crop  # OpenCV's 11-bit fixed-point weights against float weights

@@ -7,7 +7,7 @@ pixels each way. simplejpeg (libjpeg-turbo) is the decoder: on 500x375 photograp
 PIL with ``draft`` (``python -m vit.bench --suite data`` measures all three).
 
 :func:`decode_batch_cuda` does the same on the GPU for a batch of JPEG bytes (``torchvision.io.decode_jpeg`` with
-``device="cuda"``), cropping, resizing and flipping there.
+``device="cuda"``), cropping, resizing and flipping the whole batch there at once (:func:`crop_resize_batch`).
 """
 
 from __future__ import annotations
@@ -171,11 +171,53 @@ class JpegCrop:
         return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
 
 
+def crop_resize_batch(images: Sequence[torch.Tensor], crops: Sequence[Crop], size: int) -> torch.Tensor:
+    """Cut ``crops[i]`` out of ``images[i]``, resize it to ``size`` x ``size`` and flip it where the crop says, for
+    a whole batch of images of different sizes at once: a uint8 (B, 3, size, size) tensor on the images' device.
+
+    The same pixels as :func:`crop_resize` at full scale (OpenCV's bilinear resize, half-pixel centres, edges
+    clamped to the crop): the images are laid end to end in one buffer and every output pixel gathers its four
+    neighbours from it, so a batch costs a handful of kernels whatever its size.
+
+    Args:
+        images: uint8 (3, H_i, W_i) tensors on one device.
+        crops: One box per image, in its coordinates (:func:`draw_crop`, :func:`eval_crop`).
+        size: Output height and width.
+    """
+    device = images[0].device
+    flat = torch.cat([image.reshape(3, -1) for image in images], dim=1)
+    sizes = [image.shape[1] * image.shape[2] for image in images]
+    offsets = torch.tensor([0, *sizes[:-1]], device=device).cumsum(0)
+    widths = torch.tensor([image.shape[2] for image in images], device=device)
+    boxes = torch.tensor([(c.top, c.left, c.height, c.width) for c in crops], device=device)
+    flips = torch.tensor([c.flip for c in crops], device=device)
+    centres = torch.arange(size, device=device, dtype=torch.float32) + 0.5
+
+    def taps(length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Lower and upper source index and the upper's weight, per image and output position, inside the crop."""
+        position = (centres[None] * (length[:, None] / size) - 0.5).clamp(min=0)
+        position = torch.minimum(position, (length[:, None] - 1).float())
+        low = position.floor().long()
+        return low, torch.minimum(low + 1, length[:, None] - 1), position - low
+
+    y0, y1, wy = taps(boxes[:, 2])
+    x0, x1, wx = taps(boxes[:, 3])
+    x0, x1, wx = (torch.where(flips[:, None], t.flip(-1), t) for t in (x0, x1, wx))  # flip: columns read backwards
+    rows = lambda y: (offsets[:, None] + (boxes[:, :1] + y) * widths[:, None])[:, :, None]  # noqa: E731
+    cols = lambda x: (boxes[:, 1:2] + x)[:, None, :]  # noqa: E731
+    pick = lambda y, x: flat[:, rows(y) + cols(x)].float()  # noqa: E731  (3, B, size, size)
+    wy, wx = wy[None, :, :, None], wx[None, :, None, :]
+    top = pick(y0, x0) * (1 - wx) + pick(y0, x1) * wx
+    bottom = pick(y1, x0) * (1 - wx) + pick(y1, x1) * wx
+    out = top * (1 - wy) + bottom * wy
+    return out.round_().clamp_(0, 255).to(torch.uint8).permute(1, 0, 2, 3).contiguous()
+
+
 def decode_batch_cuda(
     datas: Sequence[bytes], img_size: int, train: bool, generator: np.random.Generator
 ) -> torch.Tensor:
     """Decode a batch of JPEG bytes on the GPU (nvJPEG via ``torchvision.io.decode_jpeg``) and crop, resize and
-    flip there: a uint8 (B, 3, img_size, img_size) CUDA tensor.
+    flip the whole batch there (:func:`crop_resize_batch`): a uint8 (B, 3, img_size, img_size) CUDA tensor.
 
     Args:
         datas: JPEG bytes, one per image.
@@ -194,13 +236,9 @@ def decode_batch_cuda(
         raise DataError("--data.decode_device cuda needs a CUDA GPU and none is visible; use --data.decode_device cpu")
     encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
     images = decode_jpeg(encoded, mode=ImageReadMode.RGB, device="cuda")
-    out = torch.empty((len(images), 3, img_size, img_size), dtype=torch.uint8, device="cuda")
-    for i, image in enumerate(images):
-        _, height, width = image.shape
-        crop = draw_crop(generator, height, width) if train else eval_crop(height, width, img_size)[0]
-        region = image[None, :, crop.top : crop.top + crop.height, crop.left : crop.left + crop.width].float()
-        resized = torch.nn.functional.interpolate(region, size=(img_size, img_size), mode="bilinear", antialias=True)
-        if crop.flip:
-            resized = resized.flip(-1)
-        out[i] = resized[0].round_().clamp_(0, 255).to(torch.uint8)
-    return out
+    shapes = [image.shape[1:] for image in images]
+    if train:
+        crops = [draw_crop(generator, height, width) for height, width in shapes]
+    else:
+        crops = [eval_crop(height, width, img_size)[0] for height, width in shapes]
+    return crop_resize_batch(images, crops, img_size)
