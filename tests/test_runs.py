@@ -61,7 +61,7 @@ def test_two_fits_keep_two_runs_and_last_continues_the_newer(tmp_path, capsys):
     assert ckpt(Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt")["epoch"] == 0  # untouched
 
 
-def test_window_and_sliding_runs_are_named_by_their_attention():
+def test_window_sliding_and_linear_runs_are_named_by_their_attention():
     from vit.runs import attention_kind
 
     assert attention_kind({"model": {"model": "vit_tiny_patch4_32"}}) == "global"
@@ -70,6 +70,9 @@ def test_window_and_sliding_runs_are_named_by_their_attention():
     assert attention_kind({"model": {"model": "vit_tiny_window_patch4_32", "model_overrides": overrides}}) == "global"
     net = {"class_path": "vit.VisionTransformer", "init_args": {"window_size": 3, "window_type": "sliding"}}
     assert attention_kind({"model": {"model": net}}) == "sliding"
+    assert attention_kind({"model": {"model": "vit_tiny_linear_patch4_32"}}) == "linear"
+    overrides = {"linear_attention": True, "global_pool": "map"}
+    assert attention_kind({"model": {"model": "vit_tiny_patch4_32", "model_overrides": overrides}}) == "linear"
 
 
 def ckpt(path: Path) -> dict:

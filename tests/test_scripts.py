@@ -309,3 +309,19 @@ def test_compare_with_only_a_validate_run_is_one_error(offline_runs, compare):
     result = compare(offline_runs / "quickstart" / "v")
     assert result.returncode == 2
     assert result.stderr == "error: no finished fit run to compare (1 run(s): 1 validate; --all shows them)\n"
+
+
+def test_compare_reads_the_attention_from_tags_else_the_config():
+    from vit.compare.report import attention
+    from vit.compare.runs import Run
+
+    def run(tags=(), **config):
+        return attention(Run(name="r", source="s", config=config, tags=list(tags)))
+
+    assert run(["linear", "digits"]) == "linear" and run(["sliding"]) == "sliding"
+    assert run(**{"model.model": "vit_tiny_linear_patch4_32"}) == "linear"
+    assert run(**{"model.model": "vit_tiny_patch4_32", "model.model_overrides.linear_attention": True}) == "linear"
+    overrides = {"model.model_overrides.linear_attention": False, "model.model_overrides.window_size": 0}
+    assert run(**{"model.model": "vit_tiny_linear_patch4_32", **overrides}) == "global"
+    assert run(**{"model.model": "vit_tiny_window_patch4_32"}) == "window"
+    assert run(**{"model.model": "no_such_preset"}) is None and run() is None

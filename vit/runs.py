@@ -29,7 +29,7 @@ from .models import model_config
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
 
-AttentionKind = Literal["global", "window", "sliding"]
+AttentionKind = Literal["global", "window", "sliding", "linear"]
 
 RUN_DIR_ENV = "VIT_RUN_DIR"
 """Environment variable through which the DDP processes Lightning starts find rank 0's run folder."""
@@ -72,9 +72,9 @@ def model_name(config: Namespace | Mapping[str, Any]) -> str:
 
 
 def attention_kind(config: Namespace | Mapping[str, Any]) -> AttentionKind:
-    """The attention a run's model uses: ``global`` when ``window_size`` is 0, else ``window`` (block windows) or
-    ``sliding`` (``window_type: sliding``), read from the preset and ``model.model_overrides``, or from a
-    ``class_path`` network's ``init_args``."""
+    """The attention a run's model uses: ``linear`` (``linear_attention``), ``global`` when ``window_size`` is 0,
+    else ``window`` (block windows) or ``sliding`` (``window_type: sliding``), read from the preset and
+    ``model.model_overrides``, or from a ``class_path`` network's ``init_args``."""
     model = _get(config, "model.model")
     overrides = dict(_get(config, "model.model_overrides") or {})
     if isinstance(model, str):
@@ -84,6 +84,8 @@ def attention_kind(config: Namespace | Mapping[str, Any]) -> AttentionKind:
             settings = overrides
     else:
         settings = dict(_get(model, "init_args") or {})
+    if settings.get("linear_attention"):
+        return "linear"
     if not settings.get("window_size"):
         return "global"
     return "sliding" if settings.get("window_type") == "sliding" else "window"

@@ -13,7 +13,7 @@ IGNORED_PREFIXES = ("_wandb", "trainer.logger", "config", "trainer.default_root_
 """Config keys never compared: W&B's own, the logger's settings (run name, save folder), the config file paths and
 where outputs were written."""
 
-ATTENTION_KINDS = ("global", "window", "sliding")
+ATTENTION_KINDS = ("global", "window", "sliding", "linear")  # vit.runs.AttentionKind, without importing torch
 
 
 X_AXES = {"epoch": "epoch", "minutes": "minutes of run time (W&B _runtime)"}
@@ -86,7 +86,8 @@ def throughput(run: Run) -> float | None:
 
 
 def attention(run: Run) -> str | None:
-    """The attention the run's model used: ``global`` (``window_size`` 0), ``window`` (block) or ``sliding``.
+    """The attention the run's model used: ``linear``, ``global`` (``window_size`` 0), ``window`` (block) or
+    ``sliding``.
 
     From the run's tags (``vit fit`` tags each run with it), else from the config: ``model.model_overrides`` over the
     preset named by ``model.model`` (read with ``vit.models.model_config``); ``None`` when neither says.
@@ -100,13 +101,15 @@ def attention(run: Run) -> str | None:
         if key.startswith("model.model_overrides.")
     }
     settings = dict(overrides)
-    if "window_size" not in settings and isinstance(run.config.get("model.model"), str):
+    if not {"window_size", "linear_attention"} <= settings.keys() and isinstance(run.config.get("model.model"), str):
         try:
             from vit.models import model_config
 
             settings = {**model_config(run.config["model.model"]), **overrides}
         except (ImportError, ValueError, TypeError):
             return None
+    if settings.get("linear_attention"):
+        return "linear"
     if "window_size" not in settings:
         return None
     if not settings["window_size"]:
