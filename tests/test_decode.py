@@ -7,10 +7,9 @@ import io
 import cv2
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from sklearn.datasets import load_sample_images
-
-import torch
 
 from vit.data.jpeg import (
     RATIO,

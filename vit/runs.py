@@ -84,6 +84,12 @@ def attention_kind(config: Namespace | Mapping[str, Any]) -> AttentionKind:
             settings = overrides
     else:
         settings = dict(_get(model, "init_args") or {})
+    return attention_of(settings)
+
+
+def attention_of(settings: Mapping[str, Any]) -> AttentionKind:
+    """The attention of a model's settings (``VisionTransformer`` arguments): ``linear`` with ``linear_attention``,
+    ``global`` when ``window_size`` is 0 or missing, else ``window`` or ``sliding`` (``window_type``)."""
     if settings.get("linear_attention"):
         return "linear"
     if not settings.get("window_size"):

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from vit.compare.runs import Run, number
+from vit.runs import AttentionKind, attention_of
 
 IGNORED_PREFIXES = ("_wandb", "trainer.logger", "config", "trainer.default_root_dir", "checkpoint.dirpath")
 """Config keys never compared: W&B's own, the logger's settings (run name, save folder), the config file paths and
 where outputs were written."""
 
-ATTENTION_KINDS = ("global", "window", "sliding", "linear")  # vit.runs.AttentionKind, without importing torch
+ATTENTION_KINDS = get_args(AttentionKind)
 
 
 X_AXES = {"epoch": "epoch", "minutes": "minutes of run time (W&B _runtime)"}
@@ -108,13 +109,9 @@ def attention(run: Run) -> str | None:
             settings = {**model_config(run.config["model.model"]), **overrides}
         except (ImportError, ValueError, TypeError):
             return None
-    if settings.get("linear_attention"):
-        return "linear"
-    if "window_size" not in settings:
+    if "window_size" not in settings and not settings.get("linear_attention"):
         return None
-    if not settings["window_size"]:
-        return "global"
-    return "sliding" if settings.get("window_type") == "sliding" else "window"
+    return attention_of(settings)
 
 
 def differing_keys(runs: list[Run]) -> list[str]:

@@ -203,9 +203,12 @@ def crop_resize_batch(images: Sequence[torch.Tensor], crops: Sequence[Crop], siz
     y0, y1, wy = taps(boxes[:, 2])
     x0, x1, wx = taps(boxes[:, 3])
     x0, x1, wx = (torch.where(flips[:, None], t.flip(-1), t) for t in (x0, x1, wx))  # flip: columns read backwards
-    rows = lambda y: (offsets[:, None] + (boxes[:, :1] + y) * widths[:, None])[:, :, None]  # noqa: E731
-    cols = lambda x: (boxes[:, 1:2] + x)[:, None, :]  # noqa: E731
-    pick = lambda y, x: flat[:, rows(y) + cols(x)].float()  # noqa: E731  (3, B, size, size)
+
+    def pick(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The (3, B, size, size) pixels at crop rows ``y`` (B, size) and crop columns ``x`` (B, size)."""
+        row = offsets[:, None] + (boxes[:, :1] + y) * widths[:, None]
+        return flat[:, row[:, :, None] + (boxes[:, 1:2] + x)[:, None, :]].float()
+
     wy, wx = wy[None, :, :, None], wx[None, :, None, :]
     top = pick(y0, x0) * (1 - wx) + pick(y0, x1) * wx
     bottom = pick(y1, x0) * (1 - wx) + pick(y1, x1) * wx
