@@ -103,7 +103,7 @@ def photos(tmp_path_factory: pytest.TempPathFactory, photo_tree) -> Path:
 DATA = {
     "files": ["--data.dataset", "imagefolder", "--data.data_dir", "{root}/tree", "--data.decode_once", "false"],
     "decoded_once": ["--data.dataset", "imagefolder", "--data.data_dir", "{root}/tree", "--data.decode_once", "true"],
-    "streaming": ["--data.dataset", "streaming", "--data.data_dir", "{root}/shards"],
+    "streaming": ["--data.dataset", "streaming", "--data.data_dir", "{root}/shards", "--data.decode_once", "false"],
 }
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from vit.data import DataError, ImageDataModule
+from vit.data import DataError, DecodedSplit, ImageDataModule
 from vit.data.prepare import prepare_shards
 from vit.data.streaming import ShardImages, ShardLoader
 
@@ -125,8 +125,10 @@ def _loader_at_epoch(dest: Path, epoch: int, num_workers: int) -> ShardLoader:
 @pytest.mark.parametrize(("size", "preset"), [(24, "cifar"), (72, "imagenet")])  # a folder's shards: by img_size
 def test_datamodule_streams_every_split(shards: tuple[Path, dict], size: int, preset: str) -> None:
     dest, meta = shards
-    dm = ImageDataModule(dataset="streaming", data_dir=str(dest), img_size=size, batch_size=5, num_workers=0)
-    assert dm.preset == preset
+    dm = ImageDataModule(
+        dataset="streaming", data_dir=str(dest), img_size=size, batch_size=5, num_workers=0, decode_once=False
+    )
+    assert dm.preset == preset and not dm.decoded
     assert dm.num_classes == 2 and dm.class_names == meta["classes"]
     assert dm.mean == tuple(meta["mean"]) and dm.std == tuple(meta["std"])
     dm.setup("fit")
@@ -177,7 +179,9 @@ def test_fit_resumed_from_a_mid_epoch_checkpoint_sees_the_next_samples(
     dest, _ = shards
 
     def fit(max_steps: int, ckpt_path: str | None = None) -> tuple[pl.Trainer, _Recorder]:
-        dm = ImageDataModule(dataset="streaming", data_dir=str(dest), img_size=16, batch_size=4, num_workers=0)
+        dm = ImageDataModule(
+            dataset="streaming", data_dir=str(dest), img_size=16, batch_size=4, num_workers=0, decode_once=False
+        )
         trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")  # fmt: skip
         model = _Recorder()
@@ -194,22 +198,48 @@ def test_fit_resumed_from_a_mid_epoch_checkpoint_sees_the_next_samples(
     assert all(torch.equal(a, b) for a, b in zip(first.batches + resumed.batches, uninterrupted.batches, strict=True))
 
 
-def test_small_images_stream_with_the_augmentation_of_their_folder(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def small_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A class-folder tree of 32x32 photographs (12 train, 6 val), as CIFAR's, and its shards beside it."""
     from PIL import Image
     from sklearn.datasets import load_sample_images
 
+    root = tmp_path_factory.mktemp("small")
     photos, rng = load_sample_images().images, np.random.default_rng(0)
     for split, n in (("train", 6), ("val", 3)):
         for label, name in enumerate(["china", "flower"]):
-            (tmp_path / "tree" / split / name).mkdir(parents=True)
-            for i in range(n):  # 32x32 crops, as CIFAR's
+            (root / "tree" / split / name).mkdir(parents=True)
+            for i in range(n):
                 top, left = rng.integers(0, 427 - 96), rng.integers(0, 640 - 96)
                 crop = Image.fromarray(photos[label][top : top + 96, left : left + 96]).resize((32, 32))
-                crop.save(tmp_path / "tree" / split / name / f"{i}.jpg", quality=95)
-    prepare_shards(dataset="imagefolder", data_dir=str(tmp_path / "tree"), out=str(tmp_path / "shards"))
+                crop.save(root / "tree" / split / name / f"{i}.jpg", quality=95)
+    prepare_shards(dataset="imagefolder", data_dir=str(root / "tree"), out=str(root / "shards"))
+    return root
+
+
+def test_small_images_from_shards_are_decoded_once_as_from_their_folder(small_tree: Path) -> None:
+    kwargs = dict(img_size=32, batch_size=4, num_workers=0, seed=5)
+    folder = ImageDataModule(dataset="imagefolder", data_dir=str(small_tree / "tree"), **kwargs)
+    stream = ImageDataModule(dataset="streaming", data_dir=str(small_tree / "shards"), **kwargs)
+    assert folder.decoded and stream.decoded
+    folder.setup("fit")
+    stream.setup("fit")
+    for mine, theirs in ((stream.train_dataset, folder.train_dataset), (stream.val_dataset, folder.val_dataset)):
+        assert isinstance(mine, DecodedSplit) and mine.classes == theirs.classes
+        assert torch.equal(mine.labels, theirs.labels)  # the source order, not the shards' shuffled one
+        assert (mine.images.int() - theirs.images.int()).abs().max() <= 1  # both decoders are libjpeg-turbo
+    # the same seed, the same batches: the decoded-once loader and its batched augmentation, from either source
+    batches = [[b for b in dm.train_dataloader()] for dm in (stream, folder)]
+    assert len(batches[0]) == len(batches[1]) == 3
+    for (a, la), (b, lb) in zip(*batches, strict=True):
+        assert torch.equal(la, lb) and (a.int() - b.int()).abs().max() <= 1
+
+
+def test_small_images_stream_with_the_augmentation_of_their_folder(small_tree: Path) -> None:
+    tmp_path = small_tree
     kwargs = dict(img_size=32, batch_size=4, num_workers=0)
     folder = ImageDataModule(dataset="imagefolder", data_dir=str(tmp_path / "tree"), decode_once=False, **kwargs)
-    stream = ImageDataModule(dataset="streaming", data_dir=str(tmp_path / "shards"), **kwargs)
+    stream = ImageDataModule(dataset="streaming", data_dir=str(tmp_path / "shards"), decode_once=False, **kwargs)
     assert stream.preset == folder.preset == "cifar"
     folder.setup("fit")
     stream.setup("fit")

@@ -2,9 +2,10 @@
 synthetic data, with seeded, resumable loading.
 
 What differs between datasets is one :class:`~vit.data.specs.DatasetSpec` each (``vit.data.specs.DATASETS``), looked
-up once here. Small images (CIFAR, digits, class folders of CIFAR-size images) are decoded once into a uint8 tensor
-(:mod:`vit.data.decoded`) and augmented in batches (:mod:`vit.data.batch_augment`) on the training device;
-ImageNet-size images and ``synthetic`` are decoded and augmented per image with albumentations in worker processes.
+up once here. Small images (CIFAR, digits, class folders of CIFAR-size images, shards of them) are decoded once
+into a uint8 tensor (:mod:`vit.data.decoded`) and augmented in batches (:mod:`vit.data.batch_augment`) on the
+training device; ImageNet-size images and ``synthetic`` are decoded and augmented per image with albumentations in
+worker processes, and ImageNet-size shards streamed (:mod:`vit.data.streaming`).
 """
 
 from __future__ import annotations
@@ -77,9 +78,10 @@ class ImageDataModule(pl.LightningDataModule):
         normalize_on_device: Loaders return uint8 images and ``on_after_batch_transfer`` normalises them once they
             are on the device, as timm's prefetching loader does. A loop of your own calls ``normalize(images)``.
             ``False`` normalises in the workers (per-image path only).
-        decode_once: Decode small-image datasets (CIFAR, digits, folders of images up to 64 px) once into a uint8
-            tensor, cached on disk, kept on the training device when it fits, augmented in batches there.
-            ``False`` uses the per-image albumentations path for them too.
+        decode_once: Decode small-image datasets (CIFAR, digits, folders of images up to 64 px, shards of them)
+            once into a uint8 tensor, cached on disk (shards: read whole into memory), kept on the training device
+            when it fits, augmented in batches there. ``False`` uses the per-image path for them too (shards:
+            streamed, decoded and augmented per image in loader workers).
         cache_dir: Folder for the decoded-once cache; default ``<data folder>/.vit-decoded/``.
         mean: Per-channel mean in [0, 1] to normalise with; default the dataset's (a folder of CIFAR-size images:
             computed once from its train split).
@@ -197,7 +199,8 @@ class ImageDataModule(pl.LightningDataModule):
     @property
     def decoded(self) -> bool:
         """Whether the splits are decoded once into tensors and augmented in batches."""
-        return self.decode_once and self.preset in ("cifar", "digits") and self.spec.decodable
+        small = self.preset in ("cifar", "digits")
+        return self.decode_once and small and self.spec.decodable and self.decode_device == "cpu"
 
     @property
     def mean(self) -> Stats:
@@ -290,7 +293,7 @@ class ImageDataModule(pl.LightningDataModule):
         )
 
     def _build(self, train: bool) -> Dataset:
-        if self.spec.streaming:
+        if self.spec.streaming and not self.decoded:
             root = (self.data_dir or "").rstrip("/")
             jitter = train and self.augment != "none"
             transform = None

@@ -146,8 +146,15 @@ def _synthetic(options: Options, train: bool) -> Dataset:
     )
 
 
-def _streaming(options: Options, train: bool) -> Dataset:
-    raise AssertionError("streaming splits are built by the data module")  # ImageDataModule._build_streaming
+def _streaming(options: Options, train: bool) -> DecodeRequest:
+    """A split of small images read whole from the shards, to be decoded once (else: ``ImageDataModule._build``)."""
+    from vit.data.prepare import read_meta
+    from vit.data.streaming import read_split
+
+    split = "train" if train else "val"
+    meta = read_meta(options.data_dir or "")
+    root = (options.data_dir or "").rstrip("/")
+    return read_split(f"{root}/{split}", meta["images"][split], list(meta["classes"]), options.img_size)
 
 
 def _streaming_classes(options: Options) -> list[str]:
@@ -220,7 +227,6 @@ DATASETS: dict[str, DatasetSpec] = {
         _streaming,
         "<data_dir>/train/ and <data_dir>/val/: LitData shards written by `vit data prepare` (a folder or URL)",
         _streaming_classes,
-        decodable=False,
         streaming=True,
     ),
 }

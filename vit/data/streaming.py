@@ -4,6 +4,8 @@
   each node (``torch.distributed``, or ``WORLD_SIZE``/``GLOBAL_RANK``) a disjoint part and shuffles per epoch from
   ``seed``. Each sample's crop and flip are drawn from ``(seed, epoch, sample id)``, so an image does not depend on
   the worker that decodes it nor on what came before.
+- :func:`read_split` reads a whole split of small images (the ``cifar`` and ``digits`` presets) into memory
+  instead, to be decoded once and augmented in batches like a folder of them.
 - :class:`ShardLoader` keeps its own state, ``{"epoch", "batches"}``: Lightning stores it in the checkpoint and gives
   it back on resume; the resumed epoch replays the same order (same seed, epoch, world size, workers) and drops the
   batches already handed out, so training goes on at the next sample. LitData's own resume is not used.
@@ -19,6 +21,7 @@ import numpy as np
 from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import default_collate
 
+from vit.data.decoded import DecodeRequest, resize_op
 from vit.data.jpeg import JpegCrop, decode
 
 
@@ -141,3 +144,24 @@ class ShardLoader(StreamingDataLoader):
             state_dict: The output of :meth:`state_dict`.
         """
         self._resume = (int(state_dict["epoch"]), int(state_dict["batches"]))
+
+
+def read_split(input_dir: str, count: int, classes: list[str], img_size: int) -> DecodeRequest:
+    """Every sample of one split, decoded, in the order of their source (sample id): small images to be held in
+    memory as one tensor (:mod:`vit.data.decoded`). Every rank reads the whole split; its loader takes its part.
+
+    Args:
+        input_dir: The split folder or its URL.
+        count: Its number of samples (``vit-shards.json``).
+        classes: Class names indexed by label.
+        img_size: Images of different sizes are resized to it (the eval transform's resize); same-size images
+            are kept at their size.
+    """
+    dataset = StreamingDataset(input_dir)
+    items = sorted((dataset[i] for i in range(count)), key=lambda item: int(item["id"]))
+    images = [decode(item["image"]) for item in items]
+    if len({image.shape for image in images}) > 1:
+        op = resize_op(img_size)
+        images = [op(image=image)["image"] for image in images]
+    labels = [int(item["label"]) for item in items]
+    return DecodeRequest(classes, np.stack(images), labels, split=os.path.basename(input_dir.rstrip("/")))
