@@ -190,7 +190,7 @@ def test_every_dataset_kind_is_one_spec_entry() -> None:
     assert sorted(DATASETS) == sorted(
         ["cifar10", "cifar100", "digits", "imagefolder", "imagenet", "streaming", "synthetic"]
     )
-    assert DATASETS["streaming"].streaming and not DATASETS["streaming"].decodable
+    assert DATASETS["streaming"].streaming and DATASETS["streaming"].decodable  # shards of small images too
     assert DATASETS["cifar10"].preset == "cifar" and DATASETS["imagefolder"].preset is None
     assert DATASETS["cifar100"].num_classes == 100 and not DATASETS["synthetic"].decodable
 
