@@ -130,8 +130,16 @@ def test_encoded_samples_are_chroma_subsampled() -> None:
     assert abs(len(data) - len(buffer.getvalue())) < 0.05 * len(data)
 
 
+def test_small_images_can_keep_full_chroma() -> None:
+    photo = cv2.resize(load_sample_images().images[1][100:196, 200:296], (32, 32), interpolation=cv2.INTER_AREA)
+    full, half = encode_jpeg(photo, full_chroma=True), encode_jpeg(photo)
+    assert simplejpeg.decode_jpeg_header(full)[3] == "444" and simplejpeg.decode_jpeg_header(half)[3] == "420"
+    error = {name: np.abs(decode(data).astype(int) - photo).mean() for name, data in (("444", full), ("420", half))}
+    assert error["444"] < 0.9 * error["420"], error  # 16x16 chroma loses colour detail at 32 px
+
+
 @pytest.mark.parametrize("size", [64, 224])
-def testresize_flip_equals_opencv_resize_and_flip(size: int) -> None:
+def test_resize_flip_equals_opencv_resize_and_flip(size: int) -> None:
     """The one-warp resize + flip of the CPU path against cv2.resize (bilinear) then a left-right flip, on crops
     that shrink and enlarge, of odd sizes, one pixel wide and the whole photograph."""
     photo = load_sample_images().images[1]

@@ -104,6 +104,9 @@ DATA = {
     "files": ["--data.dataset", "imagefolder", "--data.data_dir", "{root}/tree", "--data.decode_once", "false"],
     "decoded_once": ["--data.dataset", "imagefolder", "--data.data_dir", "{root}/tree", "--data.decode_once", "true"],
     "streaming": ["--data.dataset", "streaming", "--data.data_dir", "{root}/shards", "--data.decode_once", "false"],
+    "streaming_decoded_once": [
+        *("--data.dataset", "streaming", "--data.data_dir", "{root}/shards", "--data.decode_once", "true")
+    ],
 }
 
 

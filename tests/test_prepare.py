@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import simplejpeg
 from litdata import StreamingDataset
 from PIL import Image
 
@@ -52,8 +53,8 @@ def test_samples_hold_shrunk_jpegs_labels_and_paths(prepared: tuple[Path, Path, 
         assert CLASSES[int(item["label"])] == Path(path).parent.name
         with Image.open(path) as source:
             original = np.asarray(source.convert("RGB"))
-        if original.shape[:2] == (300, 400):  # shrunk to a shorter side of 64
-            assert image.shape == (64, 85, 3)
+        if original.shape[:2] == (300, 400):  # shrunk to a shorter side of 64: above 64 px, a 4:2:0 photograph
+            assert image.shape == (64, 85, 3) and simplejpeg.decode_jpeg_header(bytes(item["image"]))[3] == "420"
         else:  # small images keep their size, and their pixels within JPEG tolerance
             assert image.shape == original.shape
             assert np.abs(image.astype(int) - original).mean() < 4.0
@@ -79,6 +80,15 @@ def test_channel_statistics_are_the_train_images(prepared: tuple[Path, Path, dic
     pixels = np.concatenate([decode(bytes(train[i]["image"])).reshape(-1, 3) / 255.0 for i in range(len(train))])
     np.testing.assert_allclose(info["meta"]["mean"], pixels.mean(0), atol=1e-6)
     np.testing.assert_allclose(info["meta"]["std"], pixels.std(0), atol=1e-6)
+
+
+def test_small_images_without_a_jpeg_of_their_own_keep_full_chroma(tmp_path: Path) -> None:
+    """The digits (pixels, no files) are encoded 4:4:4: decoded once at their size, 4:2:0 would halve their colour."""
+    meta = prepare_shards(dataset="digits", data_dir=None, out=str(tmp_path / "digits"))
+    train = StreamingDataset(str(tmp_path / "digits" / "train"))
+    assert len(train) == meta["images"]["train"] and meta["images"] == {"train": 1437, "val": 360}
+    headers = [simplejpeg.decode_jpeg_header(bytes(train[i]["image"])) for i in range(0, len(train), 97)]
+    assert {h[3] for h in headers} == {"444"} and max(max(h[:2]) for h in headers) <= 64
 
 
 def test_rerun_does_nothing(prepared: tuple[Path, Path, dict], capsys: pytest.CaptureFixture[str]) -> None:

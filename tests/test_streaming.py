@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from vit.data import DataError, DecodedSplit, ImageDataModule
-from vit.data.prepare import prepare_shards
-from vit.data.streaming import ShardImages, ShardLoader
+from vit.data.prepare import prepare_shards, read_meta
+from vit.data.streaming import ShardImages, ShardLoader, read_split
 
 
 @pytest.fixture(scope="module")
@@ -122,13 +122,13 @@ def _loader_at_epoch(dest: Path, epoch: int, num_workers: int) -> ShardLoader:
     return loader
 
 
-@pytest.mark.parametrize(("size", "preset"), [(24, "cifar"), (72, "imagenet")])  # a folder's shards: by img_size
-def test_datamodule_streams_every_split(shards: tuple[Path, dict], size: int, preset: str) -> None:
+@pytest.mark.parametrize("size", [24, 72])
+def test_datamodule_streams_every_split(shards: tuple[Path, dict], size: int) -> None:
     dest, meta = shards
     dm = ImageDataModule(
         dataset="streaming", data_dir=str(dest), img_size=size, batch_size=5, num_workers=0, decode_once=False
     )
-    assert dm.preset == preset and not dm.decoded
+    assert dm.preset == "cifar" and not dm.decoded  # 40x60 photographs: small, at any img_size, as in their folder
     assert dm.num_classes == 2 and dm.class_names == meta["classes"]
     assert dm.mean == tuple(meta["mean"]) and dm.std == tuple(meta["std"])
     dm.setup("fit")
@@ -144,6 +144,38 @@ def test_datamodule_streams_every_split(shards: tuple[Path, dict], size: int, pr
     assert ids == list(range(meta["images"]["val"]))  # eval splits keep the stored order
     first = [b[0] for b in dm.val_dataloader()]
     assert all(torch.equal(a, b) for a, b in zip(first, [b[0] for b in dm.val_dataloader()], strict=True))
+
+
+def test_shards_of_large_photographs_stream_at_any_img_size(tmp_path: Path, photo_tree) -> None:
+    """A prepared folder is judged by the size its images are stored at, as the folder is by its images: 300x400
+    photographs (stored 256x341) stream with the ImageNet preset even at 32 px, never read whole into memory."""
+    photo_tree(tmp_path / "tree", per_class=1, big=True)  # every image 300x400
+    prepare_shards(dataset="imagefolder", data_dir=str(tmp_path / "tree"), out=str(tmp_path / "shards"))
+    kwargs = dict(img_size=32, batch_size=1, num_workers=0)
+    folder = ImageDataModule(dataset="imagefolder", data_dir=str(tmp_path / "tree"), **kwargs)
+    stream = ImageDataModule(dataset="streaming", data_dir=str(tmp_path / "shards"), **kwargs)
+    assert stream.preset == folder.preset == "imagenet" and not stream.decoded and not folder.decoded
+    stream.setup("fit")
+    assert isinstance(stream.train_dataset, ShardImages)
+    assert next(iter(stream.train_dataloader()))[0].shape == (1, 3, 32, 32)
+
+
+def test_an_empty_split_is_one_clear_error(small_tree: Path) -> None:
+    with pytest.raises(DataError, match="holds no samples"):
+        read_split(str(small_tree / "shards" / "val"), 0, ["china", "flower"], 32)
+
+
+def test_shard_metadata_is_read_from_a_url(small_tree: Path) -> None:
+    """``--data.data_dir`` may be a URL (``s3://``, ``gs://``): its ``vit-shards.json`` is read through fsspec, here
+    from fsspec's in-memory file system."""
+    import fsspec
+
+    text = (small_tree / "shards" / "vit-shards.json").read_text()
+    with fsspec.open("memory://bucket/shards/vit-shards.json", "w") as file:
+        file.write(text)
+    assert read_meta("memory://bucket/shards/") == json.loads(text)
+    with pytest.raises(DataError, match="not a finished shard folder"):
+        read_meta("memory://bucket/elsewhere")
 
 
 def test_streaming_needs_prepared_shards(tmp_path: Path) -> None:

@@ -88,7 +88,8 @@ class ImageDataModule(pl.LightningDataModule):
         std: Per-channel standard deviation in [0, 1], like ``mean``.
         predict_dir: Predict every image file under this folder (recursively, sorted) instead of the val split.
         decode_device: Where ``streaming`` data is decoded: ``cpu`` (loader workers, libjpeg-turbo at a reduced DCT
-            scale) or ``cuda`` (batches of JPEG bytes decoded, cropped and flipped on the GPU).
+            scale) or ``cuda`` (batches of JPEG bytes decoded, cropped and flipped on the GPU; shards of small
+            images then stream too, with that random-resized crop instead of being decoded once with their preset).
     """
 
     def __init__(
@@ -186,11 +187,15 @@ class ImageDataModule(pl.LightningDataModule):
     @property
     def preset(self) -> Preset:
         """The augmentation family: ``cifar``, ``digits`` or ``imagenet`` (folders and synthetic: by image size;
-        shards: their source dataset's, or by ``img_size`` for a prepared folder)."""
+        shards: their source dataset's, or for a prepared folder by the size its images are stored at)."""
         if self._preset is None and self.spec.streaming:
             from vit.data.prepare import read_meta
+            from vit.data.streaming import stored_image_size
 
-            self._preset = DATASETS[read_meta(self.data_dir or "")["dataset"]].preset
+            root = (self.data_dir or "").rstrip("/")
+            self._preset = DATASETS[read_meta(root)["dataset"]].preset
+            if self._preset is None:
+                self._preset = "cifar" if stored_image_size(f"{root}/train") <= SMALL_IMAGE_MAX else "imagenet"
         if self._preset is None:
             size = folder_image_size(self.layout) if self.layout is not None else self.img_size
             self._preset = "cifar" if size <= SMALL_IMAGE_MAX else "imagenet"

@@ -24,6 +24,7 @@ import numpy as np
 from vit.atomic import write_text
 from vit.data.datasets import load_rgb
 from vit.data.jpeg import decode, encode_jpeg, shrink
+from vit.data.specs import SMALL_IMAGE_MAX
 from vit.errors import ArgumentParser, UsageError
 
 META = "vit-shards.json"
@@ -45,11 +46,16 @@ def _encode(item: tuple[int, Any, int, str], short_side: int, skipped_dir: str, 
             write_text(Path(skipped_dir) / f"{name}.txt", f"{source}\t{' '.join(str(err).split())}\n")
             return
     yield {
-        "image": _kept(original, image, short_side) or encode_jpeg(shrink(image, short_side), quality),
+        "image": _kept(original, image, short_side) or _encoded(shrink(image, short_side), quality),
         "label": label,
         "path": os.fsencode(source),
         "id": index,
     }
+
+
+def _encoded(image: np.ndarray, quality: int) -> bytes:
+    """JPEG bytes of a sample to store: small images (decoded once in training) keep their full chroma."""
+    return encode_jpeg(image, quality, full_chroma=max(image.shape[:2]) <= SMALL_IMAGE_MAX)
 
 
 def _kept(original: bytes | None, image: np.ndarray, short_side: int) -> bytes | None:
@@ -215,6 +221,16 @@ def prepare_shards(
     return meta
 
 
+def _read_text(path: str | Path) -> str:
+    """A local file's text, or a URL's through fsspec (``s3://``, ``gs://``, ...), as LitData reads the shards."""
+    if isinstance(path, Path):
+        return path.read_text()
+    import fsspec
+
+    with fsspec.open(path, "r") as file:
+        return file.read()
+
+
 def read_meta(dest: str | os.PathLike) -> dict[str, Any]:
     """The metadata of a finished shard folder.
 
@@ -223,9 +239,11 @@ def read_meta(dest: str | os.PathLike) -> dict[str, Any]:
     """
     from vit.data.datasets import DataError
 
-    path = Path(dest).expanduser() / META
+    path = f"{str(dest).rstrip('/')}/{META}" if "://" in str(dest) else Path(dest).expanduser() / META
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(_read_text(path))
+    except ImportError as err:  # fsspec knows the URL's scheme but its package (s3fs, gcsfs, adlfs) is absent
+        raise DataError(f"reading {path} needs a package that is not installed: {err}") from None
     except (OSError, ValueError):
         raise DataError(
             f"--data.data_dir {dest} is not a finished shard folder (no readable {META}); "

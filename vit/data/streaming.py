@@ -22,7 +22,7 @@ from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import default_collate
 
 from vit.data.decoded import DecodeRequest, resize_op
-from vit.data.jpeg import JpegCrop, decode
+from vit.data.jpeg import JpegCrop, decode, jpeg_size
 
 
 class ShardImages(StreamingDataset):
@@ -157,11 +157,26 @@ def read_split(input_dir: str, count: int, classes: list[str], img_size: int) ->
         img_size: Images of different sizes are resized to it (the eval transform's resize); same-size images
             are kept at their size.
     """
+    from vit.data.datasets import DataError
+
     dataset = StreamingDataset(input_dir)
-    items = sorted((dataset[i] for i in range(count)), key=lambda item: int(item["id"]))
-    images = [decode(item["image"]) for item in items]
+    decoded = []  # (id, image, label): each sample's bytes are dropped once decoded
+    for i in range(count):
+        item = dataset[i]
+        decoded.append((int(item["id"]), decode(item["image"]), int(item["label"])))
+    if not decoded:
+        raise DataError(f"{input_dir} holds no samples; prepare the shards again with `vit data prepare`")
+    decoded.sort(key=lambda sample: sample[0])
+    images = [image for _, image, _ in decoded]
     if len({image.shape for image in images}) > 1:
         op = resize_op(img_size)
         images = [op(image=image)["image"] for image in images]
-    labels = [int(item["label"]) for item in items]
+    labels = [label for _, _, label in decoded]
     return DecodeRequest(classes, np.stack(images), labels, split=os.path.basename(input_dir.rstrip("/")))
+
+
+def stored_image_size(input_dir: str) -> int:
+    """The larger side of the first sample of a split as stored (read from its JPEG header): how a prepared
+    folder's shards are judged small or ImageNet-size, as the folder itself is by its first image."""
+    height, width = jpeg_size(StreamingDataset(input_dir)[0]["image"])
+    return max(height, width)
