@@ -188,16 +188,18 @@ class ImageDataModule(pl.LightningDataModule):
     def preset(self) -> Preset:
         """The augmentation family: ``cifar``, ``digits`` or ``imagenet`` (folders and synthetic: by image size;
         shards: their source dataset's, or for a prepared folder by the size its images are stored at)."""
+        root = (self.data_dir or "").rstrip("/")
         if self._preset is None and self.spec.streaming:
             from vit.data.prepare import read_meta
-            from vit.data.streaming import stored_image_size
 
-            root = (self.data_dir or "").rstrip("/")
             self._preset = DATASETS[read_meta(root)["dataset"]].preset
-            if self._preset is None:
-                self._preset = "cifar" if stored_image_size(f"{root}/train") <= SMALL_IMAGE_MAX else "imagenet"
         if self._preset is None:
-            size = folder_image_size(self.layout) if self.layout is not None else self.img_size
+            if self.spec.streaming:  # a prepared folder
+                from vit.data.streaming import stored_image_size
+
+                size = stored_image_size(f"{root}/train")
+            else:
+                size = folder_image_size(self.layout) if self.layout is not None else self.img_size
             self._preset = "cifar" if size <= SMALL_IMAGE_MAX else "imagenet"
         return self._preset
 
