@@ -9,6 +9,7 @@ from ..normalize import unnormalize
 from .attribution import attention_attribution, relevance_from_gradients
 from .capture import AttentionRecord, attention_modules, capture_attention, eval_mode, pool_module, record_attention
 from .faithfulness import faithfulness
+from .lrp import LRPResult, lrp, relevance_rules
 from .overlay import apply_colormap, make_grid, overlay_heatmap, to_uint8_image, upsample_map
 from .panels import render_grid, render_panel, render_panels
 from .pipeline import Explanation, display_pixels, explain_images
@@ -41,6 +42,7 @@ __all__ = [
     "CollapseReport",
     "Explanation",
     "HeadFusion",
+    "LRPResult",
     "Results",
     "RolloutPool",
     "apply_colormap",
@@ -64,11 +66,13 @@ __all__ = [
     "fixed_images",
     "fuse_heads",
     "head_pool",
+    "lrp",
     "make_grid",
     "overlay_heatmap",
     "patch_distances",
     "pool_module",
     "record_attention",
+    "relevance_rules",
     "relevance_from_gradients",
     "render_grid",
     "render_panel",

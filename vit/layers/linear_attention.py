@@ -8,6 +8,10 @@ Dense Prediction" (ICCV 2023), ``φ = ReLU``. Per head, with ``q_i``, ``k_j`` af
 
 The sums over keys are computed once, ``(head_dim × head_dim)`` and ``(head_dim,)`` per head, so no ``N × N``
 tensor is ever formed: time and memory are linear in the number of tokens ``N``.
+
+The division by the normaliser runs in a parameter-free submodule (:class:`Normalise`), so that explanation rules
+can reach it with a forward pre-hook: relevance propagation (:func:`vit.explain.lrp`) treats the normaliser as a
+constant, as it does LayerNorm's standard deviation.
 """
 
 from __future__ import annotations
@@ -36,6 +40,14 @@ class _EluPlusOne(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # In place on elu's output (its backward reads the input): one pass and one tensor fewer than `elu(x) + 1`.
         return F.elu(x).add_(1.0)
+
+
+class Normalise(nn.Module):
+    """``numerator / denominator``: the linear attention's normalisation, a module of its own only so that a
+    forward pre-hook can replace its inputs (e.g. detach the denominator); no parameters, no state."""
+
+    def forward(self, numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+        return numerator / denominator
 
 
 class LinearAttention(Attention):
@@ -79,6 +91,7 @@ class LinearAttention(Attention):
         super().__init__(dim, num_heads, qkv_bias, qk_norm, 0.0, proj_drop, norm_layer, fused_attn)
         self.feature_map = feature_map
         self.phi = feature_map_fn(feature_map)  # no parameters: the state dict stays Attention's
+        self.normalise = Normalise()
         self.eps = eps
 
     def features(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +109,7 @@ class LinearAttention(Attention):
         kv = fk.transpose(-2, -1) @ v.to(fq.dtype)  # (B, heads, head_dim, head_dim): Σ_j φ(k_j) v_jᵀ
         z = fk.sum(dim=-2, keepdim=True)  # (B, heads, 1, head_dim): Σ_j φ(k_j)
         den = fq @ z.transpose(-2, -1) + self.eps  # (B, heads, N, 1), without an (N, head_dim) temporary
-        return ((fq @ kv) / den).to(v.dtype)
+        return self.normalise(fq @ kv, den).to(v.dtype)
 
     def attention_weights(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The implied matrix ``A_ij = φ(q_i)·φ(k_j) / (φ(q_i)·Σ_k φ(k_k) + eps)``, ``(B, heads, N, N)``.
