@@ -32,6 +32,7 @@ from ..explain import (
     render_panels,
 )
 from ..explain.attribution import attention_attribution
+from ..explain.explorer import write_explorer
 from ..explain.faithfulness import faithfulness
 from ..explain.panels import png_bytes
 from ..explain.selection import fixed_images, select_indices
@@ -40,6 +41,7 @@ from ..normalize import normalize
 __all__ = [
     "ATTRIBUTION_KEY",
     "DISTANCE_KEY",
+    "EXPLORER_KEY",
     "GRID_KEY",
     "ROLLOUT_KEY",
     "AttentionRolloutLogger",
@@ -55,6 +57,9 @@ DISTANCE_KEY = "val/attention_distance"
 """W&B key of the plot of mean attention distance per head against depth."""
 ATTRIBUTION_KEY = "val/attention_attribution"
 """W&B key of the per-image attribution panels (Chefer et al., ICCV 2021)."""
+EXPLORER_KEY = "val/attention_explorer"
+"""W&B key of the attention explorer (``wandb.Html``; the same file as ``rollout/explorer_epoch_XXX.html``)."""
+EXPLORER_FILE = "explorer_epoch_{:03d}.html"
 KEYS = {
     "rollout": (GRID_KEY, ROLLOUT_KEY),
     "attribution": ("val/attention_attribution_grid", ATTRIBUTION_KEY),
@@ -117,6 +122,9 @@ class AttentionRolloutLogger(Callback):
       ``attn/collapsed_blocks``; every ``faithfulness_every_n``-th logged epoch, the areas under the deletion and
       insertion curves (:func:`~vit.explain.faithfulness`) ``explain/deletion_auc/{rollout,attribution,random}``
       and ``explain/insertion_auc/...`` (lower deletion, higher insertion = more faithful);
+    - with ``explorer``, the attention explorer of the fixed images (:func:`~vit.explain.explorer.write_explorer`: click
+      a patch, see its attention in every block and head, the rollout and attribution overlays):
+      ``explorer_epoch_XXX.html``, and in W&B as ``wandb.Html`` under ``val/attention_explorer``;
     - a warning naming the block and epoch when every head of a block becomes near-uniform or near-one-hot
       (:func:`~vit.explain.detect_collapse`; a freshly initialised ViT attends near-uniformly).
 
@@ -143,6 +151,8 @@ class AttentionRolloutLogger(Callback):
             epoch; 0 never. Costs ``2 · (faithfulness_steps + 1) · (2 + 5 random orders)`` forward passes of the
             fixed images.
         faithfulness_steps: Fractions of patches removed / revealed per curve.
+        explorer: Also write the interactive attention explorer (one self-contained HTML file per logged epoch,
+            about 60 kB per image for a 64-patch model) and log it to W&B.
     """
 
     def __init__(
@@ -161,6 +171,7 @@ class AttentionRolloutLogger(Callback):
         attribution: bool = True,
         faithfulness_every_n: int = 5,
         faithfulness_steps: int = 10,
+        explorer: bool = True,
     ) -> None:
         super().__init__()
         for name, value in (("num_images", num_images), ("every_n_epochs", every_n_epochs), ("ncols", ncols)):
@@ -190,6 +201,7 @@ class AttentionRolloutLogger(Callback):
         self.panel_kwargs = dict(alpha=alpha, cmap=cmap, size=display_size)
         self.attribution, self.faithfulness_every_n = attribution, faithfulness_every_n
         self.faithfulness_steps = faithfulness_steps
+        self.explorer = explorer
         self.images: torch.Tensor | None = None  # (B, C, H, W) as the data gives them: uint8, or normalised float
         self.labels: torch.Tensor | None = None
         self.indices: list[int] = []
@@ -272,6 +284,7 @@ class AttentionRolloutLogger(Callback):
                 self.attribution = False
             else:
                 maps["attribution"] = attribution
+        scores = None
         if score:
             scores = _warn_on_failure("faithfulness scores", epoch, lambda: self._faithfulness(model, maps))
             for curve in ("deletion_auc", "insertion_auc") if scores is not None else ():
@@ -287,6 +300,10 @@ class AttentionRolloutLogger(Callback):
         if figures is not None:
             _warn_on_failure("explanation PNGs", epoch, lambda: self._save(trainer, epoch, figures))
             _warn_on_failure("explanations to W&B", epoch, lambda: self._log(trainer, explanation, maps, step, figures))
+        if self.explorer:
+            _warn_on_failure(
+                "attention explorer", epoch, lambda: self._explore(trainer, model, maps, scores, epoch, step)
+            )
 
     def _inputs(self, model: nn.Module) -> torch.Tensor:
         """The fixed images normalised for the model, on its device (uint8 images are normalised here, once)."""
@@ -335,6 +352,28 @@ class AttentionRolloutLogger(Callback):
             if name in maps:
                 panels = render_panels(explanation, maps[name], **self.panel_kwargs)
                 loggers.log_images(trainer, panel_key, panels, step, captions=explanation.captions())
+
+    def _explore(
+        self,
+        trainer: Trainer,
+        model: nn.Module,
+        maps: dict[str, torch.Tensor],
+        scores: dict[str, Any] | None,
+        epoch: int,
+        step: int,
+    ) -> None:
+        """Write the explorer of the fixed images into the run folder and log that file to W&B."""
+        folder = self.output_dir if self.output_dir is not None else Path(trainer.default_root_dir) / "rollout"
+        names = [f"validation image {i}" for i in self.indices] if self.indices else None
+        path = write_explorer(
+            folder / EXPLORER_FILE.format(epoch), model, self.images, mean=self.mean, std=self.std,
+            labels=self.labels, class_names=self.class_names, names=names, maps=maps, attribution=False,
+            faithfulness=scores, title=f"epoch {epoch}: attention of {len(self.images)} validation images",
+        )  # fmt: skip
+        for logger in loggers.wandb_loggers(trainer):
+            import wandb  # with a W&B logger attached, wandb is importable
+
+            logger.log_metrics({EXPLORER_KEY: wandb.Html(str(path), inject=False)}, step=step)
 
     def _warn_collapse(self, epoch: int, explanation: Explanation) -> None:
         """Warn about the blocks that collapsed since the last check (a lasting collapse is warned about once; the

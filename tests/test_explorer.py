@@ -1,0 +1,275 @@
+"""The attention explorer (vit.explain.explorer) in a real browser: headless Chromium driven by Playwright.
+
+The page is opened, patches clicked, tokens, blocks, heads and overlays switched, and what it decodes and draws is
+read back and compared with the attention vit.explain.capture computes for that query. Without a browser the
+browser tests skip, except under CI (``CI`` set), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vit.explain import capture_attention, rollout_grid
+from vit.explain.explorer import ExplorerTooLarge, explorer_payload, quantize_rows, write_explorer
+from vit.explain.overlay import apply_colormap
+from vit.explain.stats import patch_distances, row_entropy
+from vit.normalize import normalize
+
+MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+LAUNCH_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+LUT = apply_colormap(np.arange(256) / 255.0).astype(np.int64)  # (256, 3): the page's colour map
+
+
+def chromium_path() -> str | None:
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium (the system's) under Playwright; skips locally, fails under CI, when either is missing."""
+    path = chromium_path()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        path, why = None, "playwright is not installed (pip install -e '.[dev]')"
+    else:
+        why = "no chromium on this machine (.ci/run installs Debian's chromium)"
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs the browser tests: {why}")
+        pytest.skip(why)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=path, args=LAUNCH_ARGS)
+        yield browser
+        browser.close()
+
+
+class Page:
+    """One opened explorer page and the console errors it produced."""
+
+    def __init__(self, browser, path: Path):
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.goto(path.as_uri())
+        self.page.wait_for_function("window.explorer && window.explorer.timings.open !== null")
+
+    def js(self, expression: str, arg=None):
+        return self.page.evaluate(expression, arg)
+
+    def settle(self) -> None:
+        """Wait until every queued redraw is done."""
+        self.js("() => window.explorer.select({})")
+
+    def state(self) -> dict:
+        return self.js("() => JSON.parse(JSON.stringify(window.explorer.state))")
+
+    def click_patch(self, r: int, c: int, grid: tuple[int, int]) -> None:
+        box = self.page.locator("#view").bounding_box()
+        self.page.mouse.click(
+            box["x"] + (c + 0.5) * box["width"] / grid[1], box["y"] + (r + 0.5) * box["height"] / grid[0]
+        )
+        self.settle()
+
+    def row(self, b: int, h, t: int) -> np.ndarray:
+        return np.array(self.js("([b, h, t]) => window.explorer.row(b, h, t)", [b, h, t]))
+
+    def cell_pixels(self, b: int, h) -> np.ndarray:
+        """The RGB pixels drawn in the small map of block ``b``, head ``h`` (one pixel per patch)."""
+        data = self.js(
+            """([b, h]) => { const c = document.querySelector(`.cell[data-block="${b}"][data-head="${h}"] canvas.heat`);
+            return Array.from(c.getContext("2d").getImageData(0, 0, c.width, c.height).data); }""",
+            [b, h],
+        )
+        return np.array(data).reshape(-1, 4)[:, :3]
+
+    def cell_stats(self, b: int) -> tuple[float, float | None]:
+        e, d = self.js(
+            '(b) => { const td = document.querySelector(`td.stats[data-block="${b}"]`);'
+            " return [td.dataset.entropy, td.dataset.distance]; }",
+            b,
+        )
+        return float(e), (float(d) if d else None)
+
+
+def lut_index(pixels: np.ndarray) -> np.ndarray:
+    """The colour-map index of each drawn RGB pixel (nearest colour of the LUT)."""
+    return np.argmin(((pixels[:, None, :] - LUT[None]) ** 2).sum(-1), axis=1)
+
+
+def expected_index(values: np.ndarray) -> np.ndarray:
+    """Colour-map index of each value, the map scaled to its maximum (matplotlib's binning, as the page does)."""
+    return np.minimum((values / values.max() * 256).astype(np.int64), 255)
+
+
+def assert_drawn(page: Page, b: int, h, values: np.ndarray, slack: int) -> None:
+    """The small map of (block b, head h) shows ``values`` (the patch keys), within ``slack`` colour-map steps."""
+    drawn = lut_index(page.cell_pixels(b, h))
+    np.testing.assert_array_less(np.abs(drawn - expected_index(values)), slack + 1)
+
+
+@pytest.fixture
+def pixels():
+    torch.manual_seed(1)
+    return torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8)
+
+
+def test_quantize_rows_matches_a_loop_and_stays_within_one_step():
+    torch.manual_seed(0)
+    attn = torch.rand(2, 5, 7) ** 4
+    attn[0, 1, :2] = 0.9  # a sink on the prefix keys
+    attn = attn / attn.sum(-1, keepdim=True)
+    codes, maxima = quantize_rows(attn, prefix=2)
+    assert codes.dtype == np.uint8 and maxima.shape == (2, 5, 2) and maxima.dtype == np.float16
+    for i in range(2):
+        for q in range(5):
+            row = attn[i, q].numpy()
+            for keys, g in ((slice(2, None), 0), (slice(0, 2), 1)):
+                m = np.float32(np.float16(row[keys].max()))
+                np.testing.assert_array_equal(codes[i, q, keys], np.rint(row[keys] / m * 255).clip(0, 255))
+                decoded = codes[i, q, keys] / 255 * maxima[i, q, g].astype(np.float32)
+                np.testing.assert_array_less(np.abs(decoded - row[keys]), row[keys].max() / 255)
+
+
+def test_too_many_images_are_refused_with_how_many_fit(tmp_path, random_vit, pixels):
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
+    one = len(str(explorer_payload(model, pixels[:1], mean=MEAN, std=STD, max_bytes=None)))
+    with pytest.raises(ExplorerTooLarge, match=r"^3 images are too many .* about \d+ fit") as err:
+        write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, max_bytes=one + 45_000, batch_size=1)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "e.html").exists() and not list(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="map 'bad' has shape"):
+        write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, maps={"bad": torch.zeros(3, 2, 2)})
+
+
+@pytest.fixture
+def class_model(random_vit):
+    """Global attention with a class token, two register tokens and an attention-pooling head."""
+    torch.manual_seed(0)
+    return random_vit(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, reg_tokens=2, global_pool="map"
+    ).eval()
+
+
+def test_clicked_patch_and_tokens_show_the_captured_attention(browser, tmp_path, class_model, pixels):
+    model = class_model
+    write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, class_names=list("abcde"))
+    inputs = normalize(pixels, MEAN, STD)
+    record = capture_attention(model, inputs)
+    P, grid = model.num_prefix_tokens, model.patch_embed.grid_size
+    distances = patch_distances(grid, model.patch_embed.patch_size).numpy()
+    page = Page(browser, tmp_path / "e.html")
+    page.js("() => window.explorer.select({image: 1})")
+    for r, c in ((0, 0), (2, 3), (3, 1)):
+        page.click_patch(r, c, grid)
+        t = P + r * grid[1] + c
+        assert page.state()["query"] == {"kind": "token", "index": t}
+        for b, attn in enumerate(record):
+            for h in (0, 1, "mean"):
+                truth = attn[1, :, t].mean(0) if h == "mean" else attn[1, h, t]
+                row = page.row(b, h, t)
+                groups = (truth[P:].max(), truth[:P].max())  # one quantisation step per key group
+                step = np.array([groups[1]] * P + [groups[0]] * (len(truth) - P)) / 255
+                np.testing.assert_array_less(np.abs(row - truth.numpy()), step + 1e-6)
+                assert_drawn(page, b, h, truth[P:].numpy(), slack=2)
+            page.js("([b]) => window.explorer.select({block: b, head: 1})", [b])
+            entropy, distance = page.cell_stats(b)
+            truth = attn[1, 1, t].double()
+            assert entropy == pytest.approx(float(row_entropy(truth)), abs=0.02)
+            patches = truth[P:].numpy()
+            assert distance == pytest.approx(float((patches * distances[t - P]).sum() / patches.sum()), rel=0.02)
+    page.page.keyboard.press("ArrowLeft")  # from (3, 1) to (3, 0)
+    page.settle()
+    assert page.state()["query"]["index"] == P + 3 * grid[1]
+    page.page.get_by_role("button", name="class token").click()
+    page.settle()
+    assert_drawn(page, 1, 0, record[1][1, 0, 0, P:].numpy(), slack=2)
+    assert page.cell_stats(1)[1] is None  # a token has no position: no distance
+    page.page.get_by_role("button", name="reg 1").click()
+    page.settle()
+    assert page.state()["query"]["index"] == 2
+    assert_drawn(page, 0, 1, record[0][1, 1, 2, P:].numpy(), slack=2)
+    page.page.get_by_role("button", name="MAP query 0").click()
+    page.settle()
+    pool = np.array(page.js("() => window.explorer.poolRow(0, 0)"))
+    np.testing.assert_array_less(np.abs(pool - record.pool[1, 0, 0].numpy()), record.pool[1, 0, 0].max() / 255 + 1e-6)
+    assert_drawn(page, -1, "mean", record.pool[1, :, 0].mean(0).numpy(), slack=2)
+    assert page.page.locator("tr.off").count() == 2  # the blocks have no row for the latent query
+    assert page.errors == []
+
+
+def test_overlays_and_prediction(browser, tmp_path, class_model, pixels):
+    model = class_model
+    inputs = normalize(pixels, MEAN, STD)
+    custom = torch.rand(3, 4, 4)
+    scores = {"deletion_auc": {"rollout": 0.25, "custom": 0.5}, "insertion_auc": {"rollout": 0.75, "custom": 0.5}}
+    write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, maps={"custom": custom},
+                   faithfulness=scores)  # fmt: skip
+    page = Page(browser, tmp_path / "e.html")
+    options = page.js("() => Array.from(document.querySelectorAll('#overlay option'), o => o.value)")
+    assert options == ["attention", "rollout", "attribution", "custom", "none"]
+    record = capture_attention(model, inputs)
+    rollout = rollout_grid(model, record)
+    page.js("() => window.explorer.select({image: 2})")
+    for name, values in (("rollout", rollout[2]), ("custom", custom[2])):
+        page.page.select_option("#overlay", name)
+        page.settle()
+        drawn = page.js(
+            "() => Array.from(document.querySelector('#overlay-map').getContext('2d').getImageData(0, 0, 4, 4).data)"
+        )
+        got = lut_index(np.array(drawn).reshape(-1, 4)[:, :3])
+        np.testing.assert_array_less(np.abs(got - expected_index(values.flatten().numpy())), 2)
+    probs = model(inputs).softmax(-1)[2]
+    top = page.js("() => Array.from(document.querySelectorAll('#top .bar span:last-child'), s => s.textContent)")
+    assert top == [f"{100 * p:.1f} %" for p in probs.sort(descending=True).values.tolist()]
+    faith = page.js("() => Array.from(document.querySelectorAll('#faith td'), s => s.textContent)")
+    assert faith == ["rollout", "0.250", "0.750", "custom", "0.500", "0.500"]
+    assert page.errors == []
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(window_size=2, shift_windows=True, global_attn_indexes=[]),
+        dict(window_size=3, window_type="sliding", global_attn_indexes=[]),
+        dict(linear_attention=True),
+    ],
+    ids=["window", "sliding", "linear"],
+)
+def test_window_sliding_and_linear_blocks(browser, tmp_path, random_vit, pixels, config):
+    torch.manual_seed(0)
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4, **config).eval()
+    write_explorer(tmp_path / "e.html", model, pixels[:1], mean=MEAN, std=STD, attribution=False)
+    record = capture_attention(model, normalize(pixels[:1], MEAN, STD))
+    P, grid = model.num_prefix_tokens, model.patch_embed.grid_size
+    page = Page(browser, tmp_path / "e.html")
+    labels = page.js("() => Array.from(document.querySelectorAll('td.block small'), s => s.textContent)")
+    kind = {"window": "window", "sliding": "sliding window", "linear": "linear (implicit)"}
+    page.click_patch(1, 2, grid)
+    t = P + 1 * grid[1] + 2
+    for b, attn in enumerate(record):
+        module = model.blocks[b].attn
+        expected = kind["linear" if config.get("linear_attention") else config.get("window_type", "window")]
+        assert labels[b] == expected
+        assert_drawn(page, b, 0, attn[0, 0, t, P:].numpy(), slack=2)
+        allowed = page.js("([b]) => window.explorer.allowed(b)", [b])
+        if expected == "linear (implicit)":
+            assert allowed is None
+        else:
+            assert allowed == module.dense_mask()[t, P:].int().tolist()
+            assert 0 < sum(allowed) < len(allowed)
+    assert page.errors == []

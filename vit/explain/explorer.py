@@ -1,0 +1,312 @@
+"""An attention explorer in one self-contained HTML file: click a patch, see where it looks in every block and head.
+
+Per image the page shows the image and its patch grid; the query is a clicked patch (or one reached with the arrow
+keys), the class token, a register token or the latent query of an attention-pooling head. For that query it draws
+the attention row of every block and head (and the head mean) as small heatmaps over the image, outlines the allowed
+neighbourhood of window and sliding-window blocks, shows linear attention's implicit weights, the entropy and mean
+attention distance of the selected head per block (Dosovitskiy et al., ICLR 2021, Fig. 7), the top-5 prediction,
+and overlays of image-level maps (attention rollout, Abnar & Zuidema, ACL 2020; attribution, Chefer et al.,
+ICCV 2021; any other map passed in) with their faithfulness areas. The idea is bertviz's (Vig, "A Multiscale
+Visualization of Attention in the Transformer Model", ACL 2019 demo), for the patches of a vision transformer.
+
+Attention is stored compactly: each ``(heads, N, N)`` block is quantised per row to 8 bits (``round(255 a / max a)``,
+the row maxima kept as float16) and written as a grayscale PNG that the browser decodes through a canvas; the file
+needs no network. :func:`explorer_payload` builds the data, :func:`render_explorer` the page and
+:func:`write_explorer` writes it atomically, refusing an image set over ``max_bytes``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from ..atomic import write_bytes
+from ..normalize import normalize
+from .attribution import attention_attribution
+from .capture import attention_modules
+from .overlay import apply_colormap
+from .pipeline import explain_images
+
+ASSETS = Path(__file__).with_name("explorer_assets")
+DEFAULT_MAX_BYTES = 16_000_000
+"""Largest explorer written by default (16 MB: 8 images of ``vit_base_patch16_224`` fit)."""
+
+
+class ExplorerTooLarge(ValueError):
+    """The images asked for would make an explorer file over its size limit; the message says how many fit."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _png(array: np.ndarray) -> str:
+    """A ``uint8`` ``(H, W)`` (grayscale) or ``(H, W, 3)`` array as base64 PNG (zlib level 9)."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(array)).save(buffer, format="PNG", compress_level=9)
+    return _b64(buffer.getvalue())
+
+
+def quantize_rows(attn: torch.Tensor, prefix: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Attention rows as 8-bit codes relative to a maximum per row and key group, and those maxima.
+
+    The keys of a row fall in two groups, the ``prefix`` class / register tokens and the patches, each quantised
+    against its own maximum (an attention sink on the class token must not flatten the patch map to zeros): a value
+    ``a`` of a group with maximum ``m`` becomes ``round(255 a / m)`` and decodes as ``code / 255 · m`` with ``m`` read
+    back as float16, so the error is below ``m / 255`` (half a step plus float16 rounding).
+
+    Args:
+        attn: ``(..., Q, K)`` non-negative weights.
+        prefix: How many leading keys form the prefix group (0: one group).
+
+    Returns:
+        ``(codes, maxima)``: ``uint8`` codes of ``attn``'s shape and float16 maxima ``(..., Q, G)``: the patch group's,
+        then (``G = 2`` when ``prefix > 0``) the prefix group's.
+    """
+    attn = attn.detach().float().cpu().clamp_min(0)
+    groups = [attn[..., prefix:], attn[..., :prefix]]
+    maxima = torch.stack([g.amax(dim=-1) if g.shape[-1] else g.new_zeros(g.shape[:-1]) for g in groups], dim=-1)
+    maxima = maxima.half().float()  # quantise against the maxima the page reads back
+    scale = torch.where(maxima > 0, maxima, torch.ones_like(maxima))
+    per_key = torch.cat([scale[..., 1:2].expand(*attn.shape[:-1], prefix), scale[..., 0:1].expand_as(groups[0])], -1)
+    codes = (attn / per_key * 255).round().clamp(0, 255).to(torch.uint8)
+    return codes.numpy(), maxima[..., : 2 if prefix else 1].numpy().astype(np.float16)
+
+
+def block_kind(attn: nn.Module) -> str:
+    """``"window"``, ``"sliding"``, ``"linear"`` or ``"global"``: the attention pattern of a block's module."""
+    name = type(attn).__name__
+    if name == "WindowAttention":
+        return "window"
+    if name == "NeighborhoodAttention":
+        return "sliding"
+    if name == "LinearAttention":
+        return "linear"
+    return "global"
+
+
+def _block_info(model: nn.Module) -> list[dict[str, Any]]:
+    """Kind, label and allowed-pattern PNG (255 = allowed; ``None`` for dense blocks) of every block."""
+    blocks = []
+    for attn in attention_modules(model):
+        kind = block_kind(attn)
+        mask = attn.dense_mask() if callable(getattr(attn, "dense_mask", None)) else None
+        label = {"window": "window", "sliding": "sliding window", "linear": "linear (implicit)", "global": "global"}
+        blocks.append(
+            {
+                "kind": kind,
+                "label": label[kind],
+                "mask": None if mask is None else _png(mask.cpu().numpy().astype(np.uint8) * 255),
+            }
+        )
+    return blocks
+
+
+def _encode_image(
+    explanation: Any, i: int, maps: Mapping[str, torch.Tensor], offset: int, prefix: int
+) -> dict[str, Any]:
+    """Everything the page needs of image ``i`` of one batch (``offset`` = its index among all images)."""
+    pixels = (explanation.images[i].clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
+    if pixels.shape[2] == 1:
+        pixels = np.repeat(pixels, 3, axis=2)
+    probs = explanation.probs[i]
+    top = probs.topk(min(5, probs.numel()))
+    attn_png, maxima = [], []
+    for attn in explanation.attentions:
+        codes, scale = quantize_rows(attn[i], prefix)  # (heads, N, N)
+        attn_png.append(_png(codes.reshape(-1, codes.shape[-1])))  # heads stacked vertically: (heads·N, N)
+        maxima.append(scale)
+    entry: dict[str, Any] = {
+        "index": offset + i,
+        "image": _png(pixels),
+        "label": None if explanation.labels is None else int(explanation.labels[i]),
+        "pred": int(explanation.preds[i]),
+        "top": [[int(c), round(float(p), 5)] for p, c in zip(top.values, top.indices, strict=True)],
+        "attn": attn_png,
+        "scale": _b64(np.stack(maxima).astype("<f2").tobytes()),  # (blocks, heads, N, G)
+        "maps": {name: [round(float(v), 6) for v in grid[offset + i].flatten()] for name, grid in maps.items()},
+    }
+    if explanation.pool_attention is not None:
+        codes, scale = quantize_rows(explanation.pool_attention[i])  # (heads, latent, patches)
+        entry["pool"] = _png(codes.reshape(-1, codes.shape[-1]))
+        entry["pool_scale"] = _b64(scale.astype("<f2").tobytes())  # (heads, latent, 1)
+    return entry
+
+
+def explorer_payload(
+    model: nn.Module,
+    images: torch.Tensor,
+    *,
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    labels: torch.Tensor | Sequence[int] | None = None,
+    class_names: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
+    maps: Mapping[str, torch.Tensor] | None = None,
+    attribution: bool = True,
+    faithfulness: Mapping[str, Any] | None = None,
+    title: str = "attention explorer",
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    batch_size: int = 8,
+) -> dict[str, Any]:
+    """The explorer's data as a JSON-ready dict (see :func:`write_explorer` for the arguments).
+
+    Raises:
+        ExplorerTooLarge: As soon as the encoded images pass ``max_bytes``.
+        ValueError: If a map is not ``(B, rows, cols)`` on the model's patch grid, or the images are not a batch.
+    """
+    grid = tuple(model.patch_embed.grid_size)
+    if images.ndim != 4:
+        raise ValueError(f"images must be a (B, C, H, W) batch, got shape {tuple(images.shape)}")
+    B = len(images)
+    maps = {name: torch.as_tensor(m).detach().float().cpu() for name, m in (maps or {}).items()}
+    for name, grid_map in maps.items():
+        if tuple(grid_map.shape) != (B, *grid):
+            raise ValueError(
+                f"map {name!r} has shape {tuple(grid_map.shape)}; expected (images, rows, cols) = {(B, *grid)}"
+            )
+    labels = None if labels is None else torch.as_tensor(labels).reshape(-1)
+    payload: dict[str, Any] = {
+        "title": title,
+        "grid": list(grid),
+        "patch": list(model.patch_embed.patch_size),
+        "size": [int(images.shape[-2]), int(images.shape[-1])],
+        "cls": getattr(model, "cls_token", None) is not None,
+        "prefix": int(model.num_prefix_tokens),
+        "heads": None,
+        "blocks": _block_info(model),
+        "lut": _b64(apply_colormap(np.arange(256) / 255.0).tobytes()),
+        "class_names": None if class_names is None else [str(c) for c in class_names],
+        "faithfulness": _faithfulness(faithfulness),
+        "images": [],
+    }
+    base = len(json.dumps(payload)) + 40_000  # the page's script and style
+    total, computed = base, {}
+    for start in range(0, B, batch_size):
+        chunk = images[start : start + batch_size]
+        chunk_labels = None if labels is None else labels[start : start + batch_size]
+        part = explain_images(model, chunk, labels=chunk_labels, class_names=class_names, mean=mean, std=std,
+                              statistics=False)  # fmt: skip
+        batch_maps = {"rollout": part.rollout}
+        if attribution and "attribution" not in maps:
+            batch_maps["attribution"] = _attribute(model, chunk, mean, std)
+        for name, value in batch_maps.items():
+            computed.setdefault(name, []).append(value)
+        local = {**{k: torch.cat(v) for k, v in computed.items()}, **maps}
+        payload["heads"] = int(part.attentions[0].shape[1])
+        payload["latent"] = 0 if part.pool_attention is None else int(part.pool_attention.shape[2])
+        for i in range(len(chunk)):
+            entry = _encode_image(part, i, local, start, payload["prefix"])
+            entry["name"] = names[start + i] if names is not None else f"image {start + i}"
+            payload["images"].append(entry)
+            total += len(json.dumps(entry))
+        if max_bytes is not None and total > max_bytes:
+            done = len(payload["images"])
+            fit = max(0, int((max_bytes - base) // ((total - base) / done)))
+            raise ExplorerTooLarge(
+                f"{B} images are too many for one explorer: {done} already take {total / 1e6:.1f} MB, over the "
+                f"{max_bytes / 1e6:.1f} MB limit; about {fit} fit (pass fewer images or a larger max_bytes)"
+            )
+    order = list(maps) + [name for name in computed if name not in maps]
+    payload["map_names"] = sorted(order, key=lambda n: (n != "rollout", n != "attribution"))
+    return payload
+
+
+def _attribute(model: nn.Module, chunk: torch.Tensor, mean: Sequence[float] | None, std: Sequence[float] | None):
+    """Attention attribution of each image's predicted class (gradients, also inside a no-grad caller)."""
+    param = next(model.parameters())
+    inputs = chunk.to(param.device)
+    inputs = (inputs if inputs.is_floating_point() else normalize(inputs, mean, std)).to(param.dtype)
+    with torch.inference_mode(False), torch.enable_grad():
+        return attention_attribution(model, inputs).float().cpu()
+
+
+def _faithfulness(scores: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The areas of :func:`~vit.explain.faithfulness` (curves left out), or ``None``."""
+    if not scores:
+        return None
+    keep = ("deletion_auc", "insertion_auc", "num_images", "steps", "baseline")
+    return {key: scores[key] for key in keep if key in scores}
+
+
+def render_explorer(payload: Mapping[str, Any], extra_html: str = "") -> str:
+    """The page: the payload as JSON in a script tag, the explorer's CSS and JS inlined, ``extra_html`` below.
+
+    Args:
+        payload: What :func:`explorer_payload` returns.
+        extra_html: HTML appended after the explorer (the static report's sections), or ``""``.
+    """
+    css = (ASSETS / "explorer.css").read_text(encoding="utf-8")
+    js = (ASSETS / "explorer.js").read_text(encoding="utf-8")
+    data = json.dumps(payload, separators=(",", ":")).replace("</", "<\\/")  # no "</script>" inside the JSON
+    title = html.escape(str(payload.get("title", "attention explorer")))
+    template = (ASSETS / "explorer.html").read_text(encoding="utf-8")
+    return (
+        template.replace("{{title}}", title)
+        .replace("{{css}}", css)
+        .replace("{{extra}}", extra_html)
+        .replace("{{data}}", data)
+        .replace("{{js}}", js)
+    )
+
+
+def write_explorer(
+    path: str | Path,
+    model: nn.Module,
+    images: torch.Tensor,
+    *,
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    labels: torch.Tensor | Sequence[int] | None = None,
+    class_names: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
+    maps: Mapping[str, torch.Tensor] | None = None,
+    attribution: bool = True,
+    faithfulness: Mapping[str, Any] | None = None,
+    title: str = "attention explorer",
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    batch_size: int = 8,
+) -> Path:
+    """Write the explorer of ``images`` to ``path`` (one HTML file, no network), atomically.
+
+    The model runs in eval mode without gradients (attribution needs one backward pass) and is left as it was.
+
+    Args:
+        path: The ``.html`` file to write.
+        model: A :class:`~vit.VisionTransformer` (blocks with ``attn.attention_weights``).
+        images: ``(B, C, H, W)`` uint8 pixels (normalised here with ``mean`` / ``std``) or normalised floats.
+        mean: Per-channel mean of the normalisation in ``[0, 1]`` (``None`` for floats of unknown normalisation).
+        std: Per-channel standard deviation, or ``None``.
+        labels: ``(B,)`` true classes (``-1`` = unknown), or ``None``.
+        class_names: Name of every class, or ``None``.
+        names: A name per image (e.g. its file), or ``None`` for ``"image i"``.
+        maps: Image-level maps ``name -> (B, rows, cols)`` on the patch grid, overlaid with a toggle; the rollout is
+            always added, and the attribution when ``attribution`` is true and ``maps`` has none.
+        attribution: Compute the attention attribution of each prediction (one backward pass per batch).
+        faithfulness: Deletion / insertion areas as :func:`~vit.explain.faithfulness` returns them, or ``None``.
+        title: The page title.
+        max_bytes: Refuse (:class:`ExplorerTooLarge`, before anything is written) an explorer larger than this;
+            ``None``: no limit.
+        batch_size: Images per forward pass.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ExplorerTooLarge: If the images would pass ``max_bytes``; the message says how many fit.
+    """
+    payload = explorer_payload(
+        model, images, mean=mean, std=std, labels=labels, class_names=class_names, names=names, maps=maps,
+        attribution=attribution, faithfulness=faithfulness, title=title, max_bytes=max_bytes, batch_size=batch_size,
+    )  # fmt: skip
+    return write_bytes(path, render_explorer(payload).encode("utf-8"))

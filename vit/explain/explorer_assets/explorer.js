@@ -1,0 +1,409 @@
+// The attention explorer's page logic: decode the 8-bit attention rows (grayscale PNGs) of the shown image, draw the
+// selected query's row in every block and head, the overlays and the statistics. Written by vit.explain.explorer.
+(() => {
+  "use strict";
+  const D = JSON.parse(document.getElementById("explorer-data").textContent);
+  const [GH, GW] = D.grid;
+  const [PH, PW] = D.patch;
+  const P = D.prefix;
+  const NP = GH * GW;
+  const N = P + NP;
+  const H = D.heads;
+  const LAT = D.latent || 0;
+  const G = P > 0 ? 2 : 1; // float16 maxima per row: patch keys, then prefix keys
+  const VIEW = 320;
+  const $ = (id) => document.getElementById(id);
+  const errors = [];
+  window.addEventListener("error", (e) => errors.push(String(e.message)));
+
+  function bytes(b64) {
+    const bin = atob(b64);
+    const out = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+    return out;
+  }
+  function halfToFloat(h) {
+    const s = h & 0x8000 ? -1 : 1, e = (h >> 10) & 0x1f, f = h & 0x3ff;
+    if (e === 0) return s * f * 2 ** -24;
+    if (e === 31) return f ? NaN : s * Infinity;
+    return s * (1 + f / 1024) * 2 ** (e - 15);
+  }
+  function halves(b64) {
+    const raw = bytes(b64);
+    const view = new DataView(raw.buffer);
+    const out = new Float32Array(raw.length / 2);
+    for (let i = 0; i < out.length; i++) out[i] = halfToFloat(view.getUint16(2 * i, true));
+    return out;
+  }
+  async function bitmap(b64) {
+    const blob = new Blob([bytes(b64)], { type: "image/png" });
+    return createImageBitmap(blob, { colorSpaceConversion: "none", premultiplyAlpha: "none" });
+  }
+  async function gray(b64) { // a grayscale PNG as one byte per pixel, exactly as stored
+    const bmp = await bitmap(b64);
+    const canvas = document.createElement("canvas");
+    canvas.width = bmp.width;
+    canvas.height = bmp.height;
+    const ctx = canvas.getContext("2d", { willReadFrequently: true });
+    ctx.drawImage(bmp, 0, 0);
+    const rgba = ctx.getImageData(0, 0, bmp.width, bmp.height).data;
+    const out = new Uint8Array(bmp.width * bmp.height);
+    for (let i = 0; i < out.length; i++) out[i] = rgba[4 * i];
+    return out;
+  }
+
+  const LUT = bytes(D.lut); // 256 RGB colours (inferno)
+  const masks = Promise.all(D.blocks.map((b) => (b.mask ? gray(b.mask) : null)));
+  const cache = new Map();
+  function decoded(index) { // every block's codes and maxima of one image, decoded once
+    if (!cache.has(index)) {
+      const im = D.images[index];
+      cache.set(index, (async () => ({
+        attn: await Promise.all(im.attn.map(gray)),
+        scale: halves(im.scale),
+        pool: im.pool ? await gray(im.pool) : null,
+        poolScale: im.pool ? halves(im.pool_scale) : null,
+        picture: await bitmap(im.image),
+      }))());
+    }
+    return cache.get(index);
+  }
+
+  const state = { image: 0, query: { kind: "token", index: P }, block: D.blocks.length - 1, head: "mean",
+    overlay: "attention" };
+  let current = null; // decoded data of state.image
+  let maskRows = [];
+
+  // The decoded attention of query t in block b, head h ("mean": the mean over heads), as N values.
+  function row(b, h, t) {
+    if (h === "mean") {
+      const out = new Float32Array(N);
+      for (let k = 0; k < H; k++) row(b, k, t).forEach((v, j) => { out[j] += v / H; });
+      return out;
+    }
+    const codes = current.attn[b], base = (h * N + t) * N, s = ((b * H + h) * N + t) * G;
+    const out = new Float32Array(N);
+    for (let j = 0; j < N; j++) out[j] = (codes[base + j] / 255) * current.scale[s + (j < P ? 1 : 0)];
+    return out;
+  }
+  function poolRow(h, i) { // the attention-pooling head's latent query i over the patches
+    if (h === "mean") {
+      const out = new Float32Array(NP);
+      for (let k = 0; k < H; k++) poolRow(k, i).forEach((v, j) => { out[j] += v / H; });
+      return out;
+    }
+    const base = (h * LAT + i) * NP, s = current.poolScale[h * LAT + i];
+    const out = new Float32Array(NP);
+    for (let j = 0; j < NP; j++) out[j] = (current.pool[base + j] / 255) * s;
+    return out;
+  }
+  const isPool = () => state.query.kind === "latent";
+  // Rows shown in the grid: [{label, kind, block, values(h)}]; values are over the patches only.
+  function gridRows() {
+    if (isPool()) {
+      return [{ label: "MAP head", kind: "pool", block: -1,
+        values: (h) => poolRow(h, state.query.index), full: (h) => poolRow(h, state.query.index) }];
+    }
+    return D.blocks.map((blk, b) => ({ label: `block ${b}`, kind: blk.label, block: b,
+      full: (h) => row(b, h, state.query.index), values: (h) => row(b, h, state.query.index).subarray(P) }));
+  }
+
+  function codesOf(values) { // colour-map indices, each map scaled to its own maximum (matplotlib's binning)
+    let max = 0;
+    for (const v of values) max = Math.max(max, v);
+    return Array.from(values, (v) => (max > 0 ? Math.min(255, Math.floor((v / max) * 256)) : 0));
+  }
+  function paint(canvas, values, alpha = 255) {
+    canvas.width = GW;
+    canvas.height = GH;
+    const ctx = canvas.getContext("2d");
+    const img = ctx.createImageData(GW, GH);
+    codesOf(values).forEach((c, i) => {
+      img.data.set([LUT[3 * c], LUT[3 * c + 1], LUT[3 * c + 2], alpha], 4 * i);
+    });
+    ctx.putImageData(img, 0, 0);
+  }
+  function outline(ctx, allowed, size, color) { // the border of the allowed patches
+    const cw = size / GW, ch = size / GH;
+    ctx.strokeStyle = color;
+    ctx.lineWidth = Math.max(1.5, size / 80);
+    ctx.beginPath();
+    const ok = (r, c) => r >= 0 && c >= 0 && r < GH && c < GW && allowed[r * GW + c];
+    for (let r = 0; r < GH; r++) for (let c = 0; c < GW; c++) {
+      if (!ok(r, c)) continue;
+      const x = c * cw, y = r * ch;
+      if (!ok(r - 1, c)) { ctx.moveTo(x, y); ctx.lineTo(x + cw, y); }
+      if (!ok(r + 1, c)) { ctx.moveTo(x, y + ch); ctx.lineTo(x + cw, y + ch); }
+      if (!ok(r, c - 1)) { ctx.moveTo(x, y); ctx.lineTo(x, y + ch); }
+      if (!ok(r, c + 1)) { ctx.moveTo(x + cw, y); ctx.lineTo(x + cw, y + ch); }
+    }
+    ctx.stroke();
+  }
+  function allowedPatches(b) { // the patches query t may attend to in block b, or null (all)
+    if (isPool() || b < 0 || !maskRows[b] || state.query.index < P) return null;
+    return maskRows[b].subarray(state.query.index * N + P, state.query.index * N + N);
+  }
+  function markQuery(ctx, size) {
+    if (isPool() || state.query.index < P) return;
+    const p = state.query.index - P, cw = size / GW, ch = size / GH;
+    ctx.strokeStyle = "#00e5ff";
+    ctx.lineWidth = Math.max(1.5, size / 60);
+    ctx.strokeRect((p % GW) * cw + 1, Math.floor(p / GW) * ch + 1, cw - 2, ch - 2);
+  }
+
+  // Statistics of one row: entropy (nats) over every key, mean distance (pixels) from the query patch to the
+  // patch keys given that it attends to a patch, and the share on prefix tokens.
+  const centres = Array.from({ length: NP }, (_, p) => [Math.floor(p / GW) * PH + PH / 2, (p % GW) * PW + PW / 2]);
+  function stats(full) {
+    let entropy = 0, total = 0, prefix = 0;
+    for (const v of full) total += v;
+    for (const v of full) if (v > 0) entropy -= (v / total) * Math.log(v / total);
+    const offset = full.length - NP;
+    for (let j = 0; j < offset; j++) prefix += full[j];
+    let distance = null;
+    const t = state.query.index - P;
+    if (!isPool() && t >= 0) {
+      let mass = 0, sum = 0;
+      const [y, x] = centres[t];
+      for (let j = 0; j < NP; j++) {
+        const w = full[offset + j];
+        mass += w;
+        sum += w * Math.hypot(centres[j][0] - y, centres[j][1] - x);
+      }
+      distance = mass > 0 ? sum / mass : 0;
+    }
+    return { entropy, distance, prefix: total > 0 ? prefix / total : 0 };
+  }
+
+  function buildGrid() {
+    const table = $("heads");
+    table.textContent = "";
+    const size = Math.max(40, Math.min(72, Math.floor(560 / (H + 1))));
+    const head = table.insertRow();
+    head.insertCell().outerHTML = "<th></th>";
+    for (let h = 0; h < H; h++) head.insertCell().outerHTML = `<th>head ${h}</th>`;
+    head.insertCell().outerHTML = "<th>mean</th>";
+    head.insertCell().outerHTML = `<th id="stats-head">selected head</th>`;
+    const rows = [...D.blocks.map((_, b) => b), -1];
+    for (const b of rows) {
+      if (b === -1 && !LAT) continue;
+      const tr = table.insertRow();
+      tr.dataset.block = b;
+      const label = tr.insertCell();
+      label.className = "block";
+      label.innerHTML = b >= 0 ? `block ${b}<small>${D.blocks[b].label}</small>` : "MAP head<small>latent → patches</small>";
+      for (const h of [...Array(H).keys(), "mean"]) {
+        const td = tr.insertCell();
+        const cell = document.createElement("div");
+        cell.className = "cell" + (h === "mean" ? " mean" : "");
+        cell.style.width = cell.style.height = `${size}px`;
+        cell.dataset.block = b;
+        cell.dataset.head = h;
+        cell.title = `${b >= 0 ? "block " + b : "MAP head"}, ${h === "mean" ? "mean of the heads" : "head " + h}`;
+        const heat = document.createElement("canvas");
+        heat.className = "heat";
+        const marks = document.createElement("canvas");
+        marks.className = "marks";
+        marks.width = marks.height = 2 * size;
+        cell.append(heat, marks);
+        cell.addEventListener("click", () => {
+          if (isPool() !== (b === -1)) return; // a greyed-out row: it has no map for this query
+          timed(() => update({ block: b, head: h, overlay: "attention" }));
+        });
+        td.append(cell);
+      }
+      const st = tr.insertCell();
+      st.className = "stats";
+      st.dataset.block = b;
+    }
+  }
+
+  function drawGrid() {
+    const shown = new Set(gridRows().map((r) => r.block));
+    for (const tr of $("heads").querySelectorAll("tr[data-block]")) {
+      tr.classList.toggle("off", !shown.has(Number(tr.dataset.block)));
+    }
+    for (const r of gridRows()) {
+      const allowed = allowedPatches(r.block);
+      for (const cell of $("heads").querySelectorAll(`.cell[data-block="${r.block}"]`)) {
+        const h = cell.dataset.head === "mean" ? "mean" : Number(cell.dataset.head);
+        paint(cell.querySelector("canvas.heat"), r.values(h));
+        const marks = cell.querySelector("canvas.marks");
+        const ctx = marks.getContext("2d");
+        ctx.clearRect(0, 0, marks.width, marks.height);
+        if (allowed) outline(ctx, allowed, marks.width, "#00e5ff");
+        markQuery(ctx, marks.width);
+        cell.classList.toggle("on", r.block === state.block && h === state.head);
+      }
+      const s = stats(r.full(state.head));
+      const td = $("heads").querySelector(`td.stats[data-block="${r.block}"]`);
+      td.textContent = `H ${s.entropy.toFixed(2)}` + (s.distance === null ? "" : ` · d ${s.distance.toFixed(1)} px`)
+        + (P > 0 && !isPool() ? ` · prefix ${(100 * s.prefix).toFixed(0)} %` : "");
+      td.dataset.entropy = s.entropy;
+      td.dataset.distance = s.distance === null ? "" : s.distance;
+    }
+    $("stats-head").textContent = state.head === "mean" ? "mean of heads" : `head ${state.head}`;
+  }
+
+  function overlayValues() {
+    if (state.overlay === "none") return null;
+    if (state.overlay === "attention") {
+      const r = gridRows().find((x) => x.block === state.block) || gridRows()[gridRows().length - 1];
+      return r.values(state.head);
+    }
+    return Float32Array.from(D.images[state.image].maps[state.overlay]);
+  }
+  const heatCanvas = document.createElement("canvas"); // the overlay at one pixel per patch, before upscaling
+  heatCanvas.id = "overlay-map";
+  heatCanvas.hidden = true;
+  function drawView() {
+    const ctx = $("view").getContext("2d");
+    const [h, w] = D.size;
+    ctx.imageSmoothingEnabled = Math.max(h, w) > 64;
+    ctx.drawImage(current.picture, 0, 0, VIEW, VIEW);
+    const values = overlayValues();
+    if (values) {
+      const mapped = values.map((v) => Math.max(v, 0)); // signed maps: the positive part
+      paint(heatCanvas, mapped);
+      ctx.imageSmoothingEnabled = false;
+      ctx.globalAlpha = 0.6;
+      ctx.drawImage(heatCanvas, 0, 0, VIEW, VIEW);
+      ctx.globalAlpha = 1;
+    }
+    ctx.strokeStyle = "rgba(255,255,255,0.25)";
+    ctx.lineWidth = 1;
+    ctx.beginPath();
+    for (let c = 1; c < GW; c++) { ctx.moveTo((c * VIEW) / GW, 0); ctx.lineTo((c * VIEW) / GW, VIEW); }
+    for (let r = 1; r < GH; r++) { ctx.moveTo(0, (r * VIEW) / GH); ctx.lineTo(VIEW, (r * VIEW) / GH); }
+    ctx.stroke();
+    if (state.overlay === "attention") {
+      const allowed = allowedPatches(state.block);
+      if (allowed) outline(ctx, allowed, VIEW, "#00e5ff");
+    }
+    markQuery(ctx, VIEW);
+    const where = isPool() ? "the MAP head" : `block ${state.block}`;
+    const note = state.overlay === "attention"
+      ? `Overlay: the query's attention in ${where}, ${state.head === "mean" ? "mean of the heads" : "head " + state.head}.`
+      : state.overlay === "none" ? "" : `Overlay: ${state.overlay} (image level: no query).`;
+    $("overlay-note").textContent = note;
+  }
+
+  const className = (c) => (D.class_names && D.class_names[c] !== undefined ? D.class_names[c] : String(c));
+  function queryName() {
+    const t = state.query.index;
+    if (isPool()) return `MAP latent query ${t}`;
+    if (t < P) return D.cls && t === 0 ? "class token" : `register token ${t - (D.cls ? 1 : 0)}`;
+    const p = t - P;
+    return `patch (row ${Math.floor(p / GW)}, col ${p % GW})`;
+  }
+  function drawSide() {
+    const im = D.images[state.image];
+    const truth = im.label === null || im.label < 0 ? "" : `true ${className(im.label)} · `;
+    $("caption").textContent = `${im.name} · ${truth}pred ${className(im.pred)}`;
+    $("query-name").textContent = queryName();
+    $("selected").textContent = `query: ${queryName()} · ${isPool() ? "MAP head" : "block " + state.block}, `
+      + `${state.head === "mean" ? "mean of heads" : "head " + state.head}`;
+    for (const b of $("tokens").querySelectorAll("button")) {
+      b.classList.toggle("on", b.dataset.kind === state.query.kind && Number(b.dataset.index) === state.query.index);
+    }
+    for (const b of $("thumbs").querySelectorAll("button")) b.classList.toggle("on", Number(b.dataset.index) === state.image);
+    $("top").innerHTML = im.top.map(([c, p]) => `<div class="bar${c === im.pred ? " pred" : ""}">`
+      + `<span class="name">${className(c)}</span><span class="fill" style="width:${Math.round(140 * p)}px"></span>`
+      + `<span>${(100 * p).toFixed(1)} %</span></div>`).join("");
+    $("overlay").value = state.overlay;
+  }
+
+  async function draw() {
+    current = await decoded(state.image);
+    maskRows = await masks;
+    drawView();
+    drawGrid();
+    drawSide();
+  }
+  let pending = Promise.resolve();
+  function update(change) {
+    Object.assign(state, change);
+    pending = pending.then(draw);
+    return pending;
+  }
+  const timings = { open: null, click: [] };
+  async function timed(action) {
+    const start = performance.now();
+    await action();
+    await new Promise((r) => requestAnimationFrame(() => r()));
+    timings.click.push(performance.now() - start);
+  }
+
+  function setup() {
+    D.images.forEach((im, i) => {
+      const b = document.createElement("button");
+      b.dataset.index = i;
+      b.title = im.name;
+      b.innerHTML = `<img alt="${im.name}" src="data:image/png;base64,${im.image}">`;
+      b.addEventListener("click", () => timed(() => update({ image: i })));
+      $("thumbs").append(b);
+    });
+    const tokens = [];
+    for (let t = 0; t < P; t++) tokens.push(["token", t, D.cls && t === 0 ? "class token" : `reg ${t - (D.cls ? 1 : 0)}`]);
+    for (let i = 0; i < LAT; i++) tokens.push(["latent", i, `MAP query ${i}`]);
+    for (const [kind, index, text] of tokens) {
+      const b = document.createElement("button");
+      Object.assign(b.dataset, { kind, index });
+      b.textContent = text;
+      b.addEventListener("click", () => timed(() => update({ query: { kind, index }, block: kind === "latent" ? -1
+        : state.block < 0 ? D.blocks.length - 1 : state.block })));
+      $("tokens").append(b);
+    }
+    if (!tokens.length) $("tokens").style.display = "none";
+    const names = [["attention", "attention of the query (selected map)"], ...D.map_names.map((n) => [n, n]),
+      ["none", "none"]];
+    $("overlay").innerHTML = names.map(([v, t]) => `<option value="${v}">${t}</option>`).join("");
+    $("overlay").addEventListener("change", (e) => timed(() => update({ overlay: e.target.value })));
+    const bar = $("colorbar").getContext("2d");
+    const img = bar.createImageData(256, 10);
+    for (let i = 0; i < 256 * 10; i++) img.data.set([LUT[3 * (i % 256)], LUT[3 * (i % 256) + 1], LUT[3 * (i % 256) + 2], 255], 4 * i);
+    bar.putImageData(img, 0, 0);
+    const f = D.faithfulness;
+    if (f && f.deletion_auc) {
+      $("faith").innerHTML = "<tr><th>map</th><th>deletion</th><th>insertion</th></tr>" + Object.keys(f.deletion_auc)
+        .map((n) => `<tr><td>${n}</td><td>${f.deletion_auc[n].toFixed(3)}</td>`
+          + `<td>${(f.insertion_auc[n] ?? NaN).toFixed(3)}</td></tr>`).join("");
+    } else {
+      $("faith-box").style.display = "none";
+    }
+    buildGrid();
+    const view = $("view");
+    view.addEventListener("click", (e) => {
+      const rect = view.getBoundingClientRect();
+      const c = Math.min(GW - 1, Math.floor(((e.clientX - rect.left) / rect.width) * GW));
+      const r = Math.min(GH - 1, Math.floor(((e.clientY - rect.top) / rect.height) * GH));
+      view.focus();
+      timed(() => update({ query: { kind: "token", index: P + r * GW + c },
+        block: state.block < 0 ? D.blocks.length - 1 : state.block }));
+    });
+    view.addEventListener("keydown", (e) => {
+      const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+      if (!moves[e.key]) return;
+      e.preventDefault();
+      let p = isPool() || state.query.index < P ? 0 : state.query.index - P;
+      const r = Math.max(0, Math.min(GH - 1, Math.floor(p / GW) + moves[e.key][0]));
+      const c = Math.max(0, Math.min(GW - 1, (p % GW) + moves[e.key][1]));
+      p = r * GW + c;
+      timed(() => update({ query: { kind: "token", index: P + p }, block: state.block < 0 ? D.blocks.length - 1
+        : state.block }));
+    });
+  }
+
+  setup();
+  $("stage").append(heatCanvas);
+  const ready = update({}).then(() => { timings.open = performance.now(); });
+  // For tests and benchmarks: the state, the decoded rows of the shown image, and a way to select.
+  window.explorer = {
+    data: D, state, errors, timings, ready,
+    select: (change) => update(change),
+    row: (b, h, t) => Array.from(row(b, h, t)),
+    poolRow: (h, i) => Array.from(poolRow(h, i)),
+    stats: (full) => stats(Float32Array.from(full)),
+    allowed: (b) => { const a = allowedPatches(b); return a ? Array.from(a, (v) => (v ? 1 : 0)) : null; },
+  };
+})();
