@@ -1,6 +1,6 @@
 """Building blocks of the Vision Transformer, one concept per file."""
 
-from .attention import Attention, attention_softmax
+from .attention import Attention, AttentionBase, attention_softmax
 from .block import Block
 from .cross_attention import AttentionPoolLatent, CrossAttention
 from .linear_attention import LinearAttention
@@ -17,6 +17,7 @@ from .window_attention import WindowAttention, window_attention_mask, window_ban
 
 __all__ = [
     "Attention",
+    "AttentionBase",
     "AttentionPoolLatent",
     "Block",
     "CrossAttention",

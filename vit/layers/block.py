@@ -67,7 +67,10 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, N, C) -> (B, N, C)``."""
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+    def forward(self, x: torch.Tensor, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
+        """``(B, N, C) -> (B, N, C)``; ``grid_size`` is the patch grid of ``x`` when it is not the model's (a dynamic
+        image size), for local attention."""
+        attn_input = self.norm1(x)
+        attn = self.attn(attn_input) if grid_size is None else self.attn(attn_input, grid_size=grid_size)
+        x = x + self.drop_path1(self.ls1(attn))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

@@ -10,11 +10,10 @@ as timm's ``AttentionPoolLatent``, whose parameter names :class:`AttentionPoolLa
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from timm.layers import Mlp, trunc_normal_
 from torch import nn
 
-from .attention import attention_softmax
+from .attention import AttentionBase, attention_softmax
 
 
 def _key_mask(key_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -26,12 +25,12 @@ def _key_mask(key_mask: torch.Tensor | None) -> torch.Tensor | None:
     return key_mask[:, None, None, :]
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(AttentionBase):
     """Multi-head cross-attention: ``L`` queries attend over ``S`` context tokens.
 
-    ``q`` projects the queries, ``kv`` the context into keys and values; ``fused_attn`` is the one switch
-    between :func:`torch.nn.functional.scaled_dot_product_attention` and the explicit ``softmax(QKᵀ/√d)·V``,
-    as in :class:`~vit.layers.Attention`.
+    ``q`` projects the queries, ``kv`` the context into keys and values; heads, norms, dropouts, ``proj`` and the
+    ``fused_attn`` switch are :class:`~vit.layers.attention.AttentionBase`'s, shared with
+    :class:`~vit.layers.Attention`.
 
     Args:
         dim: Width of queries, context and output.
@@ -51,27 +50,19 @@ class CrossAttention(nn.Module):
         self,
         dim: int,
         num_heads: int = 8,
-        qkv_bias: bool = True,
+        qkv_bias: bool = True,  # timm's attention pooling has biases; self-attention's default is False
         qk_norm: bool = False,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         norm_layer: type[nn.Module] = nn.LayerNorm,
         fused_attn: bool = True,
     ) -> None:
-        super().__init__()
-        if num_heads <= 0 or dim % num_heads:
-            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.scale = self.head_dim**-0.5
-        self.fused_attn = fused_attn
-        self.q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
-        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
+        super().__init__(dim, num_heads, qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer, fused_attn)
+
+    def init_projections(self, dim: int, bias: bool) -> None:
+        """``q`` for the queries, ``kv`` for the context (timm's names)."""
+        self.q = nn.Linear(dim, dim, bias=bias)
+        self.kv = nn.Linear(dim, dim * 2, bias=bias)
 
     def split_qkv(
         self, queries: torch.Tensor, context: torch.Tensor
@@ -101,12 +92,7 @@ class CrossAttention(nn.Module):
         B, S, C = context.shape
         L = queries.shape[1]
         q, k, v = self.split_qkv(queries, context)
-        mask = _key_mask(key_mask)
-        if self.fused_attn:
-            dropout_p = self.attn_drop.p if self.training else 0.0
-            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        else:
-            x = self.attn_drop(attention_softmax(q, k, self.scale, mask)) @ v  # (B, heads, L, head_dim)
+        x = self.attend(q, k, v, _key_mask(key_mask))  # (B, heads, L, head_dim)
         x = x.transpose(1, 2).reshape(B, L, C)
         return self.proj_drop(self.proj(x))
 

@@ -20,9 +20,14 @@ Three exact, linear-cost paths, none of which builds an ``N × N`` mask or score
 * CUDA: :func:`torch.nn.attention.flex_attention` with a ``BlockMask`` built once per (grid, k, d, prefix, device)
   and shared by every block with that geometry; the tiled path is the fallback (attention dropout, or
   ``fused_attn=False``).
+
+The index tables of every path are built once for the model's grid, and once per other grid the layer meets (a
+dynamic image size), then cached.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -148,6 +153,64 @@ def _axis_tiles(length: int, kernel_size: int, dilation: int, tile: int) -> list
     return tiles
 
 
+class NeighborhoodTables(NamedTuple):
+    """The index tables of one grid (see :func:`neighborhood_tables`)."""
+
+    grid_size: tuple[int, int]
+    query_index: torch.Tensor  # (T * tq,) patch index of every tile query
+    key_index: torch.Tensor  # (T * (P + tk),) sequence position of every tile key, the prefix keys first
+    tile_mask: torch.Tensor  # (T, 1, tq, P + tk) additive 0 / -inf
+    owner: torch.Tensor  # (rows * cols,) row of the tiles' T * tq outputs holding each patch
+    neighbour_index: torch.Tensor  # (rows * cols, P + k²) the CPU kernel's table
+    tile_grid: tuple[int, int, int, int] | None  # tiles that cut the grid exactly: (tile rows, tr, tile cols, tc)
+
+
+def neighborhood_tables(
+    grid_size: int | tuple[int, int],
+    kernel_size: int,
+    dilation: int,
+    num_prefix_tokens: int,
+    tile_size: tuple[int, int],
+    device: torch.device | None = None,
+) -> NeighborhoodTables:
+    """The tiles of the tiled path and the neighbour table of the CPU kernel for one grid.
+
+    Raises:
+        ValueError: If ``kernel_size · dilation`` exceeds a side of the grid (see :func:`check_neighborhood`).
+    """
+    rows, cols = check_neighborhood(grid_size, kernel_size, dilation)
+    tile_rows, tile_cols = tile_size
+    P = num_prefix_tokens
+    # 2-D tiles are pairs (row tile, column tile): queries (T, tq), keys (T, P + tk), mask (T, tq, P + tk).
+    row_tiles = _axis_tiles(rows, kernel_size, dilation, tile_rows)
+    col_tiles = _axis_tiles(cols, kernel_size, dilation, tile_cols)
+    queries, keys, masks = [], [], []
+    for row_q, row_k, row_m in row_tiles:
+        for col_q, col_k, col_m in col_tiles:
+            queries.append((row_q[:, None] * cols + col_q[None, :]).flatten())
+            keys.append(torch.cat([torch.arange(P), P + (row_k[:, None] * cols + col_k[None, :]).flatten()]))
+            patch_mask = (row_m[:, None, :, None] & col_m[None, :, None, :]).flatten(2).flatten(0, 1)
+            masks.append(torch.cat([torch.ones(len(patch_mask), P, dtype=torch.bool), patch_mask], dim=1))
+    # Tiles that cut the grid exactly (dilation 1, tile sides dividing the grid's) make the query gather a reshape:
+    # (tile rows, tile height, tile columns, tile width).
+    tr, tc = min(tile_rows, rows), min(tile_cols, cols)
+    exact = dilation == 1 and rows % tr == 0 and cols % tc == 0
+    query_index = torch.stack(queries)
+    # The row of the tiles' T * tq outputs holding each patch (a later, overlapping tile wins).
+    owner = torch.empty(rows * cols, dtype=torch.long)
+    owner[query_index.flatten()] = torch.arange(query_index.numel())
+    # Additive (0 / -inf): adding is faster than masked_fill on the CPU, in both the fused and explicit paths.
+    tile_mask = torch.zeros(len(masks), 1, *masks[0].shape).masked_fill_(~torch.stack(masks)[:, None], -torch.inf)
+    # The CPU kernel's table: the tokens each patch query attends to (prefix tokens, then its k x k neighbours).
+    row_starts = neighborhood_starts(rows, kernel_size, dilation)[:, None] + dilation * torch.arange(kernel_size)
+    col_starts = neighborhood_starts(cols, kernel_size, dilation)[:, None] + dilation * torch.arange(kernel_size)
+    patches = P + (row_starts[:, None, :, None] * cols + col_starts[None, :, None, :]).reshape(rows * cols, -1)
+    neighbours = torch.cat([torch.arange(P).expand(rows * cols, P), patches], dim=1)
+    tensors = (query_index.flatten(), torch.stack(keys).flatten(), tile_mask, owner, neighbours)
+    tile_grid = (rows // tr, tr, cols // tc, tc) if exact else None
+    return NeighborhoodTables((rows, cols), *(t.to(device) for t in tensors), tile_grid)
+
+
 class NeighborhoodAttention(Attention):
     """Multi-head attention of every patch to its ``k × k`` neighbourhood, plus global prefix tokens.
 
@@ -184,70 +247,66 @@ class NeighborhoodAttention(Attention):
         **kwargs,
     ) -> None:
         super().__init__(dim, num_heads, **kwargs)
-        rows, cols = self.grid_size = check_neighborhood(grid_size, kernel_size, dilation)
-        tile_rows, tile_cols = to_2tuple(tile_size)
+        self.grid_size = check_neighborhood(grid_size, kernel_size, dilation)
+        tile_rows, tile_cols = self.tile_size = to_2tuple(tile_size)
         if tile_rows <= 0 or tile_cols <= 0:
             raise ValueError(f"tile_size must be positive, got {tile_size}")
         self.kernel_size = kernel_size
         self.dilation = dilation
-        self.num_prefix_tokens = P = num_prefix_tokens
+        self.num_prefix_tokens = num_prefix_tokens
+        tables = neighborhood_tables(self.grid_size, kernel_size, dilation, num_prefix_tokens, self.tile_size)
+        self.tile_grid = tables.tile_grid
+        self.num_tiles, self.tile_queries = tables.tile_mask.shape[0], tables.tile_mask.shape[2]
+        # The model's grid as buffers (they follow .to()); other grids' tables are built on first use and cached.
+        self.register_buffer("query_index", tables.query_index, persistent=False)
+        self.register_buffer("key_index", tables.key_index, persistent=False)
+        self.register_buffer("tile_mask", tables.tile_mask, persistent=False)  # (T, 1, tq, P + tk)
+        self.register_buffer("owner", tables.owner, persistent=False)
+        self.register_buffer("neighbour_index", tables.neighbour_index, persistent=False)  # (rows * cols, P + k²)
+        self._tables: dict[tuple[int, int, str], NeighborhoodTables] = {}
 
-        # 2-D tiles are pairs (row tile, column tile): queries (T, tq), keys (T, P + tk), mask (T, tq, P + tk).
-        row_tiles = _axis_tiles(rows, kernel_size, dilation, tile_rows)
-        col_tiles = _axis_tiles(cols, kernel_size, dilation, tile_cols)
-        queries, keys, masks = [], [], []
-        for row_q, row_k, row_m in row_tiles:
-            for col_q, col_k, col_m in col_tiles:
-                queries.append((row_q[:, None] * cols + col_q[None, :]).flatten())
-                keys.append(torch.cat([torch.arange(P), P + (row_k[:, None] * cols + col_k[None, :]).flatten()]))
-                patch_mask = (row_m[:, None, :, None] & col_m[None, :, None, :]).flatten(2).flatten(0, 1)
-                masks.append(torch.cat([torch.ones(len(patch_mask), P, dtype=torch.bool), patch_mask], dim=1))
-        self.num_tiles, self.tile_queries = len(queries), queries[0].numel()
-        # Tiles that cut the grid exactly (dilation 1, tile sides dividing the grid's) make the query gather a reshape:
-        # (tile rows, tile height, tile columns, tile width).
-        tr, tc = min(tile_rows, rows), min(tile_cols, cols)
-        exact = dilation == 1 and rows % tr == 0 and cols % tc == 0
-        self.tile_grid = (rows // tr, tr, cols // tc, tc) if exact else None
-        query_index = torch.stack(queries)
-        # The tiles' queries (patch indices), and the row of the tiles' T * tq outputs holding each patch (a later,
-        # overlapping tile wins).
-        owner = torch.empty(rows * cols, dtype=torch.long)
-        owner[query_index.flatten()] = torch.arange(query_index.numel())
-        self.register_buffer("query_index", query_index.flatten(), persistent=False)
-        self.register_buffer("key_index", torch.stack(keys).flatten(), persistent=False)
-        # Additive (0 / -inf): adding is faster than masked_fill on the CPU, in both the fused and explicit paths.
-        tile_mask = torch.zeros(len(masks), 1, *masks[0].shape).masked_fill_(~torch.stack(masks)[:, None], -torch.inf)
-        self.register_buffer("tile_mask", tile_mask, persistent=False)  # (T, 1, tq, P + tk)
-        self.register_buffer("owner", owner, persistent=False)
-        # The CPU kernel's table: the tokens each patch query attends to (prefix tokens, then its k x k neighbours).
-        row_starts = neighborhood_starts(rows, kernel_size, dilation)[:, None] + dilation * torch.arange(kernel_size)
-        col_starts = neighborhood_starts(cols, kernel_size, dilation)[:, None] + dilation * torch.arange(kernel_size)
-        patches = P + (row_starts[:, None, :, None] * cols + col_starts[None, :, None, :]).reshape(rows * cols, -1)
-        neighbours = torch.cat([torch.arange(P).expand(rows * cols, P), patches], dim=1)
-        self.register_buffer("neighbour_index", neighbours, persistent=False)  # (rows * cols, P + k²)
+    def tables(self, grid_size: tuple[int, int] | None, device: torch.device) -> NeighborhoodTables:
+        """The index tables of ``grid_size`` (the layer's grid when ``None``) on ``device``; built once per grid.
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Attend within neighbourhoods; ``x`` is ``(B, prefix + rows * cols, C)``."""
+        Raises:
+            ValueError: If ``kernel_size · dilation`` exceeds a side of ``grid_size``.
+        """
+        if grid_size is None or tuple(grid_size) == self.grid_size:
+            buffers = (self.query_index, self.key_index, self.tile_mask, self.owner, self.neighbour_index)
+            return NeighborhoodTables(self.grid_size, *buffers, self.tile_grid)
+        key = (*grid_size, str(device))
+        if key not in self._tables:
+            self._tables[key] = neighborhood_tables(
+                grid_size, self.kernel_size, self.dilation, self.num_prefix_tokens, self.tile_size, device
+            )
+        return self._tables[key]
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, grid_size: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """Attend within neighbourhoods; ``x`` is ``(B, prefix + rows * cols, C)`` over ``grid_size`` (default: the
+        layer's grid)."""
         if attn_mask is not None:
             raise ValueError("NeighborhoodAttention builds its own pattern; attn_mask is not supported")
-        rows, cols = self.grid_size
+        rows, cols = grid_size or self.grid_size
         if x.shape[1] != self.num_prefix_tokens + rows * cols:
             raise ValueError(
                 f"NeighborhoodAttention over a {rows}x{cols} grid with {self.num_prefix_tokens} prefix tokens expects "
                 f"{self.num_prefix_tokens + rows * cols} tokens, got {x.shape[1]}"
             )
+        args = (x,) if grid_size is None else (x, grid_size)  # the layer's own grid: the one-argument call, as ever
         # The fused paths have no attention dropout, and fused_attn=False means the tiled path's explicit softmax.
         fused = self.fused_attn and not (self.training and self.attn_drop.p > 0)
         if fused and x.is_cuda and flex_attention is not None:
-            return self.forward_flex(x)
+            return self.forward_flex(*args)
         if fused and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
             # The kernel has an autograd formula only: torch.func transforms (jvp, grad, vmap) take the tiled path.
             functorch = not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
             # ready() builds or loads the kernel on the first call (about 2 s, once per machine; under torch.compile
             # while tracing), logs once and answers False where it cannot be built: then the tiled path runs.
             if not functorch and neighborhood_kernel.ready():
-                return self.forward_kernel(x)
-        return self.forward_tiled(x)
+                return self.forward_kernel(*args)
+        return self.forward_tiled(*args)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v, each ``(B, N, C)`` and contiguous, as three products of the ``qkv`` weight's thirds.
@@ -259,38 +318,41 @@ class NeighborhoodAttention(Attention):
         b_q, b_k, b_v = self.qkv.bias.chunk(3) if self.qkv.bias is not None else (None, None, None)
         return F.linear(x, w_q, b_q), F.linear(x, w_k, b_k), F.linear(x, w_v, b_v)
 
-    def forward_kernel(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_kernel(self, x: torch.Tensor, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
         """The CPU kernel's path (fp32): every query scores exactly its neighbours; prefix queries all tokens."""
         B, N, C = x.shape
+        neighbour_index = self.tables(grid_size, x.device).neighbour_index
         q, k, v = (t.view(B, N, self.num_heads, self.head_dim) for t in self.project(x))
         out, _, _ = neighborhood_kernel.neighborhood_attention_cpu(
-            self.q_norm(q), self.k_norm(k), v, self.neighbour_index, self.num_prefix_tokens, self.scale
+            self.q_norm(q), self.k_norm(k), v, neighbour_index, self.num_prefix_tokens, self.scale
         )
         return self.proj_drop(self.proj(out.view(B, N, C)))
 
-    def forward_tiled(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_tiled(self, x: torch.Tensor, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
         """The tiled path (any device): each query tile attends to its halo and the prefix keys."""
         B, N, C = x.shape
-        P, h, hd, T, tq = self.num_prefix_tokens, self.num_heads, self.head_dim, self.num_tiles, self.tile_queries
+        tables = self.tables(grid_size, x.device)
+        T, _, tq, _ = tables.tile_mask.shape
+        P, h, hd = self.num_prefix_tokens, self.num_heads, self.head_dim
         q_all, k_all, v_all = self.project(x)  # (B, N, C)
         q_p, q_all = q_all.split([P, N - P], dim=1)  # prefix and patch queries (a split's backward: one copy)
-        if self.tile_grid is not None:  # the tiles are a permutation of the patches: reshape, no index
-            q = q_all.reshape(B, *self.tile_grid, h, hd).permute(0, 1, 3, 5, 2, 4, 6)
+        if tables.tile_grid is not None:  # the tiles are a permutation of the patches: reshape, no index
+            q = q_all.reshape(B, *tables.tile_grid, h, hd).permute(0, 1, 3, 5, 2, 4, 6)
         else:
-            q = q_all.index_select(1, self.query_index).view(B, T, tq, h, hd).transpose(2, 3)
+            q = q_all.index_select(1, tables.query_index).view(B, T, tq, h, hd).transpose(2, 3)
         q = q.reshape(B * T, h, tq, hd)
-        k, v = (t.index_select(1, self.key_index).view(B * T, -1, h, hd).transpose(1, 2) for t in (k_all, v_all))
+        k, v = (t.index_select(1, tables.key_index).view(B * T, -1, h, hd).transpose(1, 2) for t in (k_all, v_all))
         # 4-D with the mask repeated per image: the CPU's fused kernel is slower on 5-D inputs.
-        mask = self.tile_mask.expand(B, -1, -1, -1, -1).flatten(0, 1)  # (B * T, 1, tq, P + tk)
+        mask = tables.tile_mask.expand(B, -1, -1, -1, -1).flatten(0, 1)  # (B * T, 1, tq, P + tk)
         out = self.attend(self.q_norm(q), self.k_norm(k), v, mask)  # (B * T, heads, tq, head_dim)
         # Written once into the output in sequence order (a concatenation and a gather were two more copies).
         y = out.new_empty(B, N, C)  # the attention's dtype (bf16 under autocast), as the projection wants it
-        if self.tile_grid is not None:
-            nr, tr, nc, tc = self.tile_grid
+        if tables.tile_grid is not None:
+            nr, tr, nc, tc = tables.tile_grid
             tiles = out.view(B, nr, nc, h, tr, tc, hd).permute(0, 1, 4, 2, 5, 3, 6)  # (B, nr, tr, nc, tc, heads, hd)
             y[:, P:].view(B, nr, tr, nc, tc, h, hd).copy_(tiles)
         else:
-            y[:, P:] = out.transpose(1, 2).reshape(B, T * tq, C).index_select(1, self.owner)
+            y[:, P:] = out.transpose(1, 2).reshape(B, T * tq, C).index_select(1, tables.owner)
         if P:
             # Prefix queries attend to every token: cost O(P · N).
             q_p = self.q_norm(q_p.reshape(B, P, h, hd).transpose(1, 2))  # (B, heads, P, head_dim)
@@ -298,17 +360,18 @@ class NeighborhoodAttention(Attention):
             y[:, :P] = self.attend(q_p, self.k_norm(k_all), v_all).transpose(1, 2).reshape(B, P, C)
         return self.proj_drop(self.proj(y))
 
-    def block_mask(self, device: torch.device) -> BlockMask:
-        """The FlexAttention ``BlockMask`` of this geometry on ``device``, built once and shared across blocks."""
-        rows, cols = self.grid_size
+    def block_mask(self, device: torch.device, grid_size: tuple[int, int] | None = None) -> BlockMask:
+        """The FlexAttention ``BlockMask`` of this geometry on ``device`` (over ``grid_size``, default the layer's
+        grid), built once and shared across blocks."""
+        rows, cols = grid = grid_size or self.grid_size
         key = (rows, cols, self.kernel_size, self.dilation, self.num_prefix_tokens, str(device))
         if key not in _BLOCK_MASKS:
             n = self.num_prefix_tokens + rows * cols
-            mask_mod = neighborhood_mask_mod(self.grid_size, self.kernel_size, self.dilation, self.num_prefix_tokens)
+            mask_mod = neighborhood_mask_mod(grid, self.kernel_size, self.dilation, self.num_prefix_tokens)
             _BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, n, n, device=device)
         return _BLOCK_MASKS[key]
 
-    def forward_flex(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_flex(self, x: torch.Tensor, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
         """The FlexAttention path (CUDA; on the CPU it runs for tests, forward only)."""
         global _compiled_flex
         B, N, C = x.shape
@@ -317,14 +380,18 @@ class NeighborhoodAttention(Attention):
         if x.is_cuda and not torch.compiler.is_compiling():
             _compiled_flex = _compiled_flex or torch.compile(flex_attention)  # the fused kernel needs compile
             attend = _compiled_flex
-        out = attend(q, k, v, block_mask=self.block_mask(x.device), scale=self.scale)  # (B, heads, N, head_dim)
+        mask = self.block_mask(x.device, grid_size)
+        out = attend(q, k, v, block_mask=mask, scale=self.scale)  # (B, heads, N, head_dim)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, C)))
 
-    def dense_mask(self) -> torch.Tensor:
+    def dense_mask(self, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
         """The block's allowed pattern over the full sequence, ``(N, N)`` boolean, on the block's device."""
-        mask = neighborhood_attention_mask(self.grid_size, self.kernel_size, self.dilation, self.num_prefix_tokens)
+        grid = grid_size or self.grid_size
+        mask = neighborhood_attention_mask(grid, self.kernel_size, self.dilation, self.num_prefix_tokens)
         return mask.to(self.owner.device)
 
-    def attention_weights(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def attention_weights(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, grid_size: tuple[int, int] | None = None
+    ) -> torch.Tensor:
         """Dense ``(B, heads, N, N)`` weights: zero outside the neighbourhood pattern, rows summing to 1. Slow."""
-        return super().attention_weights(x, self.dense_mask())
+        return super().attention_weights(x, self.dense_mask(grid_size))

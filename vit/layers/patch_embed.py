@@ -6,7 +6,9 @@ Xiao et al., "Early Convolutions Help Transformers See Better" (NeurIPS 2021).
 
 from __future__ import annotations
 
+import math
 from itertools import pairwise
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +34,11 @@ class PatchEmbed(nn.Module):
         conv_stem: Replace the patchify convolution by Xiao et al.'s stem: ``log2(patch)`` 3x3 stride-2
             convolutions with BatchNorm and ReLU (channels doubling up to ``embed_dim``, timm's ``ConvNormAct``,
             as ``stem``), then ``proj`` as a 1x1 convolution. The tokens keep the same grid.
+        dynamic_img_size: Accept any input size divisible by the patch (timm's ``strict_img_size=False``); the grid
+            then follows the input.
+        dynamic_img_pad: Pad the input at the bottom and right with zeros to a multiple of the patch first (timm).
+        output_fmt: ``"NLC"``: tokens ``(B, rows * cols, embed_dim)``; ``"NHWC"``: ``(B, rows, cols, embed_dim)``,
+            which keeps the grid of a dynamic size visible (timm's ``output_fmt``).
 
     Raises:
         ValueError: If the patch size does not divide the image size, or ``conv_stem`` is set with a patch size
@@ -46,8 +53,16 @@ class PatchEmbed(nn.Module):
         embed_dim: int = 768,
         bias: bool = True,
         conv_stem: bool = False,
+        dynamic_img_size: bool = False,
+        dynamic_img_pad: bool = False,
+        output_fmt: Literal["NLC", "NHWC"] = "NLC",
     ) -> None:
         super().__init__()
+        if output_fmt not in ("NLC", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NLC' or 'NHWC', got {output_fmt!r}")
+        self.dynamic_img_size = dynamic_img_size
+        self.dynamic_img_pad = dynamic_img_pad
+        self.output_fmt = output_fmt
         self.img_size = to_2tuple(img_size)
         self.patch_size = to_2tuple(patch_size)
         for side, size, patch in zip(("height", "width"), self.img_size, self.patch_size, strict=True):
@@ -80,16 +95,35 @@ class PatchEmbed(nn.Module):
         else:
             self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
 
+    def dynamic_feat_size(self, img_size: tuple[int, int]) -> tuple[int, int]:
+        """The patch grid ``(rows, cols)`` of an input of ``img_size``, counting the padding of ``dynamic_img_pad``."""
+        if self.dynamic_img_pad:
+            return math.ceil(img_size[0] / self.patch_size[0]), math.ceil(img_size[1] / self.patch_size[1])
+        return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Map ``(B, C, H, W)`` images to ``(B, num_patches, embed_dim)`` tokens in row-major grid order."""
+        """Map ``(B, C, H, W)`` images to tokens in row-major grid order: ``(B, rows * cols, embed_dim)``, or
+        ``(B, rows, cols, embed_dim)`` with ``output_fmt="NHWC"``."""
         B, C, H, W = x.shape
-        if self.img_size != (H, W):
-            raise ValueError(f"input image size {(H, W)} does not match the model's img_size {self.img_size}")
-        if self.stem is not None:
-            x = self.proj(self.stem(x))  # (B, embed_dim, gh, gw)
-            return x.flatten(2).transpose(1, 2)
-        gh, gw = self.grid_size
         ph, pw = self.patch_size
-        # (B, C, gh, ph, gw, pw) -> (B, gh, gw, C, ph, pw): one row per patch, flattened like the conv kernel
-        x = x.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C * ph * pw)
-        return F.linear(x, self.proj.weight.flatten(1), self.proj.bias)  # (B, N, embed_dim)
+        if not self.dynamic_img_size and self.img_size != (H, W):
+            raise ValueError(
+                f"input image size {(H, W)} does not match the model's img_size {self.img_size}: resize the input, "
+                "or build the model with dynamic_img_size=True"
+            )
+        if self.dynamic_img_pad:
+            x = F.pad(x, (0, (pw - W % pw) % pw, 0, (ph - H % ph) % ph))  # zeros at the bottom and right
+            H, W = x.shape[-2:]
+        elif H % ph or W % pw:
+            raise ValueError(
+                f"input image size {(H, W)} is not divisible by the patch size {self.patch_size}: resize the input, "
+                "or build the model with dynamic_img_pad=True"
+            )
+        gh, gw = H // ph, W // pw
+        if self.stem is not None:
+            x = self.proj(self.stem(x)).permute(0, 2, 3, 1)  # (B, gh, gw, embed_dim)
+        else:
+            # (B, C, gh, ph, gw, pw) -> (B, gh, gw, C, ph, pw): one row per patch, flattened like the conv kernel
+            x = x.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5).reshape(B, gh, gw, C * ph * pw)
+            x = F.linear(x, self.proj.weight.flatten(1), self.proj.bias)  # (B, gh, gw, embed_dim)
+        return x if self.output_fmt == "NHWC" else x.reshape(B, gh * gw, -1)

@@ -10,11 +10,13 @@ Cost is linear in the number of patches. Window boundaries sit at ``shift + k·w
 a mask. Windows with the same number of patches, each with its own copy of the prefix keys, are gathered into the
 batch dimension by one ``index_select`` and attended with :func:`torch.nn.functional.scaled_dot_product_attention`
 (one call per window size, at most nine); no ``N × N`` mask or score matrix exists on the training path.
+The layout is built once for the model's grid, and once per other grid it meets (a dynamic image size), then cached.
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import NamedTuple
 
 import torch
 
@@ -55,6 +57,56 @@ def window_attention_mask(
     return mask
 
 
+class WindowLayout(NamedTuple):
+    """Where the windows of one grid read from and write to (see :func:`window_layout`)."""
+
+    groups: list[tuple[int, int]]  # (windows, patches per window) per group of equal-sized windows
+    gather_index: torch.Tensor  # sequence positions each window reads, prefix copies first, all groups concatenated
+    group_start: torch.Tensor  # (rows * cols,) first output row of each patch's group, per image
+    group_size: torch.Tensor  # (rows * cols,) output rows of each patch's group, per image
+    group_pos: torch.Tensor  # (rows * cols,) row of each patch within its group
+
+
+def window_layout(
+    grid_size: tuple[int, int], window_size: int, shift: int, num_prefix_tokens: int, device: torch.device | None = None
+) -> WindowLayout:
+    """Group the windows of a grid by size and index them for one gather and one scatter.
+
+    Windows with the same number of patches form a group, ``(windows, patches per window)``, attended in one batched
+    call: at most four groups unshifted (full, right edge, bottom edge, corner), nine shifted.
+
+    Raises:
+        ValueError: If ``window_size`` exceeds a side of the grid.
+    """
+    rows, cols = grid_size
+    if window_size > min(rows, cols):
+        raise ValueError(
+            f"window_size {window_size} is larger than the patch grid {rows}x{cols}: use window_size <= "
+            f"{min(rows, cols)} (or a larger image), or window_size=0 for global attention"
+        )
+    P = num_prefix_tokens
+    by_size: dict[int, list[torch.Tensor]] = {}
+    for r0, r1 in _window_bands(rows, window_size, shift):
+        for c0, c1 in _window_bands(cols, window_size, shift):
+            patches = (torch.arange(r0, r1)[:, None] * cols + torch.arange(c0, c1)[None, :]).flatten()
+            by_size.setdefault(patches.numel(), []).append(patches)
+    groups: list[tuple[int, int]] = []
+    gather, start = [], 0
+    group_start, group_size, group_pos = (torch.empty(rows * cols, dtype=torch.long) for _ in range(3))
+    for windows in by_size.values():
+        patches = torch.stack(windows)  # (windows, L) patch ids, row-major inside each window
+        n, L = patches.shape
+        groups.append((n, L))
+        # Sequence positions each window reads, its own copy of the prefix tokens first: (windows, P + L).
+        gather.append(torch.cat([torch.arange(P).expand(n, P), patches + P], dim=1).flatten())
+        group_start[patches.flatten()] = start  # where the group's outputs start (per image, in patches)
+        group_size[patches.flatten()] = n * L
+        group_pos[patches.flatten()] = torch.arange(n * L)
+        start += n * L
+    tensors = (torch.cat(gather), group_start, group_size, group_pos)
+    return WindowLayout(groups, *(t.to(device) for t in tensors))
+
+
 class WindowAttention(Attention):
     """Multi-head attention restricted to ``window_size × window_size`` windows of the patch grid.
 
@@ -87,67 +139,70 @@ class WindowAttention(Attention):
         **kwargs,
     ) -> None:
         super().__init__(dim, num_heads, **kwargs)
-        rows, cols = self.grid_size = to_2tuple(grid_size)
+        self.grid_size = to_2tuple(grid_size)
         if window_size <= 0:
             raise ValueError(f"window_size must be positive, got {window_size}")
-        if window_size > min(rows, cols):
-            raise ValueError(
-                f"window_size {window_size} is larger than the patch grid {rows}x{cols}: use window_size <= "
-                f"{min(rows, cols)}, or window_size=0 for global attention"
-            )
         if not 0 <= shift < window_size:
             raise ValueError(f"shift must be in [0, window_size={window_size}), got {shift}")
         self.window_size = window_size
         self.shift = shift
         self.num_prefix_tokens = num_prefix_tokens
 
-        # Windows with the same number of patches form a group, (windows, patches per window), attended in one
-        # batched call: at most four groups unshifted (full, right edge, bottom edge, corner), nine shifted.
-        P = num_prefix_tokens
-        by_size: dict[int, list[torch.Tensor]] = {}
-        for r0, r1 in _window_bands(rows, window_size, shift):
-            for c0, c1 in _window_bands(cols, window_size, shift):
-                patches = (torch.arange(r0, r1)[:, None] * cols + torch.arange(c0, c1)[None, :]).flatten()
-                by_size.setdefault(patches.numel(), []).append(patches)
-        self.groups: list[tuple[int, int]] = []
-        gather, start = [], 0
-        group_start, group_size, group_pos = (torch.empty(rows * cols, dtype=torch.long) for _ in range(3))
-        for windows in by_size.values():
-            patches = torch.stack(windows)  # (windows, L) patch ids, row-major inside each window
-            n, L = patches.shape
-            self.groups.append((n, L))
-            # Sequence positions each window reads, its own copy of the prefix tokens first: (windows, P + L).
-            gather.append(torch.cat([torch.arange(P).expand(n, P), patches + P], dim=1).flatten())
-            group_start[patches.flatten()] = start  # where the group's outputs start (per image, in patches)
-            group_size[patches.flatten()] = n * L
-            group_pos[patches.flatten()] = torch.arange(n * L)
-            start += n * L
+        layout = window_layout(self.grid_size, window_size, shift, num_prefix_tokens)
+        self.groups = layout.groups
         self.num_windows = sum(n for n, _ in self.groups)
-        self.register_buffer("gather_index", torch.cat(gather), persistent=False)
-        self.register_buffer("group_start", group_start, persistent=False)
-        self.register_buffer("group_size", group_size, persistent=False)
-        self.register_buffer("group_pos", group_pos, persistent=False)
+        # The model's grid as buffers (they follow .to()); other grids' layouts are built on first use and cached.
+        self.register_buffer("gather_index", layout.gather_index, persistent=False)
+        self.register_buffer("group_start", layout.group_start, persistent=False)
+        self.register_buffer("group_size", layout.group_size, persistent=False)
+        self.register_buffer("group_pos", layout.group_pos, persistent=False)
+        self._layouts: dict[tuple[int, int, str], WindowLayout] = {}
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Attend within windows; ``x`` is ``(B, prefix + rows * cols, C)``."""
+    def layout(self, grid_size: tuple[int, int] | None, device: torch.device) -> WindowLayout:
+        """The window layout of ``grid_size`` (the model's grid when ``None``) on ``device``; built once per grid.
+
+        Raises:
+            ValueError: If the window does not fit in ``grid_size``.
+        """
+        if grid_size is None or tuple(grid_size) == self.grid_size:
+            buffers = (self.gather_index, self.group_start, self.group_size, self.group_pos)
+            return WindowLayout(self.groups, *buffers)
+        key = (*grid_size, str(device))
+        if key not in self._layouts:
+            grid = to_2tuple(grid_size)
+            self._layouts[key] = window_layout(grid, self.window_size, self.shift, self.num_prefix_tokens, device)
+        return self._layouts[key]
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, grid_size: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """Attend within windows; ``x`` is ``(B, prefix + rows * cols, C)`` over ``grid_size`` (default: the
+        layer's grid)."""
         if attn_mask is not None:
             raise ValueError("WindowAttention builds its own pattern; attn_mask is not supported")
         B, N, C = x.shape
         P, h, d = self.num_prefix_tokens, self.num_heads, self.head_dim
+        rows, cols = grid_size or self.grid_size
+        if P + rows * cols != N:
+            raise ValueError(
+                f"WindowAttention over a {rows}x{cols} grid with {P} prefix tokens expects {P + rows * cols} tokens, "
+                f"got {N}"
+            )
+        layout = self.layout(grid_size, x.device)
         qkv = self.qkv(x).reshape(B * N, 3 * C)
         batch = torch.arange(B, device=x.device)[:, None]
 
         # One gather for all windows, ordered (group, image, window, slot) so that each group is one block.
-        slots = self.gather_index.split([n * (P + L) for n, L in self.groups])
+        slots = layout.gather_index.split([n * (P + L) for n, L in layout.groups])
         win = qkv.index_select(0, torch.cat([(batch * N + s).flatten() for s in slots]))
         outs = []
-        for (n, L), chunk in zip(self.groups, win.split([B * n * (P + L) for n, L in self.groups]), strict=True):
+        for (n, L), chunk in zip(layout.groups, win.split([B * n * (P + L) for n, L in layout.groups]), strict=True):
             q, k, v = chunk.view(B * n, P + L, 3, h, d).unbind(2)  # (B * windows, P + L, heads, head_dim)
             q = self.q_norm(q[:, P:].transpose(1, 2))  # (B * windows, heads, L, head_dim): patch queries only
             out = self.attend(q, self.k_norm(k.transpose(1, 2)), v.transpose(1, 2))  # (B * windows, heads, L, hd)
             outs.append(out.transpose(1, 2).reshape(B * n * L, C))
         # Row of the concatenated outputs holding patch t of image b: (B, rows * cols).
-        place = B * (P + self.group_start) + batch * self.group_size + self.group_pos
+        place = B * (P + layout.group_start) + batch * layout.group_size + layout.group_pos
 
         if P:
             # Prefix queries attend to every token: cost O(P · N).
@@ -159,11 +214,14 @@ class WindowAttention(Attention):
         out = torch.cat(outs).index_select(0, place.flatten()).view(B, N, C)  # back to sequence order
         return self.proj_drop(self.proj(out))
 
-    def dense_mask(self) -> torch.Tensor:
+    def dense_mask(self, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
         """The block's allowed pattern over the full sequence, ``(N, N)`` boolean, on the block's device."""
-        mask = window_attention_mask(self.grid_size, self.window_size, self.shift, self.num_prefix_tokens)
+        grid = grid_size or self.grid_size
+        mask = window_attention_mask(grid, self.window_size, self.shift, self.num_prefix_tokens)
         return mask.to(self.gather_index.device)
 
-    def attention_weights(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def attention_weights(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, grid_size: tuple[int, int] | None = None
+    ) -> torch.Tensor:
         """Dense ``(B, heads, N, N)`` weights: zero outside the window pattern, each row summing to 1. Slow."""
-        return super().attention_weights(x, self.dense_mask())
+        return super().attention_weights(x, self.dense_mask(grid_size))

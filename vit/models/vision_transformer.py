@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 from timm.layers import PatchDropout, trunc_normal_
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..layers import (
     Attention,
@@ -30,11 +31,13 @@ from ..layers import (
     PatchEmbed,
     WindowAttention,
     build_sincos_2d_pos_embed,
+    resample_pos_embed,
 )
 from ..layers.linear_attention import FeatureMap
+from .intermediates import IntermediatesMixin
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(IntermediatesMixin, nn.Module):
     """Vision Transformer with optional class/register tokens and local-window or sliding-window blocks.
 
     Initialisation follows ViT/DeiT: every linear layer (and the patch projection, a linear map over
@@ -87,6 +90,11 @@ class VisionTransformer(nn.Module):
         shift_windows: Shift the window grid by ``w // 2`` in every second window block (Swin); block windows only.
         fused_attn: Use PyTorch's fused attention kernels; ``False`` selects the explicit path.
         norm_layer: Normalisation layer class; default ``LayerNorm(eps=1e-6)`` as in timm and big_vision.
+        dynamic_img_size: Accept any image size divisible by the patch (timm's option): the learned position
+            embedding is resampled to the input's grid in every forward pass (bicubic, as timm), the sin-cos table
+            rebuilt for it, and window and sliding blocks use (and cache) the pattern of that grid.
+        dynamic_img_pad: Pad the input with zeros at the bottom and right to a multiple of the patch (timm's option;
+            with a fixed ``img_size`` the input must still match it).
 
     Raises:
         ValueError: On inconsistent arguments (the message names the argument).
@@ -128,6 +136,8 @@ class VisionTransformer(nn.Module):
         linear_feature_map: FeatureMap = "elu",
         fused_attn: bool = True,
         norm_layer: type[nn.Module] | None = None,
+        dynamic_img_size: bool = False,
+        dynamic_img_pad: bool = False,
     ) -> None:
         super().__init__()
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
@@ -187,9 +197,20 @@ class VisionTransformer(nn.Module):
         self.window_dilation = window_dilation
         self.global_attn_indexes = tuple(global_attn_indexes)
         self.linear_attention = linear_attention
+        self.dynamic_img_size = dynamic_img_size
+        self.grad_checkpointing = False
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, conv_stem=conv_stem)
+        self.patch_embed = PatchEmbed(
+            img_size,
+            patch_size,
+            in_chans,
+            embed_dim,
+            conv_stem=conv_stem,
+            dynamic_img_size=dynamic_img_size,
+            dynamic_img_pad=dynamic_img_pad,
+            output_fmt="NHWC" if dynamic_img_size else "NLC",  # the grid of the input stays visible (timm)
+        )
         grid_size = self.patch_embed.grid_size
         if window_size and window_type == "sliding":
             _check_sliding(grid_size, window_size, window_dilation)
@@ -312,29 +333,69 @@ class VisionTransformer(nn.Module):
         self.head.apply(_init_vit_weights)
         self.head.to(self.patch_embed.proj.weight.device)
 
-    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Add position embeddings and prepend prefix tokens: ``(B, N, C) -> (B, prefix + N, C)``."""
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them (timm's hook).
+
+        Every block runs under :func:`torch.utils.checkpoint.checkpoint` (non-reentrant, random state preserved, so
+        dropout and drop-path draw the same masks): the same loss and gradients for about a third more compute, and
+        only each block's input kept per block.
+        """
+        self.grad_checkpointing = enable
+
+    def _pos_embed(self, x: torch.Tensor, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
+        """Add position embeddings and prepend prefix tokens: ``(B, N, C) -> (B, prefix + N, C)``.
+
+        ``grid_size``: the patch grid of ``x`` when the image size is dynamic; the learned table is resampled to it
+        (prefix positions kept), the sin-cos table rebuilt for it.
+        """
         B = x.shape[0]
         prefix = []
         if self.cls_token is not None:
             prefix.append(self.cls_token.expand(B, -1, -1))
         if self.reg_token is not None:
             prefix.append(self.reg_token.expand(B, -1, -1))
+        pos_embed = self.pos_embed
+        if pos_embed is not None and grid_size is not None and grid_size != self.patch_embed.grid_size:
+            if isinstance(pos_embed, nn.Parameter):
+                num_prefix = 0 if self.no_embed_class else self.num_prefix_tokens
+                pos_embed = resample_pos_embed(pos_embed, grid_size, self.patch_embed.grid_size, num_prefix)
+            else:
+                table = build_sincos_2d_pos_embed(grid_size, self.embed_dim)
+                pos_embed = table.to(device=pos_embed.device, dtype=pos_embed.dtype)
         if self.no_embed_class:
-            if self.pos_embed is not None:
-                x = x + self.pos_embed
+            if pos_embed is not None:
+                x = x + pos_embed
             x = torch.cat([*prefix, x], dim=1) if prefix else x
         else:
             x = torch.cat([*prefix, x], dim=1) if prefix else x
-            if self.pos_embed is not None:
-                x = x + self.pos_embed
+            if pos_embed is not None:
+                x = x + pos_embed
         return self.pos_drop(x)
+
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int] | None]:
+        """Images ``(B, C, H, W)`` to the first block's input ``(B, prefix + N, C)``, and the patch grid when the
+        image size is dynamic (``None``: the model's grid)."""
+        x = self.patch_embed(x)  # (B, N, C), or (B, rows, cols, C) with a dynamic image size
+        grid_size = None
+        if self.dynamic_img_size:
+            B, rows, cols, C = x.shape
+            grid_size = (rows, cols)
+            x = x.reshape(B, rows * cols, C)
+        x = self.patch_drop(self._pos_embed(x, grid_size))  # fewer patches when training with patch_drop
+        return x, grid_size
+
+    def run_block(self, block: nn.Module, x: torch.Tensor, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
+        """One block, under gradient checkpointing when it is on and gradients are recorded."""
+        if self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
+            return checkpoint(block, x, grid_size, use_reentrant=False)
+        return block(x, grid_size)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images ``(B, C, H, W)`` to normalised tokens ``(B, prefix + N, embed_dim)``."""
-        x = self.patch_embed(x)  # (B, N, C)
-        x = self.patch_drop(self._pos_embed(x))  # (B, prefix + N, C); fewer patches when training with patch_drop
-        x = self.blocks(x)
+        x, grid_size = self.embed(x)  # (B, prefix + N, C)
+        for block in self.blocks:
+            x = self.run_block(block, x, grid_size)
         return self.norm(x)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
