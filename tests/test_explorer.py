@@ -273,3 +273,48 @@ def test_window_sliding_and_linear_blocks(browser, tmp_path, random_vit, pixels,
             assert allowed == module.dense_mask()[t, P:].int().tolist()
             assert 0 < sum(allowed) < len(allowed)
     assert page.errors == []
+
+
+def test_rollout_logger_writes_the_explorer_and_logs_it_to_wandb(browser, tmp_path, monkeypatch):
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import WandbLogger
+
+    from vit import ImageClassifier, ImageDataModule
+    from vit.callbacks import AttentionRolloutLogger, explained_model
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    torch.manual_seed(0)
+    module = ImageClassifier(
+        "vit_tiny_patch4_32", num_classes=10, img_size=32, model_overrides={"depth": 2, "embed_dim": 32, "num_heads": 2}
+    )
+    callback = AttentionRolloutLogger(num_images=3, statistics=False, faithfulness_every_n=0)
+    logger = WandbLogger(project="test", save_dir=str(tmp_path), offline=True)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, accelerator="cpu", max_epochs=2, limit_train_batches=2, limit_val_batches=1,
+        num_sanity_val_steps=0, callbacks=[callback], logger=logger, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False,
+    )  # fmt: skip
+    trainer.fit(module, ImageDataModule(dataset="digits", img_size=32, batch_size=16, num_workers=0, seed=0))
+    logger.experiment.finish()
+
+    written = sorted((tmp_path / "rollout").glob("explorer_epoch_*.html"))
+    assert [p.name for p in written] == ["explorer_epoch_000.html", "explorer_epoch_001.html"]
+    logged = sorted((tmp_path / "wandb" / "latest-run" / "files" / "media" / "html" / "val").glob("*.html"))
+    assert len(logged) == 2 and all(p.name.startswith("attention_explorer_") for p in logged)
+    last = next(p for p in logged if p.read_bytes() == written[1].read_bytes())  # W&B holds the file as written
+
+    model = explained_model(module)
+    record = capture_attention(model, normalize(callback.images, callback.mean, callback.std))
+    page = Page(browser, last)
+    assert page.js("() => window.explorer.data.images.length") == 3
+    grid = model.patch_embed.grid_size
+    page.js("() => window.explorer.select({image: 2})")
+    page.click_patch(5, 6, grid)
+    t = model.num_prefix_tokens + 5 * grid[1] + 6
+    for b, attn in enumerate(record):
+        truth = attn[2, 1, t]
+        row = page.row(b, 1, t)
+        np.testing.assert_array_less(np.abs(row - truth.numpy()), truth.max().item() / 255 + 1e-6)
+        assert_drawn(page, b, 1, truth[model.num_prefix_tokens :].numpy(), slack=2)
+    assert page.errors == []
