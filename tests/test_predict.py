@@ -177,3 +177,38 @@ def test_settings_that_contradict_the_checkpoint_are_one_line(trained, extra, me
     assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
     assert message in err
     assert not any(tmp_path.rglob("*.csv"))
+
+
+@pytest.mark.parametrize("skip_corrupt", [False, True])
+def test_a_corrupt_image_with_the_checkpoint_alone(trained, tmp_path, monkeypatch, capsys, skip_corrupt):
+    """A truncated file among good ones: without --data.skip_corrupt one error line naming the file and the flag, and
+    nothing written; with it, the good images predicted (as vit.Predictor predicts them) and the bad one reported."""
+    import vit
+
+    last, _, labels = trained
+    good = sorted(labels)[:6]
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for path in good:
+        (folder / Path(path).name).write_bytes(Path(path).read_bytes())
+    bad = folder / "002b.png"  # sorted between the good ones: the loader meets it mid-batch
+    bad.write_bytes(Path(good[0]).read_bytes()[:40])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["vit"])
+    args = ["predict", *BARE, "--runs_dir", str(tmp_path / "runs"), "--ckpt_path", str(last)]
+    args += ["--data.predict_dir", str(folder), "--data.batch_size", "4"]
+    if not skip_corrupt:
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main(args)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+        assert str(bad) in err and "--data.skip_corrupt true" in err
+        assert not any(tmp_path.rglob("*.csv"))
+        return
+    with pytest.warns(UserWarning, match=f"skipping unreadable image {bad}"):
+        cli = cli_main([*args, "--data.skip_corrupt", "true"])
+    rows = read_predictions(Path(cli.trainer.default_root_dir) / "predictions.csv")
+    assert [row["path"] for row in rows] == sorted(str(folder / Path(p).name) for p in good)
+    results = vit.Predictor(str(last))([row["path"] for row in rows])
+    for row, result in zip(rows, results, strict=True):
+        assert row["pred"] == result.label and float(row["prob"]) == pytest.approx(result.prob, abs=2e-6)

@@ -1,8 +1,8 @@
-"""Data: dataset specs, decoded-once tensors with batched augmentation, albumentations transforms, datasets and the
-``ImageDataModule``."""
+"""Data: dataset specs, the loading pipelines (decoded-once tensors with batched augmentation, per-image files,
+streamed shards), albumentations transforms, datasets, the shard format and the ``ImageDataModule``."""
 
 from vit.data.batch_augment import BatchAugment, crop_flip, draw_crop_flip
-from vit.data.datamodule import ImageDataModule
+from vit.data.datamodule import ImageDataModule, choose_pipeline
 from vit.data.datasets import (
     CIFAR10_CLASSES,
     IMG_EXTENSIONS,
@@ -21,9 +21,13 @@ from vit.data.datasets import (
 )
 from vit.data.decoded import DecodedSplit
 from vit.data.decoded_loader import DecodedLoader
+from vit.data.decoded_pipeline import DecodedPipeline
 from vit.data.jpeg import JpegCrop, decode_batch_cuda
-from vit.data.prepare import prepare_shards, read_meta
-from vit.data.specs import DATASETS, DatasetName, DatasetSpec
+from vit.data.pipeline import PerImagePipeline, Pipeline
+from vit.data.prepare import prepare_shards
+from vit.data.shard_format import read_meta
+from vit.data.shard_pipeline import GpuDecodePipeline, ShardPipeline
+from vit.data.specs import DATASETS, DatasetName, DatasetSpec, predict_only_spec
 from vit.data.streaming import ShardImages, ShardLoader
 from vit.data.transforms import (
     EVAL_CROP_FRACTION,
@@ -55,7 +59,14 @@ __all__ = [
     "DATASETS",
     "DatasetSpec",
     "DecodedLoader",
+    "DecodedPipeline",
     "DecodedSplit",
+    "GpuDecodePipeline",
+    "PerImagePipeline",
+    "Pipeline",
+    "ShardPipeline",
+    "choose_pipeline",
+    "predict_only_spec",
     "crop_flip",
     "default_num_workers",
     "draw_crop_flip",

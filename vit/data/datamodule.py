@@ -1,11 +1,13 @@
-"""``ImageDataModule``: one LightningDataModule for CIFAR-10/100, ImageNet, any class-folder tree, digits and
-synthetic data, with seeded, resumable loading.
+"""``ImageDataModule``: one LightningDataModule for CIFAR-10/100, ImageNet, any class-folder tree, digits, synthetic
+data and the shards of ``vit data prepare``, with seeded, resumable loading.
 
 What differs between datasets is one :class:`~vit.data.specs.DatasetSpec` each (``vit.data.specs.DATASETS``), looked
-up once here. Small images (CIFAR, digits, class folders of CIFAR-size images, shards of them) are decoded once
-into a uint8 tensor (:mod:`vit.data.decoded`) and augmented in batches (:mod:`vit.data.batch_augment`) on the
-training device; ImageNet-size images and ``synthetic`` are decoded and augmented per image with albumentations in
-worker processes, and ImageNet-size shards streamed (:mod:`vit.data.streaming`).
+up once here; how a dataset is loaded is one :class:`~vit.data.pipeline.Pipeline` object, chosen once from the spec
+and the settings (:func:`choose_pipeline`), to which the loaders and the device-side batch step are delegated. Small
+images (CIFAR, digits, class folders of CIFAR-size images, shards of them) are decoded once into a uint8 tensor
+(:mod:`vit.data.decoded_pipeline`) and augmented in batches on the training device; ImageNet-size images and
+``synthetic`` are decoded and augmented per image with albumentations in worker processes
+(:mod:`vit.data.pipeline`), and ImageNet-size shards streamed (:mod:`vit.data.shard_pipeline`).
 """
 
 from __future__ import annotations
@@ -13,39 +15,45 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
-from vit.data.batch_augment import BatchAugment
-from vit.data.datasets import (
-    ArrayDataset,
-    DataError,
-    FolderLayout,
-    ImageFileDataset,
-    check_image_folder,
-    collate_skip_none,
-    list_predict_files,
-    load_rgb,
-)
-from vit.data.decoded import DecodedSplit, DecodeRequest
+from vit.data.datasets import DataError, FolderLayout, ImageFileDataset
 from vit.data.decoded_loader import DecodedLoader
-from vit.data.sampler import ResumableDataLoader, ResumableSampler, SeededItems
-from vit.data.specs import DATASETS, SMALL_IMAGE_MAX, DatasetName, DatasetSpec, folder_image_size
-from vit.data.streaming import ShardImages, ShardLoader, collate_raw
-from vit.data.transforms import Augment, Preset, build_transforms, seed_transform
-from vit.data.workers import SkipReportingDataLoader, default_num_workers, seed_worker, track_workers
+from vit.data.decoded_pipeline import DecodedPipeline
+from vit.data.pipeline import PerImagePipeline, Pipeline
+from vit.data.shard_format import read_meta
+from vit.data.shard_pipeline import GpuDecodePipeline, ShardPipeline
+from vit.data.specs import (
+    DATASETS,
+    SMALL_IMAGE_MAX,
+    DatasetName,
+    DatasetSpec,
+    checked_layout,
+    folder_image_size,
+    predict_only_spec,
+)
+from vit.data.streaming import stored_image_size
+from vit.data.transforms import Augment, Preset
+from vit.data.workers import default_num_workers
 from vit.normalize import IMAGENET_MEAN, IMAGENET_STD, Stats, normalize
 
+# the loader settings a checkpoint's own data keeps from the run's data settings (the rest is the checkpoint's)
+_LOADER_SETTINGS = ("batch_size", "num_workers", "skip_corrupt", "pin_memory", "normalize_on_device", "seed")
 
-def _readable(path: str) -> bool:
-    try:
-        load_rgb(path)
-        return True
-    except OSError as err:
-        rank_zero_warn(f"skipping unreadable image {path}: {err}")
-        return False
+
+def choose_pipeline(module: ImageDataModule) -> Pipeline:
+    """The way ``module``'s dataset is loaded, from its spec and settings (chosen once, on first need).
+
+    Args:
+        module: The data module (its spec, ``decode_once``, ``decode_device`` and, for folders and shards, the size
+            of their images).
+    """
+    if module.decoded:
+        return DecodedPipeline(module)
+    if module.spec.streaming:
+        return GpuDecodePipeline(module) if module.decode_device == "cuda" else ShardPipeline(module)
+    return PerImagePipeline(module)
 
 
 class ImageDataModule(pl.LightningDataModule):
@@ -113,6 +121,7 @@ class ImageDataModule(pl.LightningDataModule):
         std: tuple[float, float, float] | None = None,
         predict_dir: str | None = None,
         decode_device: Literal["cpu", "cuda"] = "cpu",
+        _spec: DatasetSpec | None = None,
     ) -> None:
         super().__init__()
         if dataset not in DATASETS:
@@ -136,8 +145,8 @@ class ImageDataModule(pl.LightningDataModule):
             raise DataError(
                 "--data.decode_device cuda needs a CUDA GPU and none is visible; use --data.decode_device cpu"
             )
-        self.save_hyperparameters()
-        self.spec: DatasetSpec = DATASETS[dataset]
+        self.save_hyperparameters(ignore=["_spec"])
+        self.spec: DatasetSpec = _spec if _spec is not None else DATASETS[dataset]
         self.dataset = dataset
         self.data_dir = data_dir
         self.img_size = img_size
@@ -155,21 +164,34 @@ class ImageDataModule(pl.LightningDataModule):
         self.cache_dir = cache_dir
         self.predict_dir = predict_dir
         self.decode_device = decode_device
-        self._gpu_rng: Any = None
-        self.train_dataset: Dataset | None = None
-        self.val_dataset: Dataset | None = None
-        self.predict_dataset: ImageFileDataset | None = None
+        self._pipeline: Pipeline | None = None
         self._stats: tuple[Stats, Stats] | None = (tuple(mean), tuple(std)) if mean is not None else None  # type: ignore[assignment]
         self._preset: Preset | None = self.spec.preset
-        self.layout: FolderLayout | None = None
         self._classes: list[str] | None = None
-        if self.spec.folder is not None:
-            self.layout = check_image_folder(data_dir, self.spec.folder)
-            if self.layout.missing_in_val:
-                rank_zero_warn(
-                    f"class folders in {self.layout.train_dir} but not in {self.layout.val_dir}: "
-                    f"{self.layout.missing_in_val}; they will never be validated"
-                )
+        self.layout: FolderLayout | None = checked_layout(self.spec, data_dir)
+
+    @classmethod
+    def from_checkpoint_metadata(cls, meta: dict[str, Any], like: ImageDataModule) -> ImageDataModule:
+        """The data a checkpoint describes by itself (image size, class names, statistics, eval transform: the
+        metadata :mod:`vit.inference` writes), with no dataset: only ``like.predict_dir``'s images are read. The
+        loader settings (batch size, workers, ``skip_corrupt``, ...) are ``like``'s.
+
+        Args:
+            meta: The checkpoint's metadata (``img_size``, ``num_classes``, ``class_names``, ``mean``, ``std``,
+                ``eval_transform``).
+            like: The data module built from the command line.
+        """
+        names = meta.get("class_names") or [str(i) for i in range(int(meta["num_classes"]))]
+        spec = predict_only_spec(names, tuple(meta["mean"]), tuple(meta["std"]), meta["eval_transform"])
+        settings = {key: like.hparams[key] for key in _LOADER_SETTINGS if key in like.hparams}
+        return cls(
+            img_size=int(meta["img_size"][0]),
+            mean=tuple(meta["mean"]),
+            std=tuple(meta["std"]),
+            predict_dir=like.predict_dir,
+            _spec=spec,
+            **settings,
+        )
 
     # ----------------------------------------------------------------------------------------- what the data is
     @property
@@ -190,13 +212,9 @@ class ImageDataModule(pl.LightningDataModule):
         shards: their source dataset's, or for a prepared folder by the size its images are stored at)."""
         root = (self.data_dir or "").rstrip("/")
         if self._preset is None and self.spec.streaming:
-            from vit.data.prepare import read_meta
-
             self._preset = DATASETS[read_meta(root)["dataset"]].preset
         if self._preset is None:
             if self.spec.streaming:  # a prepared folder
-                from vit.data.streaming import stored_image_size
-
                 size = stored_image_size(f"{root}/train")
             else:
                 size = folder_image_size(self.layout) if self.layout is not None else self.img_size
@@ -224,12 +242,10 @@ class ImageDataModule(pl.LightningDataModule):
             if self.spec.mean is not None and self.spec.std is not None:
                 self._stats = (self.spec.mean, self.spec.std)
             elif self.spec.streaming:  # recorded by vit data prepare
-                from vit.data.prepare import read_meta
-
                 meta = read_meta(self.data_dir or "")
                 self._stats = (tuple(meta["mean"]), tuple(meta["std"]))  # type: ignore[assignment]
             elif self.preset != "imagenet":  # a folder of CIFAR-size images: its own statistics, from its train split
-                self._stats = self._decoded_train().channel_stats()
+                self._stats = self.pipeline.decoded_train().channel_stats()
             else:
                 self._stats = (IMAGENET_MEAN, IMAGENET_STD)
         return self._stats
@@ -257,7 +273,29 @@ class ImageDataModule(pl.LightningDataModule):
         assert self.predict_dataset is not None
         return [self.predict_dataset.path(i) for i in range(len(self.predict_dataset))]
 
-    # ------------------------------------------------------------------------------------------- building data
+    # ------------------------------------------------------------------------------------------- the pipeline
+    @property
+    def pipeline(self) -> Pipeline:
+        """How the data is loaded (:func:`choose_pipeline`), chosen on first use; it holds the splits."""
+        if self._pipeline is None:
+            self._pipeline = choose_pipeline(self)
+        return self._pipeline
+
+    @property
+    def train_dataset(self) -> Dataset | None:
+        """The train split, once ``setup`` has built it."""
+        return self.pipeline.train_dataset
+
+    @property
+    def val_dataset(self) -> Dataset | None:
+        """The val split (also test and predict without ``predict_dir``), once ``setup`` has built it."""
+        return self.pipeline.val_dataset
+
+    @property
+    def predict_dataset(self) -> ImageFileDataset | None:
+        """``predict_dir``'s images, once ``setup`` has built them."""
+        return self.pipeline.predict_dataset
+
     def prepare_data(self) -> None:
         """Download CIFAR when ``download`` is set, and decode the splits the run needs into the decoded-once cache.
 
@@ -266,10 +304,7 @@ class ImageDataModule(pl.LightningDataModule):
         """
         if self.download and self.spec.download is not None:
             self.spec.download(self.cifar_root)
-        if self.decoded:
-            stage = self.trainer.state.fn if self.trainer is not None else None
-            self.setup(stage if stage is not None else "fit")
-            self._statistics()  # a folder's own statistics come from its train split (decoded and cached here)
+        self.pipeline.prepare(self.trainer.state.fn if self.trainer is not None else None)
 
     def setup(self, stage: str | None = None) -> None:
         """Build ``train_dataset`` (for ``fit``), ``val_dataset`` (always) and ``predict_dataset`` (``predict_dir``).
@@ -277,70 +312,7 @@ class ImageDataModule(pl.LightningDataModule):
         Args:
             stage: ``fit``, ``validate``, ``test``, ``predict`` or ``None`` (all).
         """
-        if self.train_dataset is None and stage in ("fit", None):
-            self.train_dataset = self._build(train=True)
-        if self.val_dataset is None:
-            self.val_dataset = self._build(train=False)
-        if self.predict_dataset is None and self.predict_dir is not None and stage in ("predict", None):
-            samples = list_predict_files(self.predict_dir)
-            if self.skip_corrupt:  # left out up front, so that predict_paths stays aligned with the predictions
-                samples = [sample for sample in samples if _readable(sample[0])]
-            self.predict_dataset = ImageFileDataset(samples, self.class_names, self._transform(train=False))
-
-    def _transform(self, train: bool) -> Any:
-        return build_transforms(
-            self.preset,
-            self.img_size,
-            train,
-            self.mean,
-            self.std,
-            self.augment,
-            seed=self.seed if train else None,
-            normalize=not self.normalize_on_device,
-        )
-
-    def _build(self, train: bool) -> Dataset:
-        if self.spec.streaming and not self.decoded:
-            root = (self.data_dir or "").rstrip("/")
-            jitter = train and self.augment != "none"
-            transform = None
-            if self.preset != "imagenet" and self.decode_device != "cuda":  # small images: as from a folder
-                transform = build_transforms(
-                    self.preset, self.img_size, train, self.mean, self.std, self.augment, normalize=False
-                )
-            return ShardImages(
-                f"{root}/{'train' if train else 'val'}",
-                self.img_size,
-                train=train,
-                seed=self.seed,
-                augment=self.augment != "none",
-                jitter=jitter,
-                raw=self.decode_device == "cuda",
-                image_transform=transform,
-            )
-        source = self.spec.source(self, train)
-        if not isinstance(source, DecodeRequest):  # synthetic: generated per item
-            source.transform = self._transform(train)
-            return source
-        if self.decoded:
-            native = source.images.shape[1] if source.images is not None else folder_image_size(self.layout)
-            return source.decode(source.decoded_size(self.img_size, native), self.cache_dir, self.skip_corrupt)
-        if source.images is not None:
-            return ArrayDataset(source.images, source.labels, source.classes, self._transform(train))
-        return ImageFileDataset(source.samples, source.classes, self._transform(train), self.skip_corrupt)
-
-    def _decoded_train(self) -> DecodedSplit:
-        # the train split decoded once (and cached), also when the per-image path trains on it
-        if isinstance(self.train_dataset, DecodedSplit):
-            return self.train_dataset
-        if self.decoded:
-            self.setup("fit")
-            assert isinstance(self.train_dataset, DecodedSplit)
-            return self.train_dataset
-        source = self.spec.source(self, True)
-        assert isinstance(source, DecodeRequest)
-        native = source.images.shape[1] if source.images is not None else folder_image_size(self.layout)
-        return source.decode(source.decoded_size(self.img_size, native), self.cache_dir, self.skip_corrupt)
+        self.pipeline.setup(stage)
 
     # ------------------------------------------------------------------------------------------- normalising
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
@@ -354,104 +326,17 @@ class ImageDataModule(pl.LightningDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Normalise the uint8 images of an ``(images, labels)`` batch once Lightning has moved it to the device
         (JPEG bytes, with ``decode_device="cuda"``, are decoded, cropped and flipped on the GPU first)."""
-        if isinstance(batch, (list, tuple)) and isinstance(batch[0], list):
-            from vit.data.jpeg import decode_batch_cuda
-
-            if self._gpu_rng is None:
-                self._gpu_rng = np.random.default_rng([self.seed, self._global_rank()])
-            train = self.trainer is not None and self.trainer.training and self.augment != "none"
-            batch = [decode_batch_cuda(batch[0], self.img_size, train, self._gpu_rng), *batch[1:]]
-        if self.normalize_on_device and isinstance(batch, (list, tuple)) and isinstance(batch[0], torch.Tensor):
-            return type(batch)([self.normalize(batch[0]), *batch[1:]])
-        return batch
+        training = self.trainer is not None and self.trainer.training
+        return self.pipeline.on_device(batch, training)
 
     # ------------------------------------------------------------------------------------------------ loaders
-    def _global_rank(self) -> int:
-        return self.trainer.global_rank if self.trainer is not None else 0
-
-    def _sampler(self, dataset: Dataset, train: bool) -> ResumableSampler:
-        # order and augmentations a function of (seed, epoch), one shard per rank, resumable mid-epoch
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        return ResumableSampler(
-            dataset, seed=self.seed, shuffle=train, num_replicas=world_size, rank=self._global_rank()
-        )
-
-    def _decoded_loader(self, split: DecodedSplit, train: bool) -> DecodedLoader:
-        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        augment = None
-        if train and self.augment != "none":
-            fill = tuple(255.0 * m for m in self.mean)
-            augment = BatchAugment(self.preset, self.img_size, self.augment, fill)
-        finish = None if self.normalize_on_device else self.normalize
-        sampler = self._sampler(split, train)
-        return DecodedLoader(
-            split, self.batch_size, sampler, augment, drop_last=train, device=device, finish=finish, size=self.img_size
-        )
-
-    def _loader(self, dataset: Dataset, train: bool, generator: torch.Generator | None = None) -> DataLoader:
-        skipping = self.skip_corrupt and isinstance(dataset, ImageFileDataset)
-        loader_cls = SkipReportingDataLoader if skipping else ResumableDataLoader if train else DataLoader
-        sampler = None
-        if train:
-            sampler = self._sampler(dataset, train=True)
-            dataset = SeededItems(dataset)
-        num_workers = self.num_workers
-        loader = loader_cls(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            num_workers=num_workers,
-            collate_fn=collate_skip_none if skipping else None,
-            pin_memory=self.pin_memory and torch.cuda.is_available(),
-            drop_last=train,
-            generator=generator,
-            worker_init_fn=seed_worker,
-            persistent_workers=num_workers > 0,
-        )
-        return track_workers(loader)
-
-    def _shard_loader(self, dataset: ShardImages, train: bool) -> ShardLoader:
-        # LitData gives each rank its part and shuffles per epoch; the epoch is the trainer's, so a resumed run
-        # replays the same order
-        trainer = self.trainer
-        return ShardLoader(
-            dataset,
-            batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            epoch_fn=(lambda: trainer.current_epoch) if train and trainer is not None else None,
-            collate_fn=collate_raw if dataset.raw else None,
-            pin_memory=self.pin_memory and torch.cuda.is_available() and not dataset.raw,
-            drop_last=train,
-        )
-
     def train_dataloader(self) -> DataLoader | DecodedLoader:
         """Shuffled, seeded training batches; the last incomplete batch is dropped."""
-        if self.train_dataset is None:
-            self.setup("fit")
-        dataset = self.train_dataset
-        if len(dataset) < self.batch_size:
-            raise DataError(
-                f"the training set has {len(dataset)} images, fewer than batch_size={self.batch_size}, "
-                "so every batch would be dropped; lower --data.batch_size"
-            )
-        if isinstance(dataset, DecodedSplit):
-            return self._decoded_loader(dataset, train=True)
-        if isinstance(dataset, ShardImages):
-            return self._shard_loader(dataset, train=True)
-        seed = self.seed + self._global_rank()  # distinct augmentation streams per rank, repeatable per run
-        if self.num_workers == 0:  # workers reseed their own copy in seed_worker; here the main process draws
-            seed_transform(dataset.transform, seed)
-        return self._loader(dataset, train=True, generator=torch.Generator().manual_seed(seed))
+        return self.pipeline.train_loader()
 
     def val_dataloader(self) -> DataLoader | DecodedLoader:
         """Validation batches in a fixed order."""
-        if self.val_dataset is None:
-            self.setup("validate")
-        if isinstance(self.val_dataset, DecodedSplit):
-            return self._decoded_loader(self.val_dataset, train=False)
-        if isinstance(self.val_dataset, ShardImages):
-            return self._shard_loader(self.val_dataset, train=False)
-        return self._loader(self.val_dataset, train=False)
+        return self.pipeline.val_loader()
 
     def test_dataloader(self) -> DataLoader | DecodedLoader:
         """The val split (CIFAR and digits have no third split)."""
@@ -460,8 +345,4 @@ class ImageDataModule(pl.LightningDataModule):
     def predict_dataloader(self) -> DataLoader | DecodedLoader:
         """``predict_dir``'s images (labels -1) through the eval transform, in ``predict_paths`` order; else the
         val split. Batches are ``(images, labels)``."""
-        if self.predict_dir is None:
-            return self.val_dataloader()
-        if self.predict_dataset is None:
-            self.setup("predict")
-        return self._loader(self.predict_dataset, train=False)
+        return self.pipeline.predict_loader()

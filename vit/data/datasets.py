@@ -25,16 +25,14 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset, default_collate
 from torchvision.datasets import CIFAR10, CIFAR100
 
+from vit.errors import DataError  # the data's user errors belong to the package's one hierarchy (and exit status)
+
 log = logging.getLogger(__name__)
 
 Transform = Callable[..., dict[str, Any]]
 _CV2_JPEG_FLAGS = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-
-
-class DataError(ValueError):
-    """The data on disk is missing, laid out differently than expected, or unreadable."""
 
 
 def _apply(transform: Transform | None, image: np.ndarray) -> Any:

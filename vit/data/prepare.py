@@ -22,14 +22,15 @@ from typing import Any
 import numpy as np
 
 from vit.atomic import write_text
-from vit.data.datasets import load_rgb
+from vit.data.datasets import DataError, load_rgb
+from vit.data.decoded import DecodeRequest
 from vit.data.jpeg import decode, encode_jpeg, shrink
-from vit.data.specs import SMALL_IMAGE_MAX
+from vit.data.shard_format import FORMAT, META, SPLITS, read_meta, write_meta
+from vit.data.specs import DATASETS, SMALL_IMAGE_MAX, SpecOptions
 from vit.errors import ArgumentParser, UsageError
 
-META = "vit-shards.json"
-FORMAT = "vit-shards/1"
-SPLITS = ("train", "val")
+__all__ = ["META", "main", "prepare_shards", "read_meta"]  # the format's reader, re-exported beside its writer
+
 _SKIPPED = ".skipped"
 _OURS = {META, _SKIPPED, *SPLITS}
 
@@ -73,13 +74,11 @@ def _kept(original: bytes | None, image: np.ndarray, short_side: int) -> bytes |
 
 
 def _inputs(dataset: str, data_dir: str | None) -> tuple[list[str], dict[str, list[tuple[int, Any, int, str]]], Any]:
-    from vit.data.datamodule import ImageDataModule
-    from vit.data.decoded import DecodeRequest
-
-    module = ImageDataModule(dataset=dataset, data_dir=data_dir, decode_once=False)  # type: ignore[arg-type]
+    spec = DATASETS[dataset]
+    options = SpecOptions.of(spec, data_dir)
     splits: dict[str, list[tuple[int, Any, int, str]]] = {}
     for split, train in zip(SPLITS, (True, False), strict=True):
-        source = module.spec.source(module, train)
+        source = spec.source(options, train)
         if not isinstance(source, DecodeRequest):
             raise UsageError(f"dataset {dataset} is generated, not read: nothing to prepare")
         if source.images is not None:
@@ -89,7 +88,7 @@ def _inputs(dataset: str, data_dir: str | None) -> tuple[list[str], dict[str, li
             ]
         else:
             splits[split] = [(i, str(path), int(label), str(path)) for i, (path, label) in enumerate(source.samples)]
-    return module.class_names, splits, module.spec
+    return list(spec.classes(options)), splits, spec
 
 
 def _check_dest(dest: Path) -> bool:
@@ -204,7 +203,6 @@ def prepare_shards(
         step = max(1, len(train) // 2000)  # statistics from at most ~2,000 images
         mean, std = _channel_stats([train[i]["image"] for i in range(0, len(train), step)])
     meta = {
-        "format": FORMAT,
         "dataset": dataset,
         "source": str(data_dir) if data_dir is not None else None,
         "short_side": short_side,
@@ -215,42 +213,9 @@ def prepare_shards(
         "images": written,
         "skipped": skipped,
     }
-    write_text(dest / META, json.dumps(meta, indent=2) + "\n")
+    meta = write_meta(dest, meta)
     shutil.rmtree(skipped_dir, ignore_errors=True)
     print(f"prepared {dest}: {written['train']} train, {written['val']} val images, {len(skipped)} skipped")
-    return meta
-
-
-def _read_text(path: str | Path) -> str:
-    """A local file's text, or a URL's through fsspec (``s3://``, ``gs://``, ...), as LitData reads the shards."""
-    if isinstance(path, Path):
-        return path.read_text()
-    import fsspec
-
-    with fsspec.open(path, "r") as file:
-        return file.read()
-
-
-def read_meta(dest: str | os.PathLike) -> dict[str, Any]:
-    """The metadata of a finished shard folder.
-
-    Raises:
-        DataError: ``dest`` is not a finished ``vit data prepare`` folder.
-    """
-    from vit.data.datasets import DataError
-
-    path = f"{str(dest).rstrip('/')}/{META}" if "://" in str(dest) else Path(dest).expanduser() / META
-    try:
-        meta = json.loads(_read_text(path))
-    except ImportError as err:  # fsspec knows the URL's scheme but its package (s3fs, gcsfs, adlfs) is absent
-        raise DataError(f"reading {path} needs a package that is not installed: {err}") from None
-    except (OSError, ValueError):
-        raise DataError(
-            f"--data.data_dir {dest} is not a finished shard folder (no readable {META}); "
-            "write one with `vit data prepare --data.dataset NAME --data.data_dir SRC --out DEST`"
-        ) from None
-    if meta.get("format") != FORMAT:
-        raise DataError(f"{path} is not a vit-shards file")
     return meta
 
 
@@ -260,8 +225,6 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         UsageError: bad arguments, an unreadable source, or a DEST that holds something else.
     """
-    from vit.data.datasets import DataError
-
     parser = ArgumentParser(prog="vit data prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data.dataset", dest="dataset", required=True,
                         choices=["imagefolder", "imagenet", "cifar10", "cifar100", "digits"])  # fmt: skip

@@ -1,7 +1,9 @@
 """One small spec per dataset kind: where its splits come from, its statistics, its augmentation preset, its classes.
 
 ``DATASETS[name]`` is looked up once by :class:`~vit.data.ImageDataModule`; nothing else in the package compares
-dataset names. Adding a dataset is one entry here (and its name in ``DatasetName``).
+dataset names. Adding a dataset is one entry here (and its name in ``DatasetName``). :func:`predict_only_spec` is
+the one spec without a name: a checkpoint's own description of its data (``vit predict --ckpt_path CKPT
+--data.predict_dir DIR`` with no dataset at hand).
 
 A spec's ``source(options, train)`` returns either a :class:`~vit.data.decoded.DecodeRequest` (pixels or files that
 may be decoded once into a tensor) or, for ``synthetic``, a ready dataset.
@@ -9,7 +11,7 @@ may be decoded once into a tensor) or, for ``synthetic``, a ready dataset.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -24,11 +26,14 @@ from vit.data.datasets import (
     DataError,
     FolderLayout,
     SyntheticDataset,
+    check_image_folder,
     list_image_files,
     load_cifar,
     load_digits_split,
 )
 from vit.data.decoded import DecodeRequest
+from vit.data.shard_format import read_meta
+from vit.data.streaming import read_split
 from vit.data.transforms import Preset
 from vit.normalize import (
     CIFAR10_MEAN,
@@ -76,6 +81,7 @@ class DatasetSpec:
         download: ``(root) -> None``: fetch the dataset into ``root``; ``None``: nothing to download.
         decodable: Its small images may be decoded once into a tensor (everything but generated data).
         streaming: Shards of ``vit data prepare`` (``data_dir``: their folder or URL), streamed with LitData.
+        predict_only: No train or val split: only ``predict_dir``'s images are read (a checkpoint's description).
     """
 
     source: Callable[[Options, bool], DecodeRequest | Dataset]
@@ -89,6 +95,60 @@ class DatasetSpec:
     download: Callable[[str], None] | None = None
     decodable: bool = True
     streaming: bool = False
+    predict_only: bool = False
+
+
+def checked_layout(spec: DatasetSpec, data_dir: str | None) -> FolderLayout | None:
+    """The checked class-folder tree of a folder spec (no file opened), warning about classes never validated;
+    ``None`` for other specs.
+
+    Args:
+        spec: The dataset's spec.
+        data_dir: Its ``--data.data_dir``.
+
+    Raises:
+        DataError: The tree is not laid out as the spec expects.
+    """
+    if spec.folder is None:
+        return None
+    layout = check_image_folder(data_dir, spec.folder)
+    if layout.missing_in_val:
+        rank_zero_warn(
+            f"class folders in {layout.train_dir} but not in {layout.val_dir}: "
+            f"{layout.missing_in_val}; they will never be validated"
+        )
+    return layout
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    """The :class:`Options` of a spec outside a data module (``vit data prepare`` reads a dataset with them).
+
+    Args:
+        data_dir: The dataset's root.
+        img_size: Image size (only ``synthetic`` and shards of mixed sizes read it).
+        seed: Seed of generated data.
+        synthetic_num_classes: Classes of ``synthetic``.
+        synthetic_size: Training images of ``synthetic``.
+        layout: The checked folder tree of a folder spec.
+    """
+
+    data_dir: str | None
+    img_size: int = 32
+    seed: int = 0
+    synthetic_num_classes: int = 10
+    synthetic_size: int = 1024
+    layout: FolderLayout | None = None
+
+    @classmethod
+    def of(cls, spec: DatasetSpec, data_dir: str | None) -> SpecOptions:
+        """Default options for ``spec`` read from ``data_dir`` (a folder spec's tree checked here).
+
+        Args:
+            spec: The dataset's spec.
+            data_dir: Its ``--data.data_dir``.
+        """
+        return cls(data_dir, layout=checked_layout(spec, data_dir))
 
 
 def _cifar(name: Literal["cifar10", "cifar100"]) -> Callable[[Options, bool], DecodeRequest]:
@@ -147,10 +207,8 @@ def _synthetic(options: Options, train: bool) -> Dataset:
 
 
 def _streaming(options: Options, train: bool) -> DecodeRequest:
-    """A split of small images read whole from the shards, to be decoded once (else: ``ImageDataModule._build``)."""
-    from vit.data.prepare import read_meta
-    from vit.data.streaming import read_split
-
+    """A split of small images read whole from the shards, to be decoded once (else: :mod:`vit.data.shard_pipeline`
+    streams them)."""
     split = "train" if train else "val"
     meta = read_meta(options.data_dir or "")
     root = (options.data_dir or "").rstrip("/")
@@ -158,8 +216,6 @@ def _streaming(options: Options, train: bool) -> DecodeRequest:
 
 
 def _streaming_classes(options: Options) -> list[str]:
-    from vit.data.prepare import read_meta
-
     if options.data_dir is None:
         raise DataError("--data.data_dir is required for dataset streaming: the folder vit data prepare wrote")
     return list(read_meta(options.data_dir)["classes"])
@@ -230,6 +286,40 @@ DATASETS: dict[str, DatasetSpec] = {
         streaming=True,
     ),
 }
+
+
+def predict_only_spec(
+    class_names: Sequence[str], mean: Stats, std: Stats, preset: Preset, description: str = "a checkpoint"
+) -> DatasetSpec:
+    """The data a trained model describes by itself (its checkpoint's metadata): class names, statistics and eval
+    transform, and no dataset: only ``predict_dir``'s images are read, through the eval transform.
+
+    Args:
+        class_names: Class names indexed by label (their number is the model's class count).
+        mean: Per-channel mean the model was trained with.
+        std: Per-channel standard deviation, like ``mean``.
+        preset: The eval transform's preset (``cifar``, ``digits`` or ``imagenet``).
+        description: What the data comes from, for the error when a split is asked for.
+    """
+
+    def source(options: Options, train: bool) -> DecodeRequest:
+        raise DataError(
+            f"the data of {description} has no {'train' if train else 'val'} split, only --data.predict_dir's "
+            "images; give --data.predict_dir DIR, or --config / --data.dataset for the data it was trained on"
+        )
+
+    names = list(class_names)
+    return DatasetSpec(
+        source,
+        f"{description}: no dataset, only --data.predict_dir",
+        lambda options: list(names),
+        tuple(mean),  # type: ignore[arg-type]
+        tuple(std),  # type: ignore[arg-type]
+        preset,
+        num_classes=len(names),
+        decodable=False,
+        predict_only=True,
+    )
 
 
 def folder_image_size(layout: FolderLayout) -> int:
