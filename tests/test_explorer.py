@@ -318,3 +318,36 @@ def test_rollout_logger_writes_the_explorer_and_logs_it_to_wandb(browser, tmp_pa
         np.testing.assert_array_less(np.abs(row - truth.numpy()), truth.max().item() / 255 + 1e-6)
         assert_drawn(page, b, 1, truth[model.num_prefix_tokens :].numpy(), slack=2)
     assert page.errors == []
+
+
+def test_report_opens_on_the_explorer_and_keeps_the_summary(browser, tmp_path, class_model, pixels):
+    from vit.explain import compute
+    from vit.explain.report import render_report
+
+    model = class_model
+    files = [tmp_path / f"img{i}.png" for i in range(3)]
+    results = compute(model, pixels, mean=MEAN, std=STD, faithfulness_steps=4)
+    page_html = render_report(files, results, "report", model=model, pixels=pixels, mean=MEAN, std=STD)
+    (tmp_path / "r.html").write_text(page_html)
+    page = Page(browser, tmp_path / "r.html")
+    assert page.js("() => window.explorer.data.images.length") == 3
+    assert page.js("() => document.getElementById('note').hidden")
+    names = page.js("() => Array.from(document.querySelectorAll('#thumbs button'), b => b.title)")
+    assert names == [f"{tmp_path.name}/img{i}.png" for i in range(3)]
+    maps = page.js("() => window.explorer.data.images[1].maps")
+    np.testing.assert_allclose(maps["attribution"], results.attribution[1].flatten().numpy(), atol=1e-5)
+    assert page.page.locator("#report table#faithfulness").count() == 1  # the static summary follows
+    faith = page.js("() => Array.from(document.querySelectorAll('#faith td:first-child'), s => s.textContent)")
+    assert faith == list(results.faithfulness["deletion_auc"])
+    assert page.errors == []
+
+    one = len(str(explorer_payload(model, pixels[:1], mean=MEAN, std=STD, max_bytes=None)))
+    small = render_report(files, results, "r", model=model, pixels=pixels, mean=MEAN, std=STD, max_bytes=one + 45_000)
+    (tmp_path / "s.html").write_text(small)
+    page = Page(browser, tmp_path / "s.html")
+    count = page.js("() => window.explorer.data.images.length")
+    assert 1 <= count < 3
+    assert page.page.locator("#note").inner_text() == (
+        f"The explorer holds the first {count} of 3 images (the file size limit); the summary below covers all of them."
+    )
+    assert page.errors == []

@@ -13,7 +13,7 @@ from vit.allocator import keep_freed_memory
 from vit.bench.harness import BenchError, environment, log, write_report
 from vit.errors import ArgumentParser, fail
 
-SUITES = ("model", "attention", "data")
+SUITES = ("model", "attention", "data", "explorer")
 
 
 def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
@@ -76,6 +76,9 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     data.add_argument(
         "--cifar-mini", help="folder of small photos (<class>/*.jpg or train/<class>/*.jpg) for realistic content"
     )
+    from vit.bench.explorer_suite import add_arguments as explorer_arguments
+
+    explorer_arguments(parser)
     return parser
 
 
@@ -122,6 +125,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             from vit.bench.data_suite import run_data_suite
 
             run_data_suite(args, device, report)
+        elif suite == "explorer":  # writes HTML files and drives a browser: imported only when asked for
+            from vit.bench.explorer_suite import run_explorer_suite
+
+            run_explorer_suite(args, device, report)
         else:
             {"model": run_model_suite, "attention": run_attention_suite}[suite](args, device, report)
     report["checks"] = [c for s in suites for c in report.get(s, {}).get("checks", [])]

@@ -43,7 +43,15 @@ DEFAULT_MAX_BYTES = 16_000_000
 
 
 class ExplorerTooLarge(ValueError):
-    """The images asked for would make an explorer file over its size limit; the message says how many fit."""
+    """The images asked for would make an explorer file over its size limit; the message says how many fit.
+
+    Attributes:
+        fit: About how many of the images fit under the limit.
+    """
+
+    def __init__(self, message: str, fit: int) -> None:
+        super().__init__(message)
+        self.fit = fit
 
 
 def _b64(data: bytes) -> str:
@@ -215,7 +223,8 @@ def explorer_payload(
             fit = max(0, int((max_bytes - base) // ((total - base) / done)))
             raise ExplorerTooLarge(
                 f"{B} images are too many for one explorer: {done} already take {total / 1e6:.1f} MB, over the "
-                f"{max_bytes / 1e6:.1f} MB limit; about {fit} fit (pass fewer images or a larger max_bytes)"
+                f"{max_bytes / 1e6:.1f} MB limit; about {fit} fit (pass fewer images or a larger max_bytes)",
+                fit,
             )
     order = list(maps) + [name for name in computed if name not in maps]
     payload["map_names"] = sorted(order, key=lambda n: (n != "rollout", n != "attribution"))

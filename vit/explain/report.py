@@ -1,21 +1,26 @@
 """A self-contained HTML explanation report: one file, every picture embedded as base64 PNG, no network.
 
-Per image: the image, its attention rollout (Abnar & Zuidema, ACL 2020) and its class-specific attribution (Chefer
-et al., ICCV 2021) over it, with the prediction and its probability; per-block mean attention distance and entropy
-(Dosovitskiy et al., ICLR 2021, Fig. 7); the per-head maps of one block; the deletion / insertion areas and curves
-(:mod:`vit.explain.faithfulness`).
+Given the model and the pixels, the report opens on the attention explorer (:mod:`vit.explain.explorer`: click a
+patch, see its attention in every block and head, with the report's rollout, attribution and faithfulness), and the
+static summary follows it. Per image: the image, its attention rollout (Abnar & Zuidema, ACL 2020) and its
+class-specific attribution (Chefer et al., ICCV 2021) over it, with the prediction and its probability; per-block
+mean attention distance and entropy (Dosovitskiy et al., ICLR 2021, Fig. 7); the per-head maps of one block; the
+deletion / insertion areas and curves (:mod:`vit.explain.faithfulness`).
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
+from .explorer import DEFAULT_MAX_BYTES, ExplorerTooLarge, explorer_payload, render_explorer
 from .overlay import overlay_heatmap
 from .panels import png_bytes, upscale
 from .plots import distance_plot, entropy_plot, figure_to_array
@@ -82,8 +87,74 @@ def faithfulness_html(scores: dict) -> str:
     )
 
 
-def render_report(files: Sequence[Path], results: Results, title: str = "explanations", alpha: float = 0.6) -> str:
-    """The whole report as one HTML string (see the module docstring)."""
+def render_report(
+    files: Sequence[Path],
+    results: Results,
+    title: str = "explanations",
+    alpha: float = 0.6,
+    *,
+    model: nn.Module | None = None,
+    pixels: torch.Tensor | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> str:
+    """The whole report as one HTML string (see the module docstring).
+
+    Args:
+        files: The image files, in the order of ``results``.
+        results: What :func:`~vit.explain.compute` returned for them.
+        title: The page title.
+        alpha: Opacity of the static overlays.
+        model: The explained model; with ``pixels``, the report opens on the attention explorer.
+        pixels: ``(B, C, H, W)`` the pixels ``results`` was computed from (uint8, normalised with ``mean``/``std``).
+        mean: Per-channel mean of the normalisation.
+        std: Per-channel standard deviation.
+        max_bytes: Size limit of the explorer: beyond it, the explorer holds the first images that fit, and says so.
+    """
+    body = _static_body(files, results, title, alpha)
+    if model is None or pixels is None:
+        return (
+            f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n"
+        )
+    return _with_explorer(files, results, title, body, model, pixels, mean, std, max_bytes)
+
+
+def _with_explorer(files, results, title, body, model, pixels, mean, std, max_bytes) -> str:
+    """The explorer of the images (as many as fit under ``max_bytes``, with a note), the static body below it."""
+    explanation = results.explanation
+    maps = {"rollout": explanation.rollout}
+    if results.attribution is not None:
+        maps["attribution"] = results.attribution
+    count, note = len(files), None
+    while True:
+        try:
+            payload = explorer_payload(
+                model, pixels[:count], mean=mean, std=std, class_names=explanation.class_names,
+                labels=None if explanation.labels is None else explanation.labels[:count],
+                names=[file_name(f) for f in files[:count]], maps={k: v[:count] for k, v in maps.items()},
+                attribution=False, faithfulness=results.faithfulness, title=title, max_bytes=max_bytes,
+            )  # fmt: skip
+            break
+        except ExplorerTooLarge as err:
+            if count <= 1:
+                raise
+            count = max(1, min(err.fit, count - 1))
+            note = (
+                f"The explorer holds the first {count} of {len(files)} images (the file size limit); "
+                "the summary below covers all of them."
+            )
+    payload["note"] = note
+    scoped = re.sub(
+        r"([^{}]+)\{", lambda m: ", ".join("#report " + s.strip() for s in m.group(1).split(",")) + " {", STYLE
+    )
+    extra = f'<style>{scoped}</style><section id="report"><h2>Summary of all images</h2>{body}</section>'
+    return render_explorer(payload, extra_html=extra)
+
+
+def _static_body(files: Sequence[Path], results: Results, title: str, alpha: float) -> str:
+    """The static sections: overlays, statistics, per-head maps, faithfulness."""
     explanation = results.explanation
     captions = explanation.captions()
     sections = [f"<h1>{html.escape(title)}</h1>", "<h2>Images</h2>"]
@@ -130,11 +201,7 @@ def render_report(files: Sequence[Path], results: Results, title: str = "explana
 
     if results.faithfulness is not None:
         sections.append("<h2>Faithfulness</h2>" + faithfulness_html(results.faithfulness))
-    body = "\n".join(sections)
-    return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-        f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n"
-    )
+    return "\n".join(sections)
 
 
 def file_name(file: Path) -> str:

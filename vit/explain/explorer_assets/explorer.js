@@ -335,6 +335,10 @@
   }
 
   function setup() {
+    if (D.note) {
+      $("note").textContent = D.note;
+      $("note").hidden = false;
+    }
     D.images.forEach((im, i) => {
       const b = document.createElement("button");
       b.dataset.index = i;

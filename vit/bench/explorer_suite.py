@@ -1,0 +1,151 @@
+"""The explorer suite: size and speed of the attention explorer (:mod:`vit.explain.explorer`).
+
+For each case (the ``cifar10_cpu`` model with 16 images, ``vit_small_patch16_224`` with 8), the file's size in
+bytes, the Python time to write it, and, where Playwright and a Chromium are found, the browser's time to open the
+page (navigation start to the first drawn query) and to answer a click on a patch (click to the next frame) and a
+switch to another image. Weights are the model's initialisation unless ``--explorer-weights`` gives a state dict for
+the ``cifar10_cpu`` model: trained attention is peaked and compresses differently from the near-uniform attention of
+a new model, so the report says which was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vit.bench.harness import BenchError, check, log, print_table, write_report
+from vit.bench.photos import photo_like
+
+CASES = {  # name: (preset, overrides, images, size budget in bytes)
+    "cifar10_cpu": (
+        "vit_tiny_patch4_32",
+        dict(embed_dim=96, depth=6, num_heads=3, mlp_ratio=2.0, class_token=False, global_pool="avg", conv_stem=True),
+        16,
+        1_000_000,
+    ),
+    "vit_small_patch16_224": ("vit_small_patch16_224", {}, 8, 4_000_000),
+}
+"""The models of the size budget (``cifar10_cpu`` is configs/cifar10_cpu.yaml's model)."""
+BROWSER_TARGET_MS = 200.0
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+               "--disable-sync", "--no-first-run"]  # fmt: skip
+MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The suite's options."""
+    group = parser.add_argument_group("explorer suite")
+    group.add_argument("--explorer-weights", help="state dict of a trained cifar10_cpu model (default: initialised)")
+    group.add_argument("--explorer-browser", default=None, help="Chromium executable (default: chromium on PATH)")
+
+
+def images_for(img_size: int, count: int, seed: int, cifar_dir: str | None) -> torch.Tensor:
+    """``count`` uint8 images: CIFAR pictures from ``cifar_dir`` (upscaled) when given, else photograph-like ones."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    bases = sorted(Path(cifar_dir).rglob("*.jpg"))[::97][:count] if cifar_dir else []
+    pictures = []
+    for i in range(count):
+        if i < len(bases):
+            with Image.open(bases[i]) as image:
+                base = np.asarray(image.convert("RGB").resize((img_size, img_size), Image.BICUBIC))
+            pictures.append(base if img_size <= 32 else photo_like(rng, img_size, img_size, base))
+        else:
+            pictures.append(photo_like(rng, img_size, img_size))
+    return torch.from_numpy(np.stack(pictures)).permute(0, 3, 1, 2).contiguous()
+
+
+def browser_times(path: Path, executable: str, grid: tuple[int, int]) -> dict[str, float]:
+    """Open ``path`` in headless Chromium; milliseconds to open, to answer patch clicks and an image switch."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=LAUNCH_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(path.as_uri())
+        page.wait_for_function("window.explorer && window.explorer.timings.open !== null")
+        open_ms = page.evaluate("window.explorer.timings.open")
+        box = page.locator("#view").bounding_box()
+        for r, c in ((1, 1), (grid[0] // 2, grid[1] // 2), (grid[0] - 1, 0), (0, grid[1] - 1), (2, 3)):
+            page.mouse.click(
+                box["x"] + (c + 0.5) * box["width"] / grid[1], box["y"] + (r + 0.5) * box["height"] / grid[0]
+            )
+            page.evaluate("() => window.explorer.select({})")
+        clicks = page.evaluate("window.explorer.timings.click")
+        page.locator("#thumbs button").nth(1).click()
+        page.evaluate("() => window.explorer.select({})")
+        switch = page.evaluate("window.explorer.timings.click")[-1]
+        browser.close()
+    return {"open_ms": open_ms, "click_ms": float(np.median(clicks)), "click_max_ms": max(clicks), "switch_ms": switch}
+
+
+def run_explorer_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
+    """Measure every case of :data:`CASES`; the checks are the size budgets and the browser's 200 ms."""
+    from vit.explain.explorer import write_explorer
+    from vit.models import create_model
+
+    executable = args.explorer_browser or shutil.which("chromium") or shutil.which("chromium-browser")
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        executable = None
+    if executable is None:
+        log("explorer: no Chromium or no playwright: browser times are not measured")
+    rows, checks = [], []
+    suite = report.setdefault("explorer", {"rows": rows, "checks": checks})
+    for name, (preset, overrides, count, budget) in CASES.items():
+        torch.manual_seed(args.seed)
+        model = create_model(preset, **overrides).eval().to(device)
+        weights = "initialised"
+        if name == "cifar10_cpu" and args.explorer_weights:
+            state = torch.load(args.explorer_weights, map_location=device, weights_only=True)
+            model.load_state_dict(state.get("state_dict", state))
+            weights = f"trained ({Path(args.explorer_weights).name})"
+        size = model.patch_embed.img_size[0]
+        images = images_for(size, count, args.seed, getattr(args, "cifar_mini", None))
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / f"{name}.html"
+            start = time.perf_counter()
+            write_explorer(path, model, images, mean=MEAN, std=STD, max_bytes=None)
+            seconds = time.perf_counter() - start
+            row = {"case": name, "images": count, "weights": weights, "bytes": path.stat().st_size,
+                   "write_s": seconds, "budget": budget}  # fmt: skip
+            if executable is not None:
+                row.update(browser_times(path, executable, tuple(model.patch_embed.grid_size)))
+        rows.append(row)
+        log(f"explorer {name}: {row['bytes']:,} bytes in {seconds:.1f} s")
+        checks.append(check(f"{name}: {count} images <= {budget / 1e6:.0f} MB", row["bytes"] <= budget,
+                            f"{row['bytes']:,} bytes ({weights} weights)"))  # fmt: skip
+        if "open_ms" in row:
+            slowest = max(row["open_ms"], row["click_max_ms"])
+            checks.append(check(f"{name}: opens and answers a click in < {BROWSER_TARGET_MS:.0f} ms",
+                                slowest < BROWSER_TARGET_MS,
+                                f"open {row['open_ms']:.0f} ms, click {row['click_ms']:.0f} ms "
+                                f"(max {row['click_max_ms']:.0f})"))  # fmt: skip
+        write_report(args, report)
+    if not rows:
+        raise BenchError("explorer suite: no case measured")
+    print_table(
+        "Attention explorer",
+        rows,
+        [
+            ("case", "model", ""),
+            ("images", "images", "d"),
+            ("weights", "weights", ""),
+            ("bytes", "bytes", ",d"),
+            ("write_s", "write s", ".2f"),
+            ("open_ms", "open ms", ".0f"),
+            ("click_ms", "click ms (median)", ".0f"),
+            ("click_max_ms", "click ms (max)", ".0f"),
+            ("switch_ms", "switch image ms", ".0f"),
+        ],
+    )
+    suite["checks"] = checks
