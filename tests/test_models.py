@@ -310,3 +310,80 @@ def test_model_layer_imports_without_training_stack():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "(1, 10)"
+
+
+# Every preset's constructor arguments, written out in full: deriving presets from shared bases must not change
+# any of them.
+PRESET_ARGUMENTS = {
+    "vit_base_patch16_224": dict(depth=12, embed_dim=768, num_heads=12, patch_size=16),
+    "vit_small_map_patch16_224": dict(
+        class_token=False, depth=12, embed_dim=384, global_pool="map", num_heads=6, patch_size=16
+    ),
+    "vit_small_patch16_224": dict(depth=12, embed_dim=384, num_heads=6, patch_size=16),
+    "vit_small_patch4_32": dict(depth=12, embed_dim=384, img_size=32, num_classes=10, num_heads=6, patch_size=4),
+    "vit_small_sliding_patch16_224": dict(
+        depth=12,
+        embed_dim=384,
+        global_attn_indexes=(2, 5, 8, 11),
+        num_heads=6,
+        patch_size=16,
+        window_size=7,
+        window_type="sliding",
+    ),
+    "vit_small_window_patch16_224": dict(
+        depth=12, embed_dim=384, global_attn_indexes=(2, 5, 8, 11), num_heads=6, patch_size=16, window_size=7
+    ),
+    "vit_tiny_linear_patch4_32": dict(
+        depth=12,
+        embed_dim=192,
+        global_attn_indexes=(2, 5, 8, 11),
+        img_size=32,
+        linear_attention=True,
+        num_classes=10,
+        num_heads=3,
+        patch_size=4,
+    ),
+    "vit_tiny_map_patch4_32": dict(
+        class_token=False,
+        depth=12,
+        embed_dim=192,
+        global_pool="map",
+        img_size=32,
+        num_classes=10,
+        num_heads=3,
+        patch_size=4,
+    ),
+    "vit_tiny_patch16_224": dict(depth=12, embed_dim=192, num_heads=3, patch_size=16),
+    "vit_tiny_patch4_32": dict(depth=12, embed_dim=192, img_size=32, num_classes=10, num_heads=3, patch_size=4),
+    "vit_tiny_sliding_patch4_32": dict(
+        depth=12,
+        embed_dim=192,
+        global_attn_indexes=(2, 5, 8, 11),
+        img_size=32,
+        num_classes=10,
+        num_heads=3,
+        patch_size=4,
+        window_size=5,
+        window_type="sliding",
+    ),
+    "vit_tiny_window_patch4_32": dict(
+        depth=12,
+        embed_dim=192,
+        global_attn_indexes=(2, 5, 8, 11),
+        img_size=32,
+        num_classes=10,
+        num_heads=3,
+        patch_size=4,
+        shift_windows=True,
+        window_size=4,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", vit.list_models())
+def test_presets_keep_their_arguments(name):
+    assert model_config(name) == PRESET_ARGUMENTS[name]
+
+
+def test_every_preset_is_listed():
+    assert vit.list_models() == sorted(PRESET_ARGUMENTS)

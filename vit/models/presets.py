@@ -6,81 +6,49 @@ from typing import Any
 
 from .vision_transformer import VisionTransformer
 
+# Sizes (Dosovitskiy et al.; Touvron et al. for tiny and small): width, depth and heads.
+TINY = dict(embed_dim=192, depth=12, num_heads=3)
+SMALL = dict(embed_dim=384, depth=12, num_heads=6)
+BASE = dict(embed_dim=768, depth=12, num_heads=12)
+# Inputs: ImageNet-sized (224 x 224 input, 16 x 16 patches, a 14 x 14 grid) and CIFAR-sized (32 x 32 input,
+# 4 x 4 patches, an 8 x 8 grid of 64 patch tokens, 10 classes).
+IMAGENET = dict(patch_size=16)
+CIFAR = dict(img_size=32, patch_size=4, num_classes=10)
+# Variants, each a difference from the plain model of a size and input.
+# Attention-pooling (MAP) head: a learned latent query reads the patch tokens (timm's global_pool="map", as SigLIP).
+MAP_HEAD = dict(class_token=False, global_pool="map")
+# Local attention, ViTDet-style: a global block closes each group of three.
+GLOBAL_EVERY_THIRD = dict(global_attn_indexes=(2, 5, 8, 11))
+SLIDING = dict(window_type="sliding", **GLOBAL_EVERY_THIRD)
+
+
+def _preset(size: dict[str, Any], inputs: dict[str, Any], **variant: Any) -> dict[str, Any]:
+    """A preset's constructor arguments: its input's, then its size's, then what its variant changes."""
+    return {**inputs, **size, **variant}
+
+
 _PRESETS: dict[str, dict[str, Any]] = {
     # ImageNet-sized, identical to timm's models of the same names.
-    "vit_tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
-    "vit_small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
-    "vit_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
-    # Attention-pooling (MAP) head: a learned latent query reads the patch tokens (timm's global_pool="map", as SigLIP).
-    "vit_small_map_patch16_224": dict(
-        patch_size=16, embed_dim=384, depth=12, num_heads=6, class_token=False, global_pool="map"
-    ),
-    # CIFAR-sized: 32 x 32 input, 4 x 4 patches, an 8 x 8 grid of 64 patch tokens.
-    "vit_tiny_patch4_32": dict(img_size=32, patch_size=4, embed_dim=192, depth=12, num_heads=3, num_classes=10),
-    "vit_small_patch4_32": dict(img_size=32, patch_size=4, embed_dim=384, depth=12, num_heads=6, num_classes=10),
-    # Local-window variants. ViTDet-style: a global block closes each group of window blocks.
-    "vit_small_window_patch16_224": dict(
-        patch_size=16, embed_dim=384, depth=12, num_heads=6, window_size=7, global_attn_indexes=(2, 5, 8, 11)
-    ),
+    "vit_tiny_patch16_224": _preset(TINY, IMAGENET),
+    "vit_small_patch16_224": _preset(SMALL, IMAGENET),
+    "vit_base_patch16_224": _preset(BASE, IMAGENET),
+    "vit_small_map_patch16_224": _preset(SMALL, IMAGENET, **MAP_HEAD),
+    "vit_tiny_patch4_32": _preset(TINY, CIFAR),
+    "vit_small_patch4_32": _preset(SMALL, CIFAR),
+    # Local-window variants.
+    "vit_small_window_patch16_224": _preset(SMALL, IMAGENET, window_size=7, **GLOBAL_EVERY_THIRD),
     # 8 x 8 grid in 4 x 4 windows; in each group of three blocks the first window block is unshifted, the
     # second shifted by 2 (Swin), the third global, so information crosses windows twice before each global mix.
-    "vit_tiny_window_patch4_32": dict(
-        img_size=32,
-        patch_size=4,
-        embed_dim=192,
-        depth=12,
-        num_heads=3,
-        num_classes=10,
-        window_size=4,
-        shift_windows=True,
-        global_attn_indexes=(2, 5, 8, 11),
-    ),
-    # Sliding-window (neighbourhood) variants: each patch attends to the k x k patches around it (NAT), and the
-    # global blocks of the window presets close each group of three.
-    "vit_small_sliding_patch16_224": dict(
-        patch_size=16,
-        embed_dim=384,
-        depth=12,
-        num_heads=6,
-        window_size=7,
-        window_type="sliding",
-        global_attn_indexes=(2, 5, 8, 11),
-    ),
+    "vit_tiny_window_patch4_32": _preset(TINY, CIFAR, window_size=4, shift_windows=True, **GLOBAL_EVERY_THIRD),
+    # Sliding-window (neighbourhood) variants: each patch attends to the k x k patches around it (NAT).
+    "vit_small_sliding_patch16_224": _preset(SMALL, IMAGENET, window_size=7, **SLIDING),
     # 8 x 8 grid, 5 x 5 neighbourhoods: 25 patches per query, close to the 16 of a 4 x 4 block window, but no edge.
-    "vit_tiny_sliding_patch4_32": dict(
-        img_size=32,
-        patch_size=4,
-        embed_dim=192,
-        depth=12,
-        num_heads=3,
-        num_classes=10,
-        window_size=5,
-        window_type="sliding",
-        global_attn_indexes=(2, 5, 8, 11),
-    ),
+    "vit_tiny_sliding_patch4_32": _preset(TINY, CIFAR, window_size=5, **SLIDING),
     # The CIFAR model with the MAP head instead of the class token.
-    "vit_tiny_map_patch4_32": dict(
-        img_size=32,
-        patch_size=4,
-        embed_dim=192,
-        depth=12,
-        num_heads=3,
-        num_classes=10,
-        class_token=False,
-        global_pool="map",
-    ),
+    "vit_tiny_map_patch4_32": _preset(TINY, CIFAR, **MAP_HEAD),
     # Linear-attention variant (Katharopoulos et al.): softmax only in the blocks that close each group of three, as
     # the window presets; the other blocks cost O(N) in the number of tokens.
-    "vit_tiny_linear_patch4_32": dict(
-        img_size=32,
-        patch_size=4,
-        embed_dim=192,
-        depth=12,
-        num_heads=3,
-        num_classes=10,
-        linear_attention=True,
-        global_attn_indexes=(2, 5, 8, 11),
-    ),
+    "vit_tiny_linear_patch4_32": _preset(TINY, CIFAR, linear_attention=True, **GLOBAL_EVERY_THIRD),
 }
 
 
