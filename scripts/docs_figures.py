@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from PIL import Image  # noqa: E402
 import vit  # noqa: E402
 from vit.atomic import write_bytes  # noqa: E402
 from vit.explain import attention_attribution, attention_statistics, explain_images, render_grid  # noqa: E402
+from vit.explain.explorer import write_explorer  # noqa: E402
 from vit.layers import (  # noqa: E402
     Attention,
     NeighborhoodAttention,
@@ -242,9 +244,40 @@ def explanations() -> None:
     save(figure, "monitoring.png")
 
 
+def explorer() -> None:
+    """The attention explorer of the digits model on twelve validation digits (embedded in the page), and, where
+    Playwright and a Chromium are installed, its screenshot."""
+    model, dm = trained_digits_model()
+    dm.setup("validate")
+    images, labels = next(iter(dm.val_dataloader()))
+    path = write_explorer(
+        OUT / "explorer_digits.html", model, images[:12], mean=dm.mean, std=dm.std, labels=labels[:12],
+        class_names=dm.class_names, names=[f"digit {i}" for i in range(12)],
+        title="Attention explorer: a small windowed ViT trained on digits",
+    )  # fmt: skip
+    print(f"wrote {path}")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        chromium = None
+    if chromium is None:
+        print("no playwright or chromium: the screenshot docs/figures/explorer.png is left as it is")
+        return
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1100, "height": 760}, device_scale_factor=1)
+        page.goto(path.as_uri())
+        page.wait_for_function("window.explorer && window.explorer.timings.open !== null")
+        page.evaluate("() => window.explorer.select({image: 3, query: {kind: 'token', index: 5}, block: 0, head: 1})")
+        write_bytes(OUT / "explorer.png", page.screenshot(full_page=False))
+        browser.close()
+    print(f"wrote {OUT / 'explorer.png'}")
+
+
 def main(only: set[str] | None = None) -> None:
     torch.set_num_threads(1)
-    for draw in (mask_patterns, photo_attention, scaling, heads, explanations):
+    for draw in (mask_patterns, photo_attention, scaling, heads, explanations, explorer):
         if only is None or draw.__name__ in only:
             draw()
 

@@ -113,13 +113,13 @@
     for (const v of values) max = Math.max(max, v);
     return Array.from(values, (v) => (max > 0 ? Math.min(255, Math.floor((v / max) * 256)) : 0));
   }
-  function paint(canvas, values, alpha = 255) {
+  function paint(canvas, values, ramp = false) { // ramp: transparent where low, so the image shows through
     canvas.width = GW;
     canvas.height = GH;
     const ctx = canvas.getContext("2d");
     const img = ctx.createImageData(GW, GH);
     codesOf(values).forEach((c, i) => {
-      img.data.set([LUT[3 * c], LUT[3 * c + 1], LUT[3 * c + 2], alpha], 4 * i);
+      img.data.set([LUT[3 * c], LUT[3 * c + 1], LUT[3 * c + 2], ramp ? 40 + (c * 175) / 255 : 255], 4 * i);
     });
     ctx.putImageData(img, 0, 0);
   }
@@ -146,7 +146,7 @@
   function markQuery(ctx, size) {
     if (isPool() || state.query.index < P) return;
     const p = state.query.index - P, cw = size / GW, ch = size / GH;
-    ctx.strokeStyle = "#00e5ff";
+    ctx.strokeStyle = "#7cfc00"; // the query: green; the allowed neighbourhood: cyan
     ctx.lineWidth = Math.max(1.5, size / 60);
     ctx.strokeRect((p % GW) * cw + 1, Math.floor(p / GW) * ch + 1, cw - 2, ch - 2);
   }
@@ -242,7 +242,7 @@
       td.dataset.entropy = s.entropy;
       td.dataset.distance = s.distance === null ? "" : s.distance;
     }
-    $("stats-head").textContent = state.head === "mean" ? "mean of heads" : `head ${state.head}`;
+    $("stats-head").textContent = `statistics of ${state.head === "mean" ? "the head mean" : "head " + state.head}`;
   }
 
   function overlayValues() {
@@ -256,6 +256,7 @@
   const heatCanvas = document.createElement("canvas"); // the overlay at one pixel per patch, before upscaling
   heatCanvas.id = "overlay-map";
   heatCanvas.hidden = true;
+  const rampCanvas = document.createElement("canvas");
   function drawView() {
     const ctx = $("view").getContext("2d");
     const [h, w] = D.size;
@@ -264,11 +265,10 @@
     const values = overlayValues();
     if (values) {
       const mapped = values.map((v) => Math.max(v, 0)); // signed maps: the positive part
-      paint(heatCanvas, mapped);
+      paint(heatCanvas, mapped); // opaque colours, kept for reading back
+      paint(rampCanvas, mapped, true);
       ctx.imageSmoothingEnabled = false;
-      ctx.globalAlpha = 0.6;
-      ctx.drawImage(heatCanvas, 0, 0, VIEW, VIEW);
-      ctx.globalAlpha = 1;
+      ctx.drawImage(rampCanvas, 0, 0, VIEW, VIEW);
     }
     ctx.strokeStyle = "rgba(255,255,255,0.25)";
     ctx.lineWidth = 1;
