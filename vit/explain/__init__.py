@@ -10,6 +10,8 @@ from .attribution import attention_attribution, relevance_from_gradients
 from .capture import AttentionRecord, attention_modules, capture_attention, eval_mode, pool_module, record_attention
 from .faithfulness import faithfulness
 from .lrp import LRPResult, lrp, relevance_rules
+from .method_benchmark import MethodBenchmark, MethodScore, benchmark_methods
+from .methods import METHODS, Method, MethodMap, applicable_methods, explain_map, get_method
 from .overlay import apply_colormap, make_grid, overlay_heatmap, to_uint8_image, upsample_map
 from .panels import render_grid, render_panel, render_panels
 from .pipeline import Explanation, display_pixels, explain_images
@@ -42,10 +44,17 @@ __all__ = [
     "CollapseReport",
     "Explanation",
     "HeadFusion",
+    "METHODS",
+    "Method",
+    "MethodBenchmark",
+    "MethodMap",
+    "MethodScore",
     "LRPResult",
     "Results",
     "RolloutPool",
+    "applicable_methods",
     "apply_colormap",
+    "benchmark_methods",
     "attention_attribution",
     "attention_distance",
     "attention_entropy",
@@ -61,10 +70,12 @@ __all__ = [
     "distance_plot",
     "eval_mode",
     "explain_images",
+    "explain_map",
     "faithfulness",
     "figure_to_array",
     "fixed_images",
     "fuse_heads",
+    "get_method",
     "head_pool",
     "lrp",
     "make_grid",

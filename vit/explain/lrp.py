@@ -171,9 +171,8 @@ def _identity_rule_hook(offset: float):
 
     def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         x = args[0]
-        with torch.no_grad():
-            ratio = (output - offset if offset else output) / torch.where(x == 0, 1.0, x)
-            ratio = torch.where(x == 0, 0.0, ratio)
+        with torch.no_grad():  # f(0) - offset = 0, so x = 0 gives 0 / 0: NaN, set to 0 (no relevance to pass on)
+            ratio = (output - offset if offset else output / 1.0).div_(x).nan_to_num_(0.0, 0.0, 0.0)
         return _GradientTimes.apply(x, output.detach(), ratio)
 
     return hook

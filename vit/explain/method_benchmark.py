@@ -1,0 +1,254 @@
+"""Which map to believe: every explanation method measured by deletion and insertion on the same images.
+
+Deletion and insertion (Petsiuk et al., "RISE", BMVC 2018) from :func:`~vit.explain.faithfulness`, beside the random
+patch order; 95 % confidence intervals by the percentile bootstrap over images (Efron & Tibshirani, "An Introduction
+to the Bootstrap", 1993), paired with the random order for the ratios; and the time each method takes per image::
+
+    bench = benchmark_methods(model, images, methods=["rollout", "attribution", "attnlrp"])
+    bench.to_dict()  # JSON-serialisable
+    bench.plot("curves.png")
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..layers.utils import eval_mode
+from .attribution import resolve_target
+from .faithfulness import RANDOM, Baseline, faithfulness
+from .methods import METHODS, explain_map, get_method
+
+DEFAULT_METHODS: tuple[str, ...] = tuple(METHODS)
+
+
+@dataclass
+class MethodScore:
+    """One method's (or the random order's) faithfulness over the benchmark's images.
+
+    Attributes:
+        deletion_auc: Mean area under the deletion curve (lower is better).
+        insertion_auc: Mean area under the insertion curve (higher is better).
+        deletion_ci: 95 % bootstrap interval of ``deletion_auc``.
+        insertion_ci: 95 % bootstrap interval of ``insertion_auc``.
+        deletion_ratio: ``deletion_auc`` over the random order's (below 1 beats random).
+        insertion_ratio: ``insertion_auc`` over the random order's (above 1 beats random).
+        deletion_ratio_ci: 95 % bootstrap interval of ``deletion_ratio`` (images resampled jointly with random).
+        insertion_ratio_ci: Same for ``insertion_ratio``.
+        seconds_per_image: Wall time of the map per image (``None`` for the random order).
+        deletion_curve: Mean probability of the target at each fraction removed.
+        insertion_curve: Mean probability at each fraction revealed.
+    """
+
+    deletion_auc: float
+    insertion_auc: float
+    deletion_ci: tuple[float, float]
+    insertion_ci: tuple[float, float]
+    deletion_ratio: float
+    insertion_ratio: float
+    deletion_ratio_ci: tuple[float, float]
+    insertion_ratio_ci: tuple[float, float]
+    seconds_per_image: float | None
+    deletion_curve: list[float] = field(repr=False)
+    insertion_curve: list[float] = field(repr=False)
+
+
+@dataclass
+class MethodBenchmark:
+    """The scores of every method and of the random order, and how they were measured.
+
+    Attributes:
+        scores: Method name to :class:`MethodScore`, ``"random"`` included.
+        fractions: Fraction of patches removed at each curve point.
+        num_images: Images measured.
+        steps: Equal fractions of the curves.
+        baseline: What a removed patch becomes (``"mean"`` or ``"blur"``).
+        num_random: Seeds averaged for the random order.
+        bootstrap: Bootstrap resamples of the confidence intervals.
+        seed: Seed of the bootstrap.
+        target: ``"prediction"`` or ``"label"``: the class explained and measured.
+        accuracy: Accuracy on these images when labels were given, else ``None``.
+    """
+
+    scores: dict[str, MethodScore]
+    fractions: list[float]
+    num_images: int
+    steps: int
+    baseline: str
+    num_random: int
+    bootstrap: int
+    seed: int
+    target: str
+    accuracy: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dictionary (tuples become lists)."""
+        return asdict(self)
+
+    def table(self) -> str:
+        """A plain-text table: AUCs with intervals, ratios to random, time per image."""
+        header = f"{'deletion (95% CI)':<24} {'x random':<8} {'insertion (95% CI)':<24} {'x random':<8} ms/img"
+        lines = [f"{'method':<12} {header}"]
+        for name, s in self.scores.items():
+            ms = "" if s.seconds_per_image is None else f"{1000 * s.seconds_per_image:.1f}"
+            deletion = f"{s.deletion_auc:.3f} [{s.deletion_ci[0]:.3f}, {s.deletion_ci[1]:.3f}]"
+            insertion = f"{s.insertion_auc:.3f} [{s.insertion_ci[0]:.3f}, {s.insertion_ci[1]:.3f}]"
+            lines.append(
+                f"{name:<12} {deletion:<24} {s.deletion_ratio:<8.2f} {insertion:<24} {s.insertion_ratio:<8.2f} {ms}"
+            )
+        return "\n".join(lines)
+
+    def plot(self, path: str | Path, title: str | None = None) -> Path:
+        """Deletion and insertion curves of every method (random dashed) as a PNG; returns the path."""
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+        for ax, kind in zip(axes, ("deletion", "insertion"), strict=True):
+            for name, s in self.scores.items():
+                curve, auc = getattr(s, f"{kind}_curve"), getattr(s, f"{kind}_auc")
+                style = dict(color="black", linestyle="--") if name == RANDOM else {}
+                ax.plot(self.fractions, curve, label=f"{name} ({auc:.3f})", **style)
+            better = "lower" if kind == "deletion" else "higher"
+            ax.set(xlabel=f"fraction of patches {'removed' if kind == 'deletion' else 'revealed'}",
+                   ylabel="probability of the target class", title=f"{kind} (area, {better} is better)")  # fmt: skip
+            ax.set_xlim(0, 1)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(title or f"{self.num_images} images, {self.baseline} baseline, {self.steps} steps")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+def bootstrap_interval(
+    values: np.ndarray, reference: np.ndarray | None, resamples: np.ndarray
+) -> tuple[tuple[float, float], tuple[float, float] | None]:
+    """95 % percentile intervals of the mean of ``values`` and of ``mean(values) / mean(reference)``.
+
+    Args:
+        values: Per-image values ``(B,)``.
+        reference: Per-image values of the reference ``(B,)`` (resampled with the same images), or ``None``.
+        resamples: ``(R, B)`` image indices, one bootstrap resample per row.
+    """
+    means = values[resamples].mean(axis=1)
+    interval = tuple(float(q) for q in np.percentile(means, [2.5, 97.5]))
+    if reference is None:
+        return interval, None
+    ratios = means / reference[resamples].mean(axis=1)
+    return interval, tuple(float(q) for q in np.percentile(ratios, [2.5, 97.5]))
+
+
+def benchmark_methods(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    methods: Sequence[str] = DEFAULT_METHODS,
+    baseline: Baseline = "mean",
+    steps: int = 16,
+    seed: int = 0,
+    *,
+    target: Literal["prediction", "label"] = "prediction",
+    num_random: int = 5,
+    bootstrap: int = 1000,
+    batch_size: int = 32,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> MethodBenchmark:
+    """Measure every method's deletion and insertion on ``images`` beside the random patch order.
+
+    Each method explains the images in batches of ``batch_size`` (timed: ``seconds_per_image`` is the wall time
+    over the number of images); :func:`~vit.explain.faithfulness` then draws the curves of all maps at once.
+
+    Args:
+        model: The classifier.
+        images: ``(B, C, H, W)`` normalised as the model expects.
+        labels: ``(B,)`` true classes, for ``accuracy`` and for ``target="label"``; optional.
+        methods: Names in :data:`~vit.explain.METHODS`, checked against the model before anything runs.
+        baseline: ``"mean"`` or ``"blur"`` (see :func:`~vit.explain.faithfulness`).
+        steps: Equal fractions of the curves.
+        seed: Seed of the bootstrap resamples.
+        target: Explain and measure the predicted class (``"prediction"``) or the label (``"label"``).
+        num_random: Seeds of the random order.
+        bootstrap: Bootstrap resamples.
+        batch_size: Images per explanation call.
+        options: Per-method options, e.g. ``{"ig": {"n_steps": 32}}``.
+
+    Returns:
+        A :class:`MethodBenchmark`.
+
+    Raises:
+        ValueError: On an unknown or inapplicable method, ``target="label"`` without labels, or bad settings.
+    """
+    names = [get_method(name, model).name for name in methods]  # fail before anything runs
+    if len(set(names)) != len(names):
+        raise ValueError(f"methods must be distinct, got {list(methods)}")
+    if target not in ("prediction", "label"):
+        raise ValueError(f"target must be 'prediction' or 'label', got {target!r}")
+    if target == "label" and labels is None:
+        raise ValueError("target='label' needs labels")
+    if bootstrap < 1 or num_random < 1:
+        raise ValueError(f"bootstrap and num_random must be >= 1, got {bootstrap} and {num_random}")
+    options = options or {}
+    param = next(model.parameters(), None)
+    if param is not None:
+        images = images.to(param.device)
+    with eval_mode(model), torch.no_grad():
+        logits = torch.cat([model.forward(chunk) for chunk in images.split(batch_size)])
+    accuracy = None
+    if labels is not None:
+        labels = labels.to(logits.device)
+        accuracy = float((logits.argmax(1) == labels).float().mean())
+    classes = resolve_target(labels if target == "label" else None, logits)
+
+    maps, seconds = {}, {}
+    for name in names:
+        start = time.perf_counter()
+        parts = [
+            explain_map(model, chunk, name, t, **options.get(name, {})).patches
+            for chunk, t in zip(images.split(batch_size), classes.split(batch_size), strict=True)
+        ]
+        seconds[name] = (time.perf_counter() - start) / len(images)
+        maps[name] = torch.cat(parts).float()
+    result = faithfulness(
+        model, images, maps, target=classes, steps=steps, baseline=baseline, num_random=num_random, batch_size=256
+    )
+    per_image = {
+        kind: {n: np.asarray(v) for n, v in result["per_image"][f"{kind}_auc"].items()}
+        for kind in ("deletion", "insertion")
+    }
+    resamples = np.random.default_rng(seed).integers(0, len(images), size=(bootstrap, len(images)))
+    scores = {}
+    for name in [*names, RANDOM]:
+        fields: dict[str, Any] = {}
+        for kind in ("deletion", "insertion"):
+            values, reference = per_image[kind][name], per_image[kind][RANDOM]
+            interval, ratio_interval = bootstrap_interval(values, reference, resamples)
+            fields[f"{kind}_auc"] = float(values.mean())
+            fields[f"{kind}_ci"] = interval
+            fields[f"{kind}_ratio"] = float(values.mean() / reference.mean())
+            fields[f"{kind}_ratio_ci"] = ratio_interval
+            fields[f"{kind}_curve"] = result[f"{kind}_curve"][name]
+        scores[name] = MethodScore(seconds_per_image=seconds.get(name), **fields)
+    return MethodBenchmark(
+        scores=scores,
+        fractions=result["fractions"],
+        num_images=len(images),
+        steps=steps,
+        baseline=baseline,
+        num_random=num_random,
+        bootstrap=bootstrap,
+        seed=seed,
+        target=target,
+        accuracy=accuracy,
+    )
