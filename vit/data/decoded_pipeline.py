@@ -12,7 +12,7 @@ import torch
 from vit.data.batch_augment import BatchAugment
 from vit.data.decoded import DecodedSplit, DecodeRequest
 from vit.data.decoded_loader import DecodedLoader
-from vit.data.pipeline import Pipeline, _decode, rank_sampler
+from vit.data.pipeline import Pipeline, decode_split, rank_sampler
 
 
 class DecodedPipeline(Pipeline):
@@ -21,10 +21,10 @@ class DecodedPipeline(Pipeline):
     train_dataset: DecodedSplit | None
     val_dataset: DecodedSplit | None
 
-    def build(self, train: bool) -> DecodedSplit:  # noqa: D102
+    def build(self, train: bool) -> DecodedSplit:
         source = self.host.spec.source(self.host, train)
         assert isinstance(source, DecodeRequest)  # only decodable specs choose this pipeline
-        return _decode(source, self.host)
+        return decode_split(source, self.host)
 
     def prepare(self, stage: str | None) -> None:
         """Decode the splits the run needs into the cache, and a folder's statistics from its train split.
@@ -38,12 +38,12 @@ class DecodedPipeline(Pipeline):
         self.setup(stage if stage is not None else "fit")
         _ = self.host.mean  # a folder's own statistics come from its train split (decoded and cached here)
 
-    def decoded_train(self) -> DecodedSplit:  # noqa: D102
+    def decoded_train(self) -> DecodedSplit:
         self.setup("fit")
         assert self.train_dataset is not None
         return self.train_dataset
 
-    def loader(self, dataset: DecodedSplit, train: bool) -> DecodedLoader:  # type: ignore[override]  # noqa: D102
+    def loader(self, dataset: DecodedSplit, train: bool) -> DecodedLoader:  # type: ignore[override]
         host = self.host
         device = host.trainer.strategy.root_device if host.trainer is not None else torch.device("cpu")
         augment = None

@@ -48,21 +48,21 @@ class Host(Protocol):
     trainer: Any
 
     @property
-    def num_workers(self) -> int: ...  # noqa: D102
+    def num_workers(self) -> int: ...
 
     @property
-    def preset(self) -> Preset: ...  # noqa: D102
+    def preset(self) -> Preset: ...
 
     @property
-    def mean(self) -> Stats: ...  # noqa: D102
+    def mean(self) -> Stats: ...
 
     @property
-    def std(self) -> Stats: ...  # noqa: D102
+    def std(self) -> Stats: ...
 
     @property
-    def class_names(self) -> list[str]: ...  # noqa: D102
+    def class_names(self) -> list[str]: ...
 
-    def normalize(self, images: torch.Tensor) -> torch.Tensor: ...  # noqa: D102
+    def normalize(self, images: torch.Tensor) -> torch.Tensor: ...
 
 
 def _readable(path: str) -> bool:
@@ -110,8 +110,8 @@ class Pipeline:
                 self.train_dataset = self.build(train=True)
             if self.val_dataset is None:
                 self.val_dataset = self.build(train=False)
-        elif host.predict_dir is None:
-            host.spec.source(host, False)  # raises the spec's error: there is nothing but predict_dir to read
+        elif host.predict_dir is None:  # nothing but predict_dir to read: the spec's source says so
+            host.spec.source(host, False)
         if self.predict_dataset is None and host.predict_dir is not None and stage in ("predict", None):
             samples = list_predict_files(host.predict_dir)
             if host.skip_corrupt:  # left out up front, so that predict_paths stays aligned with the predictions
@@ -148,7 +148,7 @@ class Pipeline:
         host = self.host
         source = host.spec.source(host, True)
         assert isinstance(source, DecodeRequest)
-        return _decode(source, host)
+        return decode_split(source, host)
 
     # -------------------------------------------------------------------------------------------- the loaders
     def loader(self, dataset: Dataset, train: bool) -> Any:
@@ -222,7 +222,13 @@ def rank_sampler(host: Host, dataset: Dataset, train: bool) -> ResumableSampler:
     return ResumableSampler(dataset, seed=host.seed, shuffle=train, num_replicas=world_size, rank=global_rank(host))
 
 
-def _decode(source: DecodeRequest, host: Host) -> DecodedSplit:
+def decode_split(source: DecodeRequest, host: Host) -> DecodedSplit:
+    """A split decoded once at the size :meth:`DecodeRequest.decoded_size` picks (or read from its disk cache).
+
+    Args:
+        source: What the spec hands over: pixels in memory, or files.
+        host: The data module's settings (image size, cache folder, ``skip_corrupt``; a folder's layout).
+    """
     native = source.images.shape[1] if source.images is not None else folder_image_size(host.layout)  # type: ignore[arg-type]
     return source.decode(source.decoded_size(host.img_size, native), host.cache_dir, host.skip_corrupt)
 
@@ -263,7 +269,7 @@ class PerImagePipeline(Pipeline):
     """Images decoded and augmented one by one with albumentations in loader worker processes: ImageNet-size files,
     in-memory arrays and generated ``synthetic`` images (and every dataset with ``--data.decode_once false``)."""
 
-    def build(self, train: bool) -> Dataset:  # noqa: D102
+    def build(self, train: bool) -> Dataset:
         host = self.host
         source = host.spec.source(host, train)
         if not isinstance(source, DecodeRequest):  # generated per item (synthetic): a ready dataset
@@ -273,7 +279,7 @@ class PerImagePipeline(Pipeline):
             return ArrayDataset(source.images, source.labels, source.classes, self.transform(train))  # type: ignore[arg-type]
         return ImageFileDataset(source.samples, source.classes, self.transform(train), host.skip_corrupt)  # type: ignore[arg-type]
 
-    def loader(self, dataset: Dataset, train: bool) -> DataLoader:  # noqa: D102
+    def loader(self, dataset: Dataset, train: bool) -> DataLoader:
         if not train:
             return file_loader(self.host, dataset, train=False)
         seed = self.host.seed + global_rank(self.host)  # distinct augmentation streams per rank, repeatable per run

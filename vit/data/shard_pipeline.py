@@ -25,7 +25,7 @@ class ShardPipeline(Pipeline):
 
     raw = False  # the loaders hand out JPEG bytes, decoded on the device
 
-    def build(self, train: bool) -> ShardImages:  # noqa: D102
+    def build(self, train: bool) -> ShardImages:
         host = self.host
         root = (host.data_dir or "").rstrip("/")
         return ShardImages(
@@ -51,7 +51,7 @@ class ShardPipeline(Pipeline):
             return None
         return build_transforms(host.preset, host.img_size, train, host.mean, host.std, host.augment, normalize=False)
 
-    def loader(self, dataset: ShardImages, train: bool) -> ShardLoader:  # type: ignore[override]  # noqa: D102
+    def loader(self, dataset: ShardImages, train: bool) -> ShardLoader:  # type: ignore[override]
         # LitData gives each rank its part and shuffles per epoch; the epoch is the trainer's, so a resumed run
         # replays the same order
         host = self.host
@@ -77,7 +77,7 @@ class GpuDecodePipeline(ShardPipeline):
         super().__init__(host)
         self._rng: np.random.Generator | None = None
 
-    def image_transform(self, train: bool) -> None:  # noqa: D102
+    def image_transform(self, train: bool) -> None:
         return None
 
     def on_device(self, batch: Any, training: bool) -> Any:
