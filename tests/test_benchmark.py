@@ -17,7 +17,7 @@ from vit.bench import main
 from vit.bench.cli import parse_args
 from vit.bench.harness import summarize
 from vit.bench.memory import TensorMemoryTracker
-from vit.bench.model_suite import count_flops, peak_tflops
+from vit.bench.model_suite import bench_grad_checkpointing, count_flops, peak_tflops
 from vit.kernels import neighborhood as neighborhood_kernel
 from vit.layers import WindowAttention
 from vit.models import VisionTransformer, model_config
@@ -117,6 +117,26 @@ def test_model_suite_compares_with_timm_on_the_same_weights(tmp_path):
         floor = 4 * params * (4 if phase == "train" else 1) / 2**20
         assert p["ours_peak_memory_mib"] > floor and p["timm_peak_memory_mib"] > floor
     assert [c["passed"] for c in report["model"]["checks"] if "logits" in c["name"]] == [True]
+    # The checkpointing row measures the first model at its batch size when --models is given.
+    ckpt = report["model"]["grad_checkpointing"]
+    assert (ckpt["model"], ckpt["batch_size"]) == ("vit_tiny_patch4_32", 4)
+    assert ckpt["memory_ratio"] == pytest.approx(ckpt["with_peak_mib"] / ckpt["without_peak_mib"])
+    (row,) = [c for c in report["model"]["checks"] if "grad checkpointing" in c["name"]]
+    assert row["name"] == "vit_tiny_patch4_32 batch 4 grad checkpointing peak activation memory <= 0.5x without"
+    assert row["passed"] == (ckpt["memory_ratio"] <= 0.5)
+
+
+def test_grad_checkpointing_row_counts_the_step_peak_with_and_without():
+    """Without checkpointing the peak holds every block's activations; with it, the block inputs and one block's."""
+    args = argparse.Namespace(override={**TINY, "depth": 6}, seed=0, precision="fp32")
+    result = bench_grad_checkpointing("vit_tiny_patch4_32", 8, args, torch.device("cpu"))
+    model = VisionTransformer(**model_config("vit_tiny_patch4_32", **args.override))
+    grads = sum(p.numel() for p in model.parameters()) * 4 / 2**20
+    tokens = 8 * 65 * 32 * 4 / 2**20  # one (B, N, C) fp32 tensor
+    assert result["without_peak_mib"] > grads + 6 * 8 * tokens  # at least eight token-sized tensors per block
+    assert result["with_peak_mib"] < result["without_peak_mib"] / 2
+    assert result["memory_ratio"] == pytest.approx(result["with_peak_mib"] / result["without_peak_mib"])
+    assert result["without_step_s"] > 0 and result["with_step_s"] > 0
 
 
 def test_model_suite_reports_a_window_preset_without_timm():

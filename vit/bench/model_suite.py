@@ -3,13 +3,16 @@
 Both models are built from the same configuration and loaded with the same weights, then measured alternately (ours
 then timm, then timm then ours, ...) for several rounds after warm-up; per-round ratios (ours / timm, above 1 means we
 are faster) and their median; peak tensor memory; FLOPs per image and, on CUDA, MFU (model FLOPs utilisation,
-Chowdhery et al., "PaLM", 2022, appendix B). Imports only torch, timm and ``vit``'s model code.
+Chowdhery et al., "PaLM", 2022, appendix B); and the peak activation memory of a training step with gradient
+checkpointing against without it (Chen et al., "Training Deep Nets with Sublinear Memory Cost", 2016). Imports only
+torch, timm and ``vit``'s model code.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +44,9 @@ PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
     ("A100", 312.0),
 )
 MODEL_RATIO_TARGET = 1.0
+# Gradient checkpointing: peak activation memory of a training step at most this fraction of that without it.
+CHECKPOINT_MEMORY_TARGET = 0.5
+CHECKPOINT_DEFAULT = ("vit_small_patch16_224", 32)  # model and batch measured unless --models is given
 
 
 def count_flops(config: dict[str, Any]) -> dict[str, float]:
@@ -214,6 +220,38 @@ def bench_model(name: str, batch: int, args: argparse.Namespace, device: torch.d
     return result
 
 
+def bench_grad_checkpointing(name: str, batch: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Peak activation memory and time of one training step of preset ``name``, with and without checkpointing.
+
+    The step is forward, cross-entropy and backward (eager, whatever ``--compile`` says: the CPU tracker does not see
+    compiled kernels); its peak counts every tensor it allocates (activations, their gradients and the parameters'
+    gradients), not the parameters themselves.
+    """
+    config = model_config(name, **args.override)
+    torch.manual_seed(args.seed)
+    model = VisionTransformer(**config).to(device).train()
+    x = torch.randn(batch, 3, *model.patch_embed.img_size, device=device)
+    y = torch.randint(0, max(1, model.num_classes), (batch,), device=device)
+
+    def step() -> None:
+        with autocast(device, args.precision):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+
+    result: dict[str, Any] = {"model": name, "batch_size": batch}
+    for enabled in (False, True):
+        model.set_grad_checkpointing(enabled)
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        peak = peak_bytes(step, device) / 2**20
+        key = "with" if enabled else "without"
+        result[f"{key}_peak_mib"], result[f"{key}_step_s"] = peak, time.perf_counter() - start
+        log(f"{name} batch {batch} grad checkpointing {key}: peak {peak:.0f} MiB, {result[f'{key}_step_s']:.1f} s")
+    model.zero_grad(set_to_none=True)
+    result["memory_ratio"] = result["with_peak_mib"] / result["without_peak_mib"]
+    return result
+
+
 def run_model_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
     # vit_small_map_patch16_224: the same model with timm's attention-pooling (MAP) head instead of the class token.
     models = args.models or (
@@ -234,11 +272,17 @@ def run_model_suite(args: argparse.Namespace, device: torch.device, report: dict
         "thread the ratio of work done",
         "train step = forward, cross-entropy, backward, AdamW step, zero_grad(set_to_none=True)",
         "FLOPs count matrix products only (FlopCounterMode), forward and forward+backward, per image",
+        f"grad checkpointing: peak tensor memory of one eager forward + backward with and without "
+        f"set_grad_checkpointing, parameters not counted; {CHECKPOINT_DEFAULT[0]} at batch {CHECKPOINT_DEFAULT[1]}, "
+        "or the first of --models at its batch size",
     ]
     for name, batch in zip(models, batches, strict=True):
         result = bench_model(name, batch, args, device)
         suite["results"].append(result)
         write_report(args, report)
+    ckpt_name, ckpt_batch = (models[0], batches[0]) if args.models else CHECKPOINT_DEFAULT
+    ckpt = suite["grad_checkpointing"] = bench_grad_checkpointing(ckpt_name, ckpt_batch, args, device)
+    write_report(args, report)
 
     rows = []
     for r in suite["results"]:
@@ -282,7 +326,27 @@ def run_model_suite(args: argparse.Namespace, device: torch.device, report: dict
             ("mfu", "ours MFU", ".1%"),
         ],
     )
-    checks = []
+    print_table(
+        f"gradient checkpointing ({device_name(device)}, {args.precision}; peak of forward + backward)",
+        [ckpt],
+        [
+            ("model", "model", ""),
+            ("batch_size", "batch", "d"),
+            ("without_peak_mib", "peak MiB without", ".0f"),
+            ("with_peak_mib", "peak MiB with", ".0f"),
+            ("memory_ratio", "with / without", ".3f"),
+            ("without_step_s", "step s without", ".1f"),
+            ("with_step_s", "step s with", ".1f"),
+        ],
+    )
+    checks = [
+        check(
+            f"{ckpt['model']} batch {ckpt['batch_size']} grad checkpointing peak activation memory <= "
+            f"{CHECKPOINT_MEMORY_TARGET}x without",
+            ckpt["memory_ratio"] <= CHECKPOINT_MEMORY_TARGET,
+            f"{ckpt['with_peak_mib']:.0f} / {ckpt['without_peak_mib']:.0f} MiB = {ckpt['memory_ratio']:.3f}",
+        )
+    ]
     for r in suite["results"]:
         ratio = r["train"].get("median_ratio")
         if ratio is not None:
