@@ -168,3 +168,36 @@ def test_the_shard_format_is_written_and_read_back(tmp_path):
         read_meta(tmp_path)
     with pytest.raises(DataError, match="not a finished shard folder .*vit data prepare"):
         read_meta(tmp_path / "nowhere")
+
+
+def test_gpu_decoding_pipeline_hands_jpeg_bytes_to_the_device_step(trees, monkeypatch):
+    """``--data.decode_device cuda``: batches of JPEG bytes from the shards, decoded by ``decode_batch_cuda`` in the
+    device step (here a CPU stand-in with its signature: the real one needs nvJPEG), then normalised."""
+    import vit.data.shard_pipeline as shard_pipeline
+    from vit.data import GpuDecodePipeline
+    from vit.data.jpeg import decode, eval_crop, resize_flip
+
+    calls = []
+
+    def decode_batch(datas, img_size, train, generator):
+        calls.append((len(datas), img_size, train, type(generator).__name__))
+        crops = []
+        for data in datas:
+            image = decode(data)
+            crop, _ = eval_crop(image.shape[0], image.shape[1], img_size)
+            region = image[crop.top : crop.top + crop.height, crop.left : crop.left + crop.width]
+            crops.append(torch.from_numpy(resize_flip(region, img_size, False)).permute(2, 0, 1))
+        return torch.stack(crops)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(shard_pipeline, "decode_batch_cuda", decode_batch)
+    dm = ImageDataModule("streaming", data_dir=str(trees["big"] / "shards"), img_size=32, batch_size=4,
+                         num_workers=0, decode_device="cuda", pin_memory=False)  # fmt: skip
+    assert type(dm.pipeline) is GpuDecodePipeline
+    datas, labels = next(iter(dm.val_dataloader()))
+    assert isinstance(datas, list) and all(isinstance(d, bytes) for d in datas) and labels.shape == (4,)
+    images, same_labels = dm.on_after_batch_transfer([datas, labels], 0)
+    assert calls == [(4, 32, False, "Generator")] and same_labels is labels
+    decoded = decode_batch(datas, 32, False, None).float() / 255
+    mean, std = torch.tensor(dm.mean).view(1, 3, 1, 1), torch.tensor(dm.std).view(1, 3, 1, 1)
+    torch.testing.assert_close(images, (decoded - mean) / std)
