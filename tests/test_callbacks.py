@@ -160,7 +160,7 @@ def digits_val_labels() -> np.ndarray:
 def test_every_n_epochs_and_the_final_model(tmp_path):
     fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, every_n_epochs=2, statistics=False)], max_epochs=3)
     fit.fit(tiny_module(), digits())
-    pngs = sorted(p.name for p in (tmp_path / "rollout").iterdir())  # epoch 1 (every 2nd) and epoch 2, the last
+    pngs = sorted(p.name for p in (tmp_path / "rollout").glob("*.png"))  # epoch 1 (every 2nd) and epoch 2, the last
     assert pngs == ["attribution_epoch_001.png", "attribution_epoch_002.png", "epoch_001.png", "epoch_002.png"]
     # A run that only validates explains the model it validates, whatever every_n_epochs says; validating a
     # checkpoint, the pictures carry the epoch it was saved in (a finished fit's: max_epochs).
@@ -168,14 +168,14 @@ def test_every_n_epochs_and_the_final_model(tmp_path):
     check.validate(tiny_module(), digits())
     fit.save_checkpoint(tmp_path / "fit.ckpt")
     check.validate(tiny_module(), digits(), ckpt_path=tmp_path / "fit.ckpt")
-    pngs = sorted(p.name for p in (tmp_path / "v" / "rollout").iterdir())
+    pngs = sorted(p.name for p in (tmp_path / "v" / "rollout").glob("*.png"))
     assert pngs == ["attribution_epoch_000.png", "attribution_epoch_003.png", "epoch_000.png", "epoch_003.png"]
     # A fit that max_steps stops in epoch 1 of 5 (3 steps per epoch): its last model is explained, without the
     # faithfulness scores, which follow the every-n-th epochs only.
     logger = AttentionRolloutLogger(num_images=2, every_n_epochs=5, statistics=False, faithfulness_every_n=1)
     stopped = trainer(tmp_path / "s", [logger], max_epochs=5, max_steps=6)
     stopped.fit(tiny_module(), digits())
-    pngs = sorted(p.name for p in (tmp_path / "s" / "rollout").iterdir())
+    pngs = sorted(p.name for p in (tmp_path / "s" / "rollout").glob("*.png"))
     assert pngs == ["attribution_epoch_001.png", "epoch_001.png"]
     assert not any(key.startswith("explain/") for key in stopped.callback_metrics)
 
@@ -292,4 +292,4 @@ def test_attribution_failure_warns_once_and_rollout_goes_on(tmp_path, monkeypatc
         fit.fit(tiny_module(), digits())
     messages = [str(w.message) for w in record if "attribution" in str(w.message)]
     assert len(messages) == 1 and messages[0].startswith("could not log the attention attribution at epoch 0")
-    assert sorted(p.name for p in (tmp_path / "rollout").iterdir()) == ["epoch_000.png", "epoch_001.png"]
+    assert sorted(p.name for p in (tmp_path / "rollout").glob("*.png")) == ["epoch_000.png", "epoch_001.png"]

@@ -234,8 +234,10 @@ def test_help_is_small_and_lists_every_option(capsys):
     listed = set(re.findall(r"\n  (--[\w.]+)", text))
     for section, cls in sections.items():
         for name in inspect.signature(cls.__init__).parameters:
-            if name not in ("self", "args", "kwargs") and not (
-                section == "model" and name in ("num_classes", "img_size")
+            if (
+                name not in ("self", "args", "kwargs")
+                and not name.startswith("_")
+                and not (section == "model" and name in ("num_classes", "img_size"))
             ):
                 assert f"--{section}.{name}" in listed, f"--{section}.{name}"  # (num_classes, img_size: linked)
     for option in ("--runs_dir", "--ckpt_path", "--torch_num_threads", "--keep_freed_memory", "--seed_everything"):

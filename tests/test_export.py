@@ -12,8 +12,8 @@ import torch
 
 import vit
 from vit import ImageClassifier
+from vit.checkpoints import METADATA_KEY, inference_metadata
 from vit.export import main as export_main
-from vit.inference import METADATA_KEY, inference_metadata
 from vit.main import main as vit_main
 
 TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,9 +13,10 @@ from PIL import Image
 
 import vit
 from vit import ImageClassifier
-from vit.errors import UsageError
+from vit.callbacks import CheckpointMetadata
+from vit.checkpoints import METADATA_KEY, inference_metadata
+from vit.errors import CorruptCheckpointError, IncompatibleCheckpointError, InputError, UsageError
 from vit.export import export
-from vit.inference import METADATA_KEY, inference_metadata
 
 NAMES = [f"class_{i}" for i in range(7)]
 MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
@@ -98,11 +100,24 @@ def test_predictor_on_paths_pil_images_and_arrays(checkpoint, tmp_path):
 
 def test_load_refuses_what_is_not_a_model(tmp_path):
     (tmp_path / "notes.ckpt").write_text("not a checkpoint")
-    with pytest.raises(UsageError, match="not a PyTorch checkpoint"):
+    with pytest.raises(CorruptCheckpointError, match="not a PyTorch checkpoint"):
         vit.load(tmp_path / "notes.ckpt")
     (tmp_path / "folder").mkdir()
-    with pytest.raises(UsageError, match="not an export folder"):
+    with pytest.raises(InputError, match="not an export folder"):
         vit.load(tmp_path / "folder")
+
+
+def test_a_lightning_checkpoint_without_its_description_is_refused_by_name(checkpoint, tmp_path):
+    """Only a checkpoint that describes its model loads: one without the description is one error naming the entry
+    and what to do instead (no guessing the model from hyper-parameters or data that may not be here)."""
+    path, _ = checkpoint
+    raw = torch.load(path, weights_only=True)
+    del raw[METADATA_KEY]
+    torch.save(raw, tmp_path / "bare.ckpt")
+    with pytest.raises(
+        IncompatibleCheckpointError, match=rf"bare\.ckpt does not describe its model .*'{METADATA_KEY}'"
+    ):
+        vit.load(tmp_path / "bare.ckpt")
 
 
 def test_describing_a_model_in_a_checkpoint_leaves_the_random_stream_alone(tmp_path):
@@ -111,7 +126,7 @@ def test_describing_a_model_in_a_checkpoint_leaves_the_random_stream_alone(tmp_p
     module = ImageClassifier("vit_tiny_patch4_32", num_classes=7, model_overrides=TINY)
     before = torch.random.get_rng_state()
     checkpoint = {"state_dict": module.state_dict()}
-    module.on_save_checkpoint(checkpoint)
+    CheckpointMetadata().on_save_checkpoint(SimpleNamespace(datamodule=None), module, checkpoint)
     assert checkpoint[METADATA_KEY]["model_args"]["embed_dim"] == 32
     torch.save(checkpoint, tmp_path / "m.ckpt")
     vit.load(tmp_path / "m.ckpt")

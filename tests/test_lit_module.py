@@ -16,7 +16,9 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from vit import VisionTransformer, create_model
-from vit.lit_module import ConfigError, ImageClassifier, warmup_cosine
+from vit.callbacks import CheckpointMetadata, TrainingThroughput, UnmaskedEpochs, training_throughput
+from vit.errors import ConfigError
+from vit.lit_module import ImageClassifier, warmup_cosine
 
 TINY = dict(embed_dim=32, depth=3, num_heads=2)
 
@@ -265,6 +267,20 @@ def test_unmasked_epochs_hold_after_a_resume_inside_the_epoch_and_warn_when_cut_
         trainer(tmp_path, max_epochs=3, max_steps=2, limit_val_batches=0).fit(module(), loader(16, 4))
 
 
+def test_the_module_brings_its_callbacks_to_every_trainer(tmp_path):
+    """Throughput, the checkpoint's description and (with unmasked_epochs) the PatchDropout schedule are callbacks the
+    module adds itself: a plain Trainer gets them, the CLI's configs need no entry for them."""
+    plain = trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    plain.fit(tiny(), loader(8, 4))
+    kinds = [type(cb) for cb in plain.callbacks]
+    assert TrainingThroughput in kinds and CheckpointMetadata in kinds and UnmaskedEpochs not in kinds
+    unmasked = trainer(tmp_path, max_epochs=2, max_steps=1, limit_val_batches=0)
+    with pytest.warns(UserWarning, match="did not run in full"):
+        unmasked.fit(tiny(model_overrides={**TINY, "patch_drop_rate": 0.25}, unmasked_epochs=1), loader(8, 4))
+    (schedule,) = [cb for cb in unmasked.callbacks if isinstance(cb, UnmaskedEpochs)]
+    assert (schedule.unmasked_epochs, schedule.drop_rate) == (1, 0.25)
+
+
 # --------------------------------------------------------------------------------------------------------- EMA
 def test_ema_tracks_weights_and_is_used_for_validation(tmp_path):
     weights = []
@@ -385,13 +401,14 @@ def test_uint8_images_that_bypassed_the_data_module_hook_are_refused(tmp_path):
 def test_throughput_is_images_over_time_between_batch_starts(tmp_path, monkeypatch):
     # A fake clock: each training batch start is 0.5 s after the previous one; 12 images in batches of 5, 5, 2.
     clock = iter(float(t) * 0.5 for t in range(100))
-    monkeypatch.setattr("vit.lit_module.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("vit.callbacks.throughput.time.perf_counter", lambda: next(clock))
     module = tiny()
-    assert math.isnan(module.throughput)
     logged = []
     monkeypatch.setattr(module, "log", lambda name, value, **kw: logged.append((name, value)))
-    trainer(tmp_path, max_epochs=1).fit(module, loader(n=12, batch_size=5))
+    fit = trainer(tmp_path, max_epochs=1)
+    assert math.isnan(training_throughput(fit))  # no callback before the module adds its own
+    fit.fit(module, loader(n=12, batch_size=5))
     # Steps 1 and 2 are timed (the third batch's step has no next start): 5 images each in 0.5 s.
     assert [v for n, v in logged if n == "train/img_per_sec"] == [10.0, 10.0]
-    assert module.throughput == 10.0
+    assert training_throughput(fit) == 10.0
     assert module.example_input_array.shape == (1, 3, 16, 16)  # the model summary's real FLOPs

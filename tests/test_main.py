@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from vit import errors
 from vit.errors import ArgumentParser, UsageError, suggest
 from vit.main import SUBCOMMANDS, main
 
@@ -80,6 +81,37 @@ def test_usage_error_from_a_subcommand_is_one_line(monkeypatch, capsys):
         main(["export"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "error: DEST x holds something else: pick an empty folder\n"
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "builtin"),
+    [
+        (errors.UsageError, 2, Exception),
+        (errors.ConfigError, 2, ValueError),
+        (errors.InputError, 2, Exception),
+        (errors.DataError, 2, ValueError),
+        (errors.MissingCheckpointError, 2, FileNotFoundError),
+        (errors.CorruptCheckpointError, 2, RuntimeError),
+        (errors.UnsafeCheckpointError, 2, RuntimeError),
+        (errors.IncompatibleCheckpointError, 2, RuntimeError),
+        (errors.NonFiniteError, 3, RuntimeError),
+    ],
+)
+def test_every_user_error_is_one_line_and_its_own_exit_status(kind, status, builtin, monkeypatch, capsys):
+    """One hierarchy: each error is a VitError with the status of the table, and still the built-in exception that
+    callers caught before (a DataError is a ValueError)."""
+    assert issubclass(kind, errors.VitError) and issubclass(kind, builtin)
+    assert kind.exit_status == status
+    assert next(code for base, code in errors.EXIT_STATUSES.items() if issubclass(kind, base)) == status
+
+    def raises(argv: list[str]) -> int:
+        raise kind("the culprit:\n  the fix")
+
+    monkeypatch.setitem(SUBCOMMANDS, "export", (SUBCOMMANDS["export"][0], raises))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export"])
+    assert exit_info.value.code == status
+    assert capsys.readouterr().err == "error: the culprit: the fix\n"
 
 
 @pytest.mark.slow

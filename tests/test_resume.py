@@ -1,4 +1,4 @@
-"""Fault tolerance (vit/callbacks/resume.py, nonfinite.py, vit/checkpoint_io.py, vit/models/checkpoint_errors.py,
+"""Fault tolerance (vit/callbacks/resume.py, nonfinite.py, vit/checkpoint_io.py, vit/checkpoints/files.py,
 vit/data/sampler.py), each fault injected for real: runs stopped and resumed
 bit-identically, SIGKILL, SIGTERM and SIGINT, a crash in the middle of a checkpoint write, a truncated file, a loss
 or gradient made non-finite, a pickle carrying code, a checkpoint of another architecture, an unreachable W&B server.
@@ -30,14 +30,13 @@ import torch
 from lightning.pytorch import Callback
 
 from vit import ImageClassifier, ImageDataModule
-from vit.callbacks.nonfinite import NonFiniteError, NonFiniteGuard
+from vit.callbacks.nonfinite import NonFiniteGuard
 from vit.callbacks.resume import rng_state, set_rng_state
 from vit.checkpoint_io import AtomicCheckpointIO
-from vit.cli import EXIT_BAD_INPUT as EXIT_BAD_CHECKPOINT
-from vit.cli import EXIT_NON_FINITE, cli_main
+from vit.cli import cli_main
+from vit.errors import EXIT_BAD_INPUT as EXIT_BAD_CHECKPOINT
+from vit.errors import EXIT_NON_FINITE, CorruptCheckpointError, NonFiniteError, UnsafeCheckpointError
 from vit.loggers import wandb_reachable
-from vit.models import UnsafeCheckpointError
-from vit.models.checkpoint_errors import CorruptCheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -1,9 +1,11 @@
 """vit: train, compare and understand Vision Transformers.
 
-The model layer (``vit.layers``, ``vit.models``) needs only torch and timm; ``vit.explain`` adds numpy, PIL and
-matplotlib. The training stack (``ImageClassifier``, ``ImageDataModule``, callbacks, CLI) needs Lightning,
-albumentations and W&B. Both are imported on first use, so ``import vit`` works on a machine that has only the model
-dependencies.
+A plain install (``pip install vit``) brings every dependency listed in ``pyproject.toml``: the model layer's (torch,
+timm), the training stack's (Lightning, torchmetrics, jsonargparse, albumentations, OpenCV, scikit-learn, W&B,
+LitData, simplejpeg) and the drawing of explanations (matplotlib, Pillow); the ``export`` extra adds ONNX and ONNX
+Runtime for ``vit export --onnx``. ``import vit`` loads the model layer only (``vit.layers``, ``vit.models``);
+everything else is imported on first use (PEP 562), so the models and ``vit.load`` also work where only torch and
+timm (with timm's own dependencies) are installed.
 """
 
 import os
@@ -42,7 +44,7 @@ _LAZY = {
     "explain_images": "vit.explain",
     "attention_attribution": "vit.explain",
     "faithfulness": "vit.explain",
-    "load": "vit.inference",
+    "load": "vit.checkpoints",
     "Predictor": "vit.inference",
     "Prediction": "vit.inference",
 }

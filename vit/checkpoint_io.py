@@ -1,7 +1,7 @@
 """Checkpoint files written atomically and read safely: a Lightning ``CheckpointIO`` plugin.
 
 A process killed at any moment of a write leaves either the previous file or the new one, never half of one; every
-read goes through :func:`vit.models.checkpoint_errors.read_checkpoint` (``weights_only=True``, one sentence for a
+read goes through :func:`vit.checkpoints.read_checkpoint` (``weights_only=True``, one sentence for a
 file that is not a checkpoint).
 """
 
@@ -18,7 +18,7 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from .atomic import atomic_write, remove_stale_temporaries
-from .models.checkpoint_errors import checkpoint_errors, read_checkpoint
+from .checkpoints.files import checkpoint_errors, read_checkpoint
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -27,7 +27,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ``save_checkpoint`` writes through :func:`vit.atomic.atomic_write` (a temporary file beside ``<path>``, fsynced,
     renamed over it) and fsyncs the folder; temporaries of writers that were killed are removed. ``load_checkpoint``
     always reads with ``weights_only=True``: a pickle that needs arbitrary code
-    is refused and a file that is not a checkpoint is named (:mod:`vit.models.checkpoint_errors`). Remote paths
+    is refused and a file that is not a checkpoint is named (:mod:`vit.checkpoints.files`). Remote paths
     (``s3://`` ...) go through Lightning's ``TorchCheckpointIO``.
     """
 

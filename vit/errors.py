@@ -1,7 +1,9 @@
-"""The one usage-error type and the one table of exit statuses of every ``vit`` subcommand.
+"""The user errors of every ``vit`` subcommand, one hierarchy, and the one table of exit statuses.
 
-A command raises :class:`UsageError` (or one of the library's errors listed in :data:`EXIT_STATUSES`) and the
-``vit`` entry point prints it as one ``error: <message>`` line on stderr, without traceback, and exits with its status.
+A command raises a :class:`VitError` (bad usage, input, data or checkpoint; a non-finite training run) and the ``vit``
+entry point prints it as one ``error: <message>`` line on stderr, without traceback, and exits with the error's
+:attr:`~VitError.exit_status` (:data:`EXIT_STATUSES`). Each error class also derives from the built-in exception
+callers caught before this hierarchy existed (``ValueError``, ``RuntimeError``, ``FileNotFoundError``).
 """
 
 from __future__ import annotations
@@ -21,8 +23,62 @@ EXIT_NON_FINITE = 3
 """Training stopped at a non-finite loss or gradient (the last good checkpoint is kept)."""
 
 
-class UsageError(Exception):
-    """Bad input from the user of a command: printed as one ``error:`` line, exit :data:`EXIT_BAD_INPUT`."""
+class VitError(Exception):
+    """An error the user can fix: printed as one ``error:`` line, exit :attr:`exit_status`."""
+
+    exit_status: int = EXIT_BAD_INPUT
+
+
+class UsageError(VitError):
+    """Bad input from the user of a command: an option, a config value or an output folder that cannot work."""
+
+
+class ConfigError(UsageError, ValueError):
+    """An :class:`~vit.ImageClassifier` argument that cannot work (unknown preset, bad override, disagreeing sizes)."""
+
+
+class InputError(VitError):
+    """An input file of a command that cannot be used: a missing or unreadable image, a run folder without runs."""
+
+
+class DataError(VitError, ValueError):
+    """The data on disk is missing, laid out differently than expected, or unreadable."""
+
+
+class CheckpointError(VitError, RuntimeError):
+    """A checkpoint or weight file that cannot be used (the subclasses say why)."""
+
+
+class MissingCheckpointError(CheckpointError, FileNotFoundError):
+    """A checkpoint path that does not exist."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A file that is not a PyTorch checkpoint: another kind of file, empty, truncated or corrupt."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file that cannot be loaded without running arbitrary code."""
+
+
+class IncompatibleCheckpointError(CheckpointError):
+    """A checkpoint whose keys or shapes do not fit the model."""
+
+
+class NonFiniteError(VitError, RuntimeError):
+    """Training produced a non-finite loss, gradient or weight (:class:`vit.callbacks.NonFiniteGuard`)."""
+
+    exit_status = EXIT_NON_FINITE
+
+
+EXIT_STATUSES: dict[type[VitError], int] = {
+    kind: kind.exit_status for kind in (UsageError, InputError, DataError, CheckpointError, NonFiniteError)
+}
+"""The one table of exit statuses: each error becomes ``error: <message>`` on stderr and this status (a subclass
+takes its base's). Besides these, ``0`` is success (also ``--help``), a bad argument or config file exits with
+:data:`EXIT_BAD_INPUT`, and a run stopped by SIGTERM/SIGINT after writing its checkpoint exits with ``128 + signal``
+(143, 130; :class:`vit.callbacks.resume.Preempted`). :data:`EXIT_NON_FINITE`: with the default
+``--nonfinite.check_every_n_steps 1`` the weights in memory are still finite too."""
 
 
 def fail(message: object, status: int = EXIT_BAD_INPUT) -> NoReturn:
@@ -30,6 +86,11 @@ def fail(message: object, status: int = EXIT_BAD_INPUT) -> NoReturn:
     sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
     sys.stderr.flush()
     raise SystemExit(status)
+
+
+def exit_with(error: VitError) -> NoReturn:
+    """:func:`fail` with ``error``'s message and exit status."""
+    fail(error, error.exit_status)
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -35,8 +35,8 @@ import torch
 from torch import nn
 
 from .atomic import write_text
+from .checkpoints import CONFIG_FILE, WEIGHTS_FILE, Loaded, load_checkpoint
 from .errors import ArgumentParser, UsageError
-from .inference import CONFIG_FILE, WEIGHTS_FILE, Loaded, load_checkpoint
 
 ONNX_FILE = "model.onnx"
 ONNX_TOLERANCE = 1e-4
@@ -160,8 +160,9 @@ def export(ckpt_path: str | Path, out: str | Path, onnx: bool = False, ema: bool
     ``config.json`` content (plus ``onnx_max_abs_diff`` with ``onnx``).
 
     Raises:
-        UsageError: If the checkpoint is not one of ``vit fit``, ``out`` is a file or a folder that is not empty,
-            ``ema`` asks for absent EMA weights, or the ONNX check fails. Nothing is left behind.
+        CheckpointError: If the checkpoint is not one of ``vit fit`` that describes its model.
+        UsageError: If ``out`` is a file or a folder that is not empty, ``ema`` asks for absent EMA weights, or the
+            ONNX check fails. Nothing is left behind.
     """
     from safetensors.torch import save_file
 
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``vit export`` on ``argv`` (default ``sys.argv[1:]``); returns 0.
 
     Raises:
-        UsageError: For bad input (the ``vit`` entry point prints one ``error:`` line and exits 2).
+        VitError: For bad input (the ``vit`` entry point prints one ``error:`` line and exits 2).
     """
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     config = export(args.ckpt_path, args.out, onnx=args.onnx, ema=args.ema)

@@ -9,14 +9,12 @@ embeddings and prefix tokens; linear warm-up then cosine decay per optimiser ste
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch import Callback, LightningModule, Trainer
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
 from timm.loss import SoftTargetCrossEntropy
@@ -28,12 +26,13 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from .callbacks.metadata import CheckpointMetadata
+from .callbacks.patch_dropout import UnmaskedEpochs
+from .callbacks.throughput import TrainingThroughput
+from .checkpoints.state import check_checkpoint_fits
+from .errors import ConfigError
 from .models import VisionTransformer, create_model, load_pretrained
-from .models.checkpoint_errors import check_checkpoint_fits
-
-
-class ConfigError(ValueError):
-    """An ``ImageClassifier`` argument that cannot work (unknown preset, bad override, sizes that disagree)."""
+from .tta import TestTimeAugment, averaged_logits
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
@@ -136,7 +135,7 @@ class ImageClassifier(LightningModule):
         ema_warmup: bool = False,
         unmasked_epochs: int = 0,
         compile: bool = False,
-        test_time_augment: Literal["none", "flip", "flip_translate"] = "none",
+        test_time_augment: TestTimeAugment = "none",
     ) -> None:
         super().__init__()
         with warnings.catch_warnings():  # Lightning warns about module arguments; we drop an object just below
@@ -189,10 +188,6 @@ class ImageClassifier(LightningModule):
         patch_embed = getattr(self.model, "patch_embed", None)
         if patch_embed is not None and not compile:
             self.example_input_array = torch.zeros(1, patch_embed.in_chans, *patch_embed.img_size)
-        self._batch_start: float | None = None
-        self._timed_images = 0  # training throughput over the fit: images and seconds between batch starts
-        self._timed_seconds = 0.0
-        self._last_batch_size = 0
 
     @staticmethod
     def _build_model(
@@ -266,88 +261,32 @@ class ImageClassifier(LightningModule):
             if self.model_ema is not None:
                 self.model_ema.module.load_state_dict(self.model.state_dict())
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Make the checkpoint stand on its own: store what inference needs under ``vit_inference`` (class names,
-        mean and std, image size, the eval transform's rule, every model argument, library versions;
-        :func:`vit.inference.inference_metadata`), read from the trainer's data module when there is one."""
-        from .inference import METADATA_KEY, inference_metadata, model_args
-
-        if not isinstance(self.model, VisionTransformer):
-            return  # another network: its arguments are not ours to describe
-        head = (self.model.num_classes, self.model.global_pool)
-        if getattr(self, "_model_args", (None, None))[0] != head:  # checked once (it builds a copy of the model)
-            try:
-                self._model_args = (head, model_args(self.model, self.hparams))
-            except ValueError as err:  # not recoverable: the checkpoint loads as before, through its hparams
-                rank_zero_warn(f"the checkpoint will not describe its model for inference: {err}")
-                self._model_args = (head, None)
-        args = self._model_args[1]
-        if args is None:
-            return
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        names = getattr(datamodule, "class_names", None)
-        mean, std = getattr(datamodule, "mean", None), getattr(datamodule, "std", None)
-        rule = getattr(datamodule, "preset", None)
-        checkpoint[METADATA_KEY] = inference_metadata(self.model, self.hparams, names, mean, std, rule, args=args)
-
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture with one message listing its missing, unexpected and
-        mis-shaped keys (:func:`~vit.models.checkpoint_errors.check_checkpoint_fits`), for a resumed run as for
+        mis-shaped keys (:func:`~vit.checkpoints.check_checkpoint_fits`), for a resumed run as for
         ``load_from_checkpoint``."""
         if self.strict_loading:
             trainer = self._trainer  # None outside a Trainer (load_from_checkpoint)
             check_checkpoint_fits(self, checkpoint, source=trainer.ckpt_path if trainer is not None else None)
 
     # ----------------------------------------------------------------------------------------------- training
-    @property
-    def throughput(self) -> float:
-        """Training images per second (all devices) over the fit so far, the mean of ``train/img_per_sec``
-        weighted by time (each epoch's first batch and validation excluded); ``nan`` before two batches ran."""
-        return self._timed_images / self._timed_seconds if self._timed_seconds > 0 else float("nan")
-
-    def on_fit_start(self) -> None:
-        self._timed_images, self._timed_seconds = 0, 0.0
-
-    def on_train_epoch_start(self) -> None:
-        self._batch_start = None  # validation ran in between: restart the throughput clock
-        self._set_patch_dropout()
-
-    def on_train_start(self) -> None:
-        self._set_patch_dropout()  # a fit resumed inside an epoch does not run on_train_epoch_start for that epoch
-        unmasked, max_epochs = self.hparams.unmasked_epochs, self.trainer.max_epochs
-        if unmasked and unmasked >= max_epochs and not self.trainer.fast_dev_run:
-            rank_zero_warn(
-                f"model.unmasked_epochs {unmasked} is not less than trainer.max_epochs {max_epochs}: every epoch "
-                "trains on all patches, PatchDropout never runs"
-            )
-
-    def on_train_end(self) -> None:
-        if self.hparams.unmasked_epochs and self.current_epoch < self.trainer.max_epochs:
-            rank_zero_warn(
-                f"training stopped at step {self.global_step}, before the end of trainer.max_epochs "
-                f"{self.trainer.max_epochs} (max_time or max_steps), so model.unmasked_epochs "
-                f"{self.hparams.unmasked_epochs} did not run in full: the final weights were tuned with PatchDropout on"
-            )
-
-    def _set_patch_dropout(self) -> None:
+    def configure_callbacks(self) -> list[Callback]:
+        """The callbacks every run of this module has (Lightning adds them to the trainer's): ``train/img_per_sec``
+        (:class:`~vit.callbacks.TrainingThroughput`), the checkpoint's description for inference
+        (:class:`~vit.callbacks.CheckpointMetadata`) and, with ``unmasked_epochs``, the PatchDropout schedule
+        (:class:`~vit.callbacks.UnmaskedEpochs`). A trainer that already has a throughput or metadata callback (its
+        own, or this module's from an earlier ``fit``) keeps it; the schedule is this module's own and always new."""
+        present = {type(cb) for cb in self._trainer.callbacks} if self._trainer is not None else set()
+        callbacks: list[Callback] = [cb() for cb in (TrainingThroughput, CheckpointMetadata) if cb not in present]
         if self.hparams.unmasked_epochs:
-            unmasked = self.current_epoch >= self.trainer.max_epochs - self.hparams.unmasked_epochs
-            self.model.patch_drop.prob = 0.0 if unmasked else self._patch_drop_rate  # timm's PatchDropout skips at 0
+            callbacks.append(UnmaskedEpochs(self.hparams.unmasked_epochs, self._patch_drop_rate))
+        return callbacks
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # The rate this step uses; under layer decay the largest one (the head's).
         # Python numbers are logged as CPU tensors: Lightning would copy a number to the GPU, a synchronisation.
         lr = max(g["lr"] for g in self.trainer.optimizers[0].param_groups)
         self.log("train/lr", torch.tensor(lr), on_step=True)
-        now = time.perf_counter()
-        if self._batch_start is not None:
-            # The one owner of training throughput (the run summary copies its mean): images of the previous step.
-            images = self._last_batch_size * self.trainer.world_size
-            self._timed_images += images
-            self._timed_seconds += now - self._batch_start
-            self.log("train/img_per_sec", torch.tensor(images / (now - self._batch_start)), on_step=True, prog_bar=True)
-        self._batch_start = now
-        self._last_batch_size = batch[0].shape[0]
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -381,21 +320,8 @@ class ImageClassifier(LightningModule):
     # --------------------------------------------------------------------------------------------- evaluation
     def _test_time_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of the images alone, and the log of the mean class probabilities over ``test_time_augment``'s
-        views (equal to the first when it is ``"none"``)."""
-        logits = self.eval_model(x)
-        views = [x]
-        if self.hparams.test_time_augment != "none":
-            views.append(x.flip(-1))
-        if self.hparams.test_time_augment == "flip_translate":
-            height, width = x.shape[-2:]
-            dy, dx = max(1, round(height / 16)), max(1, round(width / 16))
-            padded = F.pad(torch.cat(views[:2]), (dx, dx, dy, dy), mode="reflect")
-            for y, x0 in ((0, 0), (2 * dy, 2 * dx)):  # shifted down-right, then up-left
-                views.extend(padded[..., y : y + height, x0 : x0 + width].chunk(2))
-        if len(views) == 1:
-            return logits, logits
-        log_probs = [logits.log_softmax(-1)] + [self.eval_model(view).log_softmax(-1) for view in views[1:]]
-        return logits, torch.logsumexp(torch.stack(log_probs), dim=0) - math.log(len(views))  # log of the mean
+        views (:func:`vit.tta.averaged_logits`)."""
+        return averaged_logits(self.eval_model, x, self.hparams.test_time_augment)
 
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str, metrics: MetricCollection) -> None:
         x, y = batch

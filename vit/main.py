@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib import import_module
 
-from vit.errors import EXIT_BAD_INPUT, EXIT_OK, UsageError, fail, suggest
+from vit.errors import EXIT_BAD_INPUT, EXIT_OK, UsageError, VitError, exit_with, fail, suggest
 
 
 def _lightning(sub: str) -> Callable[[list[str]], int]:
@@ -104,8 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``vit`` on ``argv`` (default ``sys.argv[1:]``) and return its exit status.
 
     Raises:
-        SystemExit: with status 2 after one ``error:`` line for bad input (also for a :class:`UsageError` raised by a
-            subcommand).
+        SystemExit: with status 2 after one ``error:`` line for bad input, and with its own status after a
+            :class:`~vit.errors.VitError` raised by a subcommand (:data:`vit.errors.EXIT_STATUSES`).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -121,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(f"unknown subcommand {sub!r}{suggest(sub, SUBCOMMANDS)}; `vit --help` lists them")
     try:
         return SUBCOMMANDS[sub][1](rest)
-    except UsageError as err:
-        fail(err)
+    except VitError as err:
+        exit_with(err)
 
 
 def console(prefix: Sequence[str] = ()) -> None:

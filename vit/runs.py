@@ -10,13 +10,17 @@ The one owner of the mechanism that the CLI, the W&B loggers and the resume call
   continues in that folder with its W&B run id (:func:`wandb_run_id`);
 - the DDP processes that Lightning starts find rank 0's folder through :data:`RUN_DIR_ENV`; under multi-node DDP only
   the job's first process claims a folder (:func:`first_process_of_job`), the others write nothing of their own;
-- ``last.ckpt`` itself goes to the run's ``checkpoints/`` (:func:`last_checkpoint_path`).
+- ``last.ckpt`` itself goes to the run's ``checkpoints/`` (:func:`last_checkpoint_path`);
+- the CLI's policy: which folder a ``fit``, ``validate``, ``test`` or ``predict`` writes to (:func:`choose_run_folder`,
+  :func:`place_run_outputs`) and which ``last.ckpt`` ``--ckpt_path last`` means (:func:`resolve_last_checkpoint`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import warnings
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from jsonargparse import Namespace
 
+from .errors import MissingCheckpointError
 from .models import model_config
 
 if TYPE_CHECKING:
@@ -194,3 +199,98 @@ def last_checkpoint_path(trainer: Trainer) -> Path:
     if callback is not None and callback.dirpath:
         return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
     return Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+
+
+# ------------------------------------------------------------------------------------------- the CLI's policy
+def resolve_last_checkpoint(config: Namespace, subcommand: str) -> tuple[str | None, Path | None]:
+    """What ``--ckpt_path last`` means: ``(checkpoint, run folder)``. With ``checkpoint.dirpath`` or
+    ``trainer.default_root_dir`` set, the ``last.ckpt`` there (no run folder to continue); else the newest
+    ``last.ckpt`` of the config's runs (:func:`find_last_checkpoint`) and its run. ``fit`` without one starts a new run
+    (``(None, None)``); the other subcommands refuse to evaluate an untrained model.
+
+    Args:
+        config: The subcommand's parsed config.
+        subcommand: ``fit``, ``validate``, ``test`` or ``predict``.
+
+    Raises:
+        MissingCheckpointError: If there is no ``last.ckpt`` to evaluate.
+    """
+    resumed = None
+    if _get(config, "checkpoint.dirpath") or _get(config, "trainer.default_root_dir"):
+        folder = _get(config, "checkpoint.dirpath") or Path(config.trainer.default_root_dir, "checkpoints")
+        path: Path | None = Path(folder, "last.ckpt")
+        path = path if path.is_file() else None
+    else:
+        path = find_last_checkpoint(config.runs_dir, config_name(config))
+        resumed = run_folder_of(path) if path is not None else None
+    fitting = subcommand == "fit"
+    if path is None and not fitting:  # nothing to evaluate: never silently use an untrained model
+        raise MissingCheckpointError(
+            f"--ckpt_path last: no last.ckpt of config {config_name(config)!r} under {config.runs_dir}/; "
+            "train one first with `vit fit`, or pass --ckpt_path <file>"
+        )
+    if path is None:
+        sys.stderr.write("--ckpt_path last: no last.ckpt of this config yet, starting a new run\n")
+        return None, None
+    sys.stderr.write(f"--ckpt_path last: {'resuming' if fitting else 'using'} {path}\n")
+    return str(path), resumed
+
+
+def choose_run_folder(
+    config: Namespace, subcommand: str, resumed: Path | None = None, given_name: str | None = None
+) -> tuple[Path, str, str | None]:
+    """The folder a CLI run writes to, its run name and the W&B run id it continues: ``(folder, name, run id)``.
+
+    In order: a DDP process started by rank 0 takes rank 0's folder (:data:`RUN_DIR_ENV`); a set
+    ``trainer.default_root_dir`` is the folder; a fit resumed with ``--ckpt_path last`` continues its run in place; on
+    another node of a multi-node fit only the name is chosen (the job's first process claims the folder); else
+    ``fit`` claims ``<runs_dir>/<config>/<name>``, and ``validate``/``test``/``predict`` of a run's checkpoint claim
+    ``<run>/<subcommand>-<time>`` below that run (of another file, ``<runs_dir>/<config>/<subcommand>-<name>``).
+
+    Args:
+        config: The subcommand's parsed config.
+        subcommand: ``fit``, ``validate``, ``test`` or ``predict``.
+        resumed: The run folder ``--ckpt_path last`` resumes (:func:`resolve_last_checkpoint`).
+        given_name: A run name the user gave its W&B logger; default :func:`default_run_name`.
+    """
+    inherited = os.environ.get(RUN_DIR_ENV) if int(os.environ.get("LOCAL_RANK", "0")) > 0 else None
+    if inherited:  # a DDP process started by rank 0: the same run, the same folder
+        return Path(inherited), Path(inherited).name, None
+    if config.trainer.get("default_root_dir"):  # the user chose the folder
+        return Path(config.trainer.default_root_dir), default_run_name(config), None
+    if resumed is not None and subcommand == "fit":  # --ckpt_path last: continue that run in place
+        # ModelCheckpoint warns that its folder "exists and is not empty": expected when a run continues there.
+        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+        return resumed, resumed.name, wandb_run_id(resumed)
+    if subcommand == "fit" and not first_process_of_job():
+        # Another node's first process (multi-node DDP): the job's first process claims the run folder; this one
+        # writes nothing there (checkpoints, config, W&B and media are written by global rank 0, and
+        # ModelCheckpoint broadcasts rank 0's folder), so it claims none and only names where rank 0's would be.
+        name = default_run_name(config)
+        return Path(config.runs_dir, config_name(config), name), name, None
+    name = given_name or default_run_name(config)
+    ckpt_run = run_folder_of(config.ckpt_path) if config.get("ckpt_path") else None
+    if subcommand == "fit" or ckpt_run is None:
+        base = Path(config.runs_dir, config_name(config))
+        folder = claim_folder(base / (name if subcommand == "fit" else f"{subcommand}-{name}"))
+    else:  # evaluating or applying a run's checkpoint: below that run, never over its files
+        folder = claim_folder(ckpt_run / f"{subcommand}-{datetime.now():%m%d-%H%M%S}")
+    return folder, folder.name if subcommand == "fit" else name, None
+
+
+def place_run_outputs(config: Namespace, subcommand: str, folder: Path) -> None:
+    """Point the run's outputs at ``folder``: ``trainer.default_root_dir``, :data:`RUN_DIR_ENV` (for the DDP processes
+    Lightning starts later) and ``checkpoint.dirpath`` unless set: a fit's own ``checkpoints/``; when evaluating a
+    checkpoint, its folder (where it restores its state from).
+
+    Args:
+        config: The subcommand's parsed config (changed in place).
+        subcommand: ``fit``, ``validate``, ``test`` or ``predict``.
+        folder: :func:`choose_run_folder`'s folder.
+    """
+    os.environ[RUN_DIR_ENV] = str(folder)
+    config.trainer.default_root_dir = str(folder)
+    if config.get("checkpoint") is not None and not config.checkpoint.get("dirpath"):
+        ckpt = config.get("ckpt_path")
+        own = subcommand == "fit" or not ckpt or "://" in str(ckpt)
+        config.checkpoint.dirpath = str(folder / "checkpoints" if own else Path(ckpt).parent)

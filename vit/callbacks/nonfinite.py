@@ -8,12 +8,9 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from ..errors import NonFiniteError
 from ..runs import last_checkpoint_path
 from .resume import sync_epoch_metrics
-
-
-class NonFiniteError(RuntimeError):
-    """Training produced a non-finite loss, gradient or weight."""
 
 
 class NonFiniteGuard(Callback):

@@ -1,7 +1,7 @@
 """What a run achieved and where it went: the end-of-fit report, and the model's size in the W&B run summary.
 
-Training throughput has one owner, the LightningModule (``train/img_per_sec``, every step; its mean over the fit is
-:attr:`vit.ImageClassifier.throughput`); this callback only copies that mean into the summary and the report.
+Training throughput has one owner, :class:`~vit.callbacks.TrainingThroughput` (``train/img_per_sec``, every step; its
+mean over the fit is its ``throughput``); this callback only copies that mean into the summary and the report.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch import nn
 from ..loggers import log_summary, wandb_run_folders
 from ..models.flops import forward_flops
 from ..runs import last_checkpoint_path
+from .throughput import training_throughput
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:
@@ -75,7 +76,7 @@ class RunSummary(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.is_global_zero:
             return
-        throughput = getattr(pl_module, "throughput", float("nan"))
+        throughput = training_throughput(trainer)
         if throughput == throughput:  # not nan
             log_summary(trainer, {"train/img_per_sec": throughput})
         sys.stdout.write(self.report(trainer, throughput) + "\n")

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from ..atomic import write_bytes
-from ..errors import ArgumentParser
-from ..inference import read_metadata
+from ..checkpoints import data_settings, load_checkpoint, load_file, rebuild_datamodule
+from ..errors import ArgumentParser, InputError, VitError
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD
 from .panels import png_bytes, render_grid, render_panel
 from .report import render_report
@@ -37,10 +37,6 @@ from .rollout import HeadFusion
 
 METHODS = ("rollout", "attribution")
 GRID_IMAGES = 32  # the grid PNG shows the first images only
-
-
-class InputError(Exception):
-    """Bad input: a one-line message for the user, exit status 2."""
 
 
 @dataclass
@@ -53,7 +49,7 @@ class Explainer:
     std: tuple[float, ...]
     preset: str
     class_names: list[str] | None
-    data: Any = None  # the run's ImageDataModule (Lightning checkpoints whose data settings work here)
+    data: Any = None  # the run's ImageDataModule (checkpoints of `vit fit` whose data settings work here)
 
 
 def _first_line(err: BaseException) -> str:
@@ -61,24 +57,21 @@ def _first_line(err: BaseException) -> str:
 
 
 def load_explainer(checkpoint: Path, model_name: str | None = None, img_size: int | None = None) -> Explainer:
-    """A Lightning checkpoint of :class:`vit.ImageClassifier`, or plain weights loaded into preset ``model_name``.
+    """A checkpoint of ``vit fit`` (it describes its model and preprocessing), or plain weights loaded into preset
+    ``model_name``.
 
     Raises:
-        InputError: If the file is missing or not a checkpoint, holds plain weights without ``model_name``, or
-            does not fit ``model_name``.
+        InputError: If the file is missing or holds plain weights without ``model_name``, or ``model_name`` is
+            unknown or does not fit the weights.
+        CheckpointError: If the file is not a checkpoint, or a Lightning checkpoint that does not describe its model.
     """
-    from ..models import create_model, load_file, load_pretrained
+    from ..models import create_model, load_pretrained
 
     if not checkpoint.is_file():
         raise InputError(f"checkpoint {checkpoint} not found: pass the .ckpt written by `vit fit` (e.g. last.ckpt)")
-    try:
-        raw = load_file(checkpoint)
-    except Exception as err:
-        raise InputError(_first_line(err)) from None
+    raw = load_file(checkpoint)
     if isinstance(raw, dict) and "hyper_parameters" in raw and model_name is None:
-        if read_metadata(raw) is not None:
-            return _from_metadata(checkpoint, raw)
-        return _from_lightning(checkpoint, raw)
+        return _from_checkpoint(checkpoint, raw)
     if model_name is None:
         raise InputError(
             f"{checkpoint} holds plain weights, not a Lightning checkpoint of vit.ImageClassifier: "
@@ -95,51 +88,15 @@ def load_explainer(checkpoint: Path, model_name: str | None = None, img_size: in
     return Explainer(model.eval(), model.patch_embed.img_size[0], IMAGENET_MEAN, IMAGENET_STD, "imagenet", None)
 
 
-def _from_metadata(checkpoint: Path, raw: dict) -> Explainer:
-    """A checkpoint that carries its description (:mod:`vit.inference`): nothing else is read; the run's data module
-    is kept for ``--split val`` when its settings work here."""
-    from ..data import ImageDataModule
-    from ..errors import UsageError
-    from ..inference import load_checkpoint
-
-    try:
-        loaded = load_checkpoint(checkpoint)  # the EMA weights when the run kept an EMA, as validation used
-    except UsageError as err:
-        raise InputError(str(err)) from None
+def _from_checkpoint(checkpoint: Path, raw: dict) -> Explainer:
+    """A checkpoint of ``vit fit``: model, image size, statistics and class names from its description
+    (:mod:`vit.checkpoints`); the run's data module is kept for ``--split val`` when its settings work here."""
+    loaded = load_checkpoint(checkpoint)  # the EMA weights when the run kept an EMA, as validation used
     meta = loaded.meta
-    data = {k: v for k, v in (raw.get("datamodule_hyper_parameters") or {}).items() if not k.startswith("_")}
-    try:
-        datamodule = ImageDataModule(**{**data, "num_workers": 0})
-    except Exception:  # the training data is not here: only --split val needs it
-        datamodule = None
-    names = meta.get("class_names")
+    # A few hundred images: worker processes would cost more than they save.
+    datamodule = rebuild_datamodule(data_settings(raw), num_workers=0)
     return Explainer(loaded.model, int(meta["img_size"][0]), tuple(meta["mean"]), tuple(meta["std"]),
-                     meta["eval_transform"], names, datamodule)  # fmt: skip
-
-
-def _from_lightning(checkpoint: Path, raw: dict) -> Explainer:
-    from .. import ImageClassifier
-    from ..data import ImageDataModule
-
-    try:
-        module = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise InputError(f"cannot rebuild the model of {checkpoint}: {_first_line(err)}") from None
-    model = module.eval_model.eval()  # the EMA weights when the run kept an EMA
-    data = dict(raw.get("datamodule_hyper_parameters") or {})
-    data.pop("_class_path", None)
-    data.pop("_instantiator", None)
-    data["num_workers"] = 0  # a few hundred images: worker processes would cost more than they save
-    mean, std, preset, names, datamodule = IMAGENET_MEAN, IMAGENET_STD, "imagenet", None, None
-    try:  # the data module knows the normalisation and the class names (a folder dataset needs its folder)
-        datamodule = ImageDataModule(**data)
-        mean, std, preset, names = datamodule.mean, datamodule.std, datamodule.preset, datamodule.class_names
-    except Exception as err:
-        print(f"note: the run's data settings are not usable here ({_first_line(err)}); using ImageNet "
-              "normalisation and class indices", file=sys.stderr)  # fmt: skip
-    if names is not None and len(names) != getattr(model, "num_classes", len(names)):
-        names = None
-    return Explainer(model, model.patch_embed.img_size[0], tuple(mean), tuple(std), preset, names, datamodule)
+                     meta["eval_transform"], meta.get("class_names"), datamodule)  # fmt: skip
 
 
 def load_split(explainer: Explainer, limit: int | None = None) -> tuple[list[Path], torch.Tensor, torch.Tensor]:
@@ -154,7 +111,7 @@ def load_split(explainer: Explainer, limit: int | None = None) -> tuple[list[Pat
         InputError: If the checkpoint's data settings are not usable on this machine.
     """
     if explainer.data is None:
-        raise InputError("--split val needs a Lightning checkpoint whose data settings work here; pass image files")
+        raise InputError("--split val needs a checkpoint of `vit fit` whose data settings work here; pass image files")
     batches = [(batch[0].cpu(), batch[1].cpu()) for batch in explainer.data.val_dataloader()]
     images, labels = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
     index = torch.arange(len(images))
@@ -335,9 +292,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             pixels = load_images(explainer, files)
         results = compute_for(explainer, pixels, args, labels)
         write_outputs(args, files, results)
-    except InputError as err:
+    except VitError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return err.exit_status
     except OSError as err:  # an unwritable --out, --json or --html
         print(f"error: cannot write the outputs: {err}", file=sys.stderr)
         return 2
@@ -352,12 +309,6 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     written += [f"{option} {path}" for option, path in (("JSON", args.json), ("report", args.html)) if path]
     print(f"explained {len(files)} images: {', '.join(written)}", file=sys.stderr)
     return 0
-
-
-def rollout_main(argv: Sequence[str] | None = None) -> int:
-    """``scripts/rollout.py``, the old name: :func:`main` with ``--method rollout --out rollout`` by default."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    return main(["--method", "rollout", "--out", "rollout", *argv], prog="rollout.py")
 
 
 def write_outputs(args: argparse.Namespace, files: Sequence[Path], results: Results) -> None:

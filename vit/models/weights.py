@@ -1,7 +1,8 @@
-"""Safe loading of weight files and of pretrained weights into a :class:`VisionTransformer`.
+"""Pretrained weights into a :class:`VisionTransformer`: the position grid resampled, a head of another class
+count dropped (timm's ``load_pretrained`` adaptations).
 
-Every file is read with ``torch.load(weights_only=True)`` or from safetensors: a pickle that needs
-arbitrary code to load is refused.
+Files are read by :mod:`vit.checkpoints` (``torch.load(weights_only=True)`` or safetensors: a pickle that needs
+arbitrary code to load is refused); its readers are re-exported here for ``vit.models``.
 """
 
 from __future__ import annotations
@@ -13,61 +14,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..layers import resample_pos_embed
-from .checkpoint_errors import (
+from ..checkpoints.files import load_file, read_checkpoint
+from ..checkpoints.state import describe_mismatch, extract_state_dict
+from ..errors import (
     CorruptCheckpointError,
     IncompatibleCheckpointError,
     MissingCheckpointError,
     UnsafeCheckpointError,
-    describe_mismatch,
-    read_checkpoint,
 )
+from ..layers import resample_pos_embed
 
 log = logging.getLogger(__name__)
-
-_WRAPPER_KEYS = ("state_dict", "model", "state_dict_ema", "model_ema")
-
-
-def load_file(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Read a ``.safetensors`` file or a torch pickle with ``weights_only=True`` (:func:`read_checkpoint`).
-
-    Raises:
-        MissingCheckpointError: If ``path`` does not exist (a ``FileNotFoundError``).
-        CorruptCheckpointError: If the file is not a PyTorch checkpoint (text, random bytes, empty, truncated).
-        UnsafeCheckpointError: If the pickle needs arbitrary code (it is never executed).
-    """
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        if not path.is_file():
-            raise MissingCheckpointError(f"checkpoint file not found: {path}")
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file as load_safetensors
-
-        try:
-            return load_safetensors(str(path), device=str(map_location))
-        except SafetensorError as err:
-            raise CorruptCheckpointError(f"{path} is not a safetensors file ({err})") from None
-    return read_checkpoint(path, map_location=map_location)
-
-
-def extract_state_dict(checkpoint: Mapping) -> dict[str, torch.Tensor]:
-    """The model state dict inside a checkpoint: timm/our ``.pth`` files, wrapped dicts, Lightning ``.ckpt``.
-
-    A Lightning checkpoint of :class:`vit.ImageClassifier` stores the network under ``model.`` and, with EMA,
-    the averaged copy under ``model_ema.module.``, which is preferred (it is what was validated); the prefix (and
-    ``_orig_mod.`` from ``torch.compile``, ``module.`` from DDP wrappers) is stripped.
-    """
-    state = checkpoint
-    for key in _WRAPPER_KEYS:
-        if isinstance(state.get(key), Mapping) and not isinstance(state.get(key), torch.Tensor):
-            state = state[key]
-            break
-    state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-    for prefix in ("model_ema.module.", "model.", "_orig_mod.", "module."):
-        if not any(k.startswith("patch_embed.") for k in state):
-            inner = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-            state = inner or state
-    return state
 
 
 def load_pretrained(
