@@ -2,6 +2,7 @@
 // selected query's row in every block and head, the overlays and the statistics. Written by vit.explain.explorer.
 (() => {
   "use strict";
+  const started = performance.now(); // when the page's script starts (after the HTML is parsed)
   const D = JSON.parse(document.getElementById("explorer-data").textContent);
   const [GH, GW] = D.grid;
   const [PH, PW] = D.patch;
@@ -326,7 +327,7 @@
     pending = pending.then(draw);
     return pending;
   }
-  const timings = { open: null, click: [] };
+  const timings = { start: started, parsed: null, open: null, click: [] };
   async function timed(action) {
     const start = performance.now();
     await action();
@@ -398,8 +399,10 @@
     });
   }
 
+  timings.parsed = performance.now();
   setup();
   $("stage").append(heatCanvas);
+  timings.setup = performance.now();
   const ready = update({}).then(() => { timings.open = performance.now(); });
   // For tests and benchmarks: the state, the decoded rows of the shown image, and a way to select.
   window.explorer = {
