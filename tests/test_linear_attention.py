@@ -171,3 +171,29 @@ def test_attention_suite_linear_rows_and_checks():
     assert all(r["kib_per_token"] > 0 for r in rows)
     names = [c["name"].split(":")[0] for c in report["attention"]["checks"]]
     assert names == ["linear elu", "linear relu"]  # flatness only: no 64x64 grid here
+
+
+def test_normaliser_is_a_hookable_parameter_free_module():
+    """Explanation rules reach the division through ``layer.normalise``: a pre-hook that detaches the denominator
+    keeps the output and changes only the gradient; the state dict stays Attention's."""
+    torch.manual_seed(0)
+    layer = LinearAttention(12, num_heads=3).double()
+    assert list(layer.state_dict()) == list(Attention(12, num_heads=3).state_dict())
+    x = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
+    out = layer(x)
+    (plain,) = torch.autograd.grad(out.sum(), x)
+    seen = []
+
+    def detach_denominator(module, args):
+        seen.append(args[1].shape)
+        return args[0], args[1].detach()
+
+    handle = layer.normalise.register_forward_pre_hook(detach_denominator)
+    try:
+        hooked = layer(x)
+        (detached,) = torch.autograd.grad(hooked.sum(), x)
+    finally:
+        handle.remove()
+    assert seen == [(2, 3, 5, 1)]
+    torch.testing.assert_close(hooked, out, rtol=0, atol=0)
+    assert not torch.allclose(detached, plain)

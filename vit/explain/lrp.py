@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from ..layers import Attention, CrossAttention, LinearAttention
-from ..layers.linear_attention import Normalise
+from ..layers.linear_attention import EluPlusOne, Normalise
 from ..layers.utils import eval_mode
 from .attribution import resolve_target
 
@@ -238,7 +238,7 @@ def relevance_rules(model: nn.Module, variant: Variant = "attnlrp") -> Iterator[
                 handles.append(module.register_forward_hook(_layer_norm_hook))
             elif isinstance(module, nn.RMSNorm):
                 handles.append(module.register_forward_hook(_rms_norm_hook))
-            elif isinstance(module, _ELEMENTWISE) or type(module).__name__ == "_EluPlusOne":
+            elif isinstance(module, (*_ELEMENTWISE, EluPlusOne)):
                 with torch.no_grad():
                     offset = float(module(torch.zeros(())))
                 handles.append(module.register_forward_hook(_identity_rule_hook(offset)))

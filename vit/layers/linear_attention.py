@@ -30,13 +30,15 @@ FeatureMap = Literal["elu", "relu"]
 def feature_map_fn(name: FeatureMap) -> nn.Module:
     """The positive feature map ``φ``: ``"elu"`` is ``elu(x) + 1``, ``"relu"`` is ``max(x, 0)``."""
     if name == "elu":
-        return _EluPlusOne()
+        return EluPlusOne()
     if name == "relu":
         return nn.ReLU()
     raise ValueError(f"feature_map must be 'elu' or 'relu', got {name!r}")
 
 
-class _EluPlusOne(nn.Module):
+class EluPlusOne(nn.Module):
+    """``elu(x) + 1``, the feature map of Katharopoulos et al. (positive, smooth)."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # In place on elu's output (its backward reads the input): one pass and one tensor fewer than `elu(x) + 1`.
         return F.elu(x).add_(1.0)
