@@ -35,7 +35,7 @@ from ..normalize import normalize
 from .attribution import attention_attribution
 from .capture import attention_modules
 from .overlay import apply_colormap
-from .pipeline import explain_images
+from .pipeline import Explanation, explain_images
 
 ASSETS = Path(__file__).with_name("explorer_assets")
 DEFAULT_MAX_BYTES = 16_000_000
@@ -121,7 +121,7 @@ def _block_info(model: nn.Module) -> list[dict[str, Any]]:
 
 
 def _encode_image(
-    explanation: Any, i: int, maps: Mapping[str, torch.Tensor], offset: int, prefix: int
+    explanation: Explanation, i: int, maps: Mapping[str, torch.Tensor], offset: int, prefix: int
 ) -> dict[str, Any]:
     """Everything the page needs of image ``i`` of one batch (``offset`` = its index among all images)."""
     pixels = (explanation.images[i].clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
@@ -177,7 +177,10 @@ def explorer_payload(
     if images.ndim != 4:
         raise ValueError(f"images must be a (B, C, H, W) batch, got shape {tuple(images.shape)}")
     B = len(images)
-    maps = {name: torch.as_tensor(m).detach().float().cpu() for name, m in (maps or {}).items()}
+    # Non-finite values would make the page's JSON invalid; a signed map is shown by its positive part.
+    maps = {
+        name: torch.as_tensor(m).detach().float().cpu().nan_to_num(0.0, 0.0, 0.0) for name, m in (maps or {}).items()
+    }
     for name, grid_map in maps.items():
         if tuple(grid_map.shape) != (B, *grid):
             raise ValueError(

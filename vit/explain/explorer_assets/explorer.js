@@ -14,6 +14,7 @@
   const G = P > 0 ? 2 : 1; // float16 maxima per row: patch keys, then prefix keys
   const VIEW = 320;
   const $ = (id) => document.getElementById(id);
+  const esc = (text) => String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`); // names into HTML
   const errors = [];
   window.addEventListener("error", (e) => errors.push(String(e.message)));
 
@@ -309,7 +310,7 @@
     }
     for (const b of $("thumbs").querySelectorAll("button")) b.classList.toggle("on", Number(b.dataset.index) === state.image);
     $("top").innerHTML = im.top.map(([c, p]) => `<div class="bar${c === im.pred ? " pred" : ""}">`
-      + `<span class="name">${className(c)}</span><span class="fill" style="width:${Math.round(140 * p)}px"></span>`
+      + `<span class="name">${esc(className(c))}</span><span class="fill" style="width:${Math.round(140 * p)}px"></span>`
       + `<span>${(100 * p).toFixed(1)} %</span></div>`).join("");
     $("overlay").value = state.overlay;
   }
@@ -344,7 +345,7 @@
       const b = document.createElement("button");
       b.dataset.index = i;
       b.title = im.name;
-      b.innerHTML = `<img alt="${im.name}" src="data:image/png;base64,${im.image}">`;
+      b.innerHTML = `<img alt="${esc(im.name)}" src="data:image/png;base64,${im.image}">`;
       b.addEventListener("click", () => timed(() => update({ image: i })));
       $("thumbs").append(b);
     });
@@ -362,7 +363,7 @@
     if (!tokens.length) $("tokens").style.display = "none";
     const names = [["attention", "attention of the query (selected map)"], ...D.map_names.map((n) => [n, n]),
       ["none", "none"]];
-    $("overlay").innerHTML = names.map(([v, t]) => `<option value="${v}">${t}</option>`).join("");
+    $("overlay").innerHTML = names.map(([v, t]) => `<option value="${esc(v)}">${esc(t)}</option>`).join("");
     $("overlay").addEventListener("change", (e) => timed(() => update({ overlay: e.target.value })));
     const bar = $("colorbar").getContext("2d");
     const img = bar.createImageData(256, 10);
@@ -371,7 +372,7 @@
     const f = D.faithfulness;
     if (f && f.deletion_auc) {
       $("faith").innerHTML = "<tr><th>map</th><th>deletion</th><th>insertion</th></tr>" + Object.keys(f.deletion_auc)
-        .map((n) => `<tr><td>${n}</td><td>${f.deletion_auc[n].toFixed(3)}</td>`
+        .map((n) => `<tr><td>${esc(n)}</td><td>${f.deletion_auc[n].toFixed(3)}</td>`
           + `<td>${(f.insertion_auc[n] ?? NaN).toFixed(3)}</td></tr>`).join("");
     } else {
       $("faith-box").style.display = "none";
