@@ -369,3 +369,24 @@ def test_docs_explorer_is_consistent(browser):
             if kind == "window":
                 assert sum(allowed) == 4 and np.all(row[np.array(allowed) == 0] == 0)
     assert page.errors == []
+
+
+def test_benchmark_suite_measures_the_budget_case(browser, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    # In a process of its own: this one already runs Playwright's event loop (the browser fixture).
+    command = [sys.executable, "-m", "vit.bench", "--suite", "explorer", "--device", "cpu", "--explorer-cases",
+               "cifar10_cpu", "--explorer-browser", chromium_path(), "--json", tmp_path / "bench.json"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "bench.json").read_text())
+    (row,) = report["explorer"]["rows"]
+    assert row["case"] == "cifar10_cpu" and row["images"] == 16 and row["weights"] == "initialised"
+    assert 300_000 < row["bytes"] < 2_000_000 and row["write_s"] > 0
+    assert 0 < row["click_ms"] <= row["click_max_ms"] and row["open_ms"] > 0 and row["switch_ms"] > 0
+    budget, speed = report["explorer"]["checks"]
+    assert budget["passed"] == (row["bytes"] <= 1_000_000) and f"{row['bytes']:,} bytes" in budget["detail"]
+    assert speed["passed"] == (max(row["open_ms"], row["click_max_ms"]) < 200)
+    assert "| cifar10_cpu | 16 | initialised |" in result.stdout

@@ -44,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("explorer suite")
     group.add_argument("--explorer-weights", help="state dict of a trained cifar10_cpu model (default: initialised)")
     group.add_argument("--explorer-browser", default=None, help="Chromium executable (default: chromium on PATH)")
+    group.add_argument(
+        "--explorer-cases",
+        nargs="+",
+        choices=tuple(CASES),
+        default=list(CASES),
+        help="models to measure (default: all)",
+    )
 
 
 def images_for(img_size: int, count: int, seed: int, cifar_dir: str | None) -> torch.Tensor:
@@ -101,7 +108,8 @@ def run_explorer_suite(args: argparse.Namespace, device: torch.device, report: d
         log("explorer: no Chromium or no playwright: browser times are not measured")
     rows, checks = [], []
     suite = report.setdefault("explorer", {"rows": rows, "checks": checks})
-    for name, (preset, overrides, count, budget) in CASES.items():
+    for name in args.explorer_cases:
+        preset, overrides, count, budget = CASES[name]
         torch.manual_seed(args.seed)
         model = create_model(preset, **overrides).eval().to(device)
         weights = "initialised"
