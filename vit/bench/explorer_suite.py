@@ -58,7 +58,8 @@ def images_for(img_size: int, count: int, seed: int, cifar_dir: str | None) -> t
     from PIL import Image
 
     rng = np.random.default_rng(seed)
-    bases = sorted(Path(cifar_dir).rglob("*.jpg"))[::97][:count] if cifar_dir else []
+    files = sorted(Path(cifar_dir).rglob("*.jpg")) if cifar_dir else []
+    bases = files[:: max(1, len(files) // count)][:count]  # evenly spaced: every class of a class-sorted folder
     pictures = []
     for i in range(count):
         if i < len(bases):
