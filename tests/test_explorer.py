@@ -390,3 +390,32 @@ def test_benchmark_suite_measures_the_budget_case(browser, tmp_path):
     assert budget["passed"] == (row["bytes"] <= 1_000_000) and f"{row['bytes']:,} bytes" in budget["detail"]
     assert speed["passed"] == (max(row["open_ms"], row["click_max_ms"]) < 200)
     assert "| cifar10_cpu | 16 | initialised |" in result.stdout
+
+
+def test_rollout_logger_keeps_the_images_that_fit(tmp_path):
+    import json
+    import re
+
+    import lightning.pytorch as pl
+
+    from vit import ImageClassifier, ImageDataModule
+    from vit.callbacks import AttentionRolloutLogger
+
+    torch.manual_seed(0)
+    module = ImageClassifier(
+        "vit_tiny_patch4_32", num_classes=10, img_size=32, model_overrides={"depth": 2, "embed_dim": 32, "num_heads": 2}
+    )
+    callback = AttentionRolloutLogger(num_images=4, statistics=False, faithfulness_every_n=0, explorer_max_bytes=70_000)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, accelerator="cpu", max_epochs=1, limit_train_batches=1, limit_val_batches=1,
+        num_sanity_val_steps=0, callbacks=[callback], logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False,
+    )  # fmt: skip
+    trainer.fit(module, ImageDataModule(dataset="digits", img_size=32, batch_size=16, num_workers=0, seed=0))
+    page = (tmp_path / "rollout" / "explorer_epoch_000.html").read_text()
+    assert len(page.encode()) <= 70_000
+    data = json.loads(re.search(r'id="explorer-data">(.*?)</script>', page, re.S).group(1))
+    count = len(data["images"])
+    assert 1 <= count < 4
+    assert data["note"] == f"The first {count} of the 4 explained images (all would pass the size limit)."
+    assert [im["label"] for im in data["images"]] == callback.labels[:count].tolist()

@@ -32,7 +32,7 @@ from ..explain import (
     render_panels,
 )
 from ..explain.attribution import attention_attribution
-from ..explain.explorer import write_explorer
+from ..explain.explorer import DEFAULT_MAX_BYTES, ExplorerTooLarge, write_explorer
 from ..explain.faithfulness import faithfulness
 from ..explain.panels import png_bytes
 from ..explain.selection import fixed_images, select_indices
@@ -153,6 +153,8 @@ class AttentionRolloutLogger(Callback):
         faithfulness_steps: Fractions of patches removed / revealed per curve.
         explorer: Also write the interactive attention explorer (one self-contained HTML file per logged epoch,
             about 60 kB per image for a 64-patch model) and log it to W&B.
+        explorer_max_bytes: Size limit of that file: past it, the explorer holds the first images that fit, and
+            says so on the page.
     """
 
     def __init__(
@@ -172,6 +174,7 @@ class AttentionRolloutLogger(Callback):
         faithfulness_every_n: int = 5,
         faithfulness_steps: int = 10,
         explorer: bool = True,
+        explorer_max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         super().__init__()
         for name, value in (("num_images", num_images), ("every_n_epochs", every_n_epochs), ("ncols", ncols)):
@@ -201,7 +204,7 @@ class AttentionRolloutLogger(Callback):
         self.panel_kwargs = dict(alpha=alpha, cmap=cmap, size=display_size)
         self.attribution, self.faithfulness_every_n = attribution, faithfulness_every_n
         self.faithfulness_steps = faithfulness_steps
-        self.explorer = explorer
+        self.explorer, self.explorer_max_bytes = explorer, explorer_max_bytes
         self.images: torch.Tensor | None = None  # (B, C, H, W) as the data gives them: uint8, or normalised float
         self.labels: torch.Tensor | None = None
         self.indices: list[int] = []
@@ -364,12 +367,23 @@ class AttentionRolloutLogger(Callback):
     ) -> None:
         """Write the explorer of the fixed images into the run folder and log that file to W&B."""
         folder = self.output_dir if self.output_dir is not None else Path(trainer.default_root_dir) / "rollout"
-        names = [f"validation image {i}" for i in self.indices] if self.indices else None
-        path = write_explorer(
-            folder / EXPLORER_FILE.format(epoch), model, self.images, mean=self.mean, std=self.std,
-            labels=self.labels, class_names=self.class_names, names=names, maps=maps, attribution=False,
-            faithfulness=scores, title=f"epoch {epoch}: attention of {len(self.images)} validation images",
-        )  # fmt: skip
+        count, note = len(self.images), None
+        while True:  # images too large for one file: the first ones that fit, and the page says so
+            names = [f"validation image {i}" for i in self.indices[:count]] if self.indices else None
+            try:
+                path = write_explorer(
+                    folder / EXPLORER_FILE.format(epoch), model, self.images[:count], mean=self.mean, std=self.std,
+                    labels=None if self.labels is None else self.labels[:count], class_names=self.class_names,
+                    names=names, maps={k: v[:count] for k, v in maps.items()}, attribution=False,
+                    faithfulness=scores, title=f"epoch {epoch}: attention of {count} validation images", note=note,
+                    max_bytes=self.explorer_max_bytes,
+                )  # fmt: skip
+                break
+            except ExplorerTooLarge as err:
+                if count <= 1 or err.fit < 1:
+                    raise
+                count = min(err.fit, count - 1)
+                note = f"The first {count} of the {len(self.images)} explained images (all would pass the size limit)."
         for logger in loggers.wandb_loggers(trainer):
             import wandb  # with a W&B logger attached, wandb is importable
 

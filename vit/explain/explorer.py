@@ -164,6 +164,7 @@ def explorer_payload(
     attribution: bool = True,
     faithfulness: Mapping[str, Any] | None = None,
     title: str = "attention explorer",
+    note: str | None = None,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     batch_size: int = 8,
 ) -> dict[str, Any]:
@@ -189,6 +190,7 @@ def explorer_payload(
     labels = None if labels is None else torch.as_tensor(labels).reshape(-1)
     payload: dict[str, Any] = {
         "title": title,
+        "note": note,
         "grid": list(grid),
         "patch": list(model.patch_embed.patch_size),
         "size": [int(images.shape[-2]), int(images.shape[-1])],
@@ -286,6 +288,7 @@ def write_explorer(
     attribution: bool = True,
     faithfulness: Mapping[str, Any] | None = None,
     title: str = "attention explorer",
+    note: str | None = None,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     batch_size: int = 8,
 ) -> Path:
@@ -307,6 +310,7 @@ def write_explorer(
         attribution: Compute the attention attribution of each prediction (one backward pass per batch).
         faithfulness: Deletion / insertion areas as :func:`~vit.explain.faithfulness` returns them, or ``None``.
         title: The page title.
+        note: A line shown under the title (e.g. that the images are a subset), or ``None``.
         max_bytes: Refuse (:class:`ExplorerTooLarge`, before anything is written) an explorer larger than this;
             ``None``: no limit.
         batch_size: Images per forward pass.
@@ -319,6 +323,7 @@ def write_explorer(
     """
     payload = explorer_payload(
         model, images, mean=mean, std=std, labels=labels, class_names=class_names, names=names, maps=maps,
-        attribution=attribution, faithfulness=faithfulness, title=title, max_bytes=max_bytes, batch_size=batch_size,
+        attribution=attribution, faithfulness=faithfulness, title=title, note=note, max_bytes=max_bytes,
+        batch_size=batch_size,
     )  # fmt: skip
     return write_bytes(path, render_explorer(payload).encode("utf-8"))

@@ -134,7 +134,7 @@ def _with_explorer(files, results, title, body, model, pixels, mean, std, max_by
                 model, pixels[:count], mean=mean, std=std, class_names=explanation.class_names,
                 labels=None if explanation.labels is None else explanation.labels[:count],
                 names=[file_name(f) for f in files[:count]], maps={k: v[:count] for k, v in maps.items()},
-                attribution=False, faithfulness=results.faithfulness, title=title, max_bytes=max_bytes,
+                attribution=False, faithfulness=results.faithfulness, title=title, note=note, max_bytes=max_bytes,
             )  # fmt: skip
             break
         except ExplorerTooLarge as err:
@@ -145,7 +145,6 @@ def _with_explorer(files, results, title, body, model, pixels, mean, std, max_by
                 f"The explorer holds the first {count} of {len(files)} images (the file size limit); "
                 "the summary below covers all of them."
             )
-    payload["note"] = note
     scoped = re.sub(
         r"([^{}]+)\{", lambda m: ", ".join("#report " + s.strip() for s in m.group(1).split(",")) + " {", STYLE
     )
