@@ -5,11 +5,22 @@ from __future__ import annotations
 import math
 
 import pytest
+import timm.layers
 import torch
 import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
+from torch import nn
 
-from vit.layers import Attention, Block, PatchEmbed, build_sincos_2d_pos_embed, resample_pos_embed
+from vit.layers import (
+    Attention,
+    AttentionBase,
+    AttentionPoolLatent,
+    Block,
+    CrossAttention,
+    PatchEmbed,
+    build_sincos_2d_pos_embed,
+    resample_pos_embed,
+)
 
 
 @pytest.mark.parametrize(("img_size", "patch_size"), [(32, 4), ((48, 32), 8), ((30, 40), (6, 10))])
@@ -176,3 +187,43 @@ def test_block_is_pre_norm_residual():
     expected = h + 0.5 * block.mlp(block.norm2(h))
     torch.testing.assert_close(block(x), expected)
     assert torch.all(block.ls1.gamma == 0.5)
+
+
+def test_self_and_cross_attention_share_the_constructor_and_the_attend_switch():
+    """One constructor and one fused/explicit switch; timm's parameter names in timm's order, so a seeded
+    initialisation draws the same numbers as layers built one by one in that order."""
+    assert Attention.attend is CrossAttention.attend is AttentionBase.attend
+    assert Attention.__init__ is AttentionBase.__init__
+    for ours, theirs in (
+        (
+            Attention(16, 2, qkv_bias=True, qk_norm=True),
+            timm.layers.Attention(16, num_heads=2, qkv_bias=True, qk_norm=True, norm_layer=nn.LayerNorm),
+        ),
+        (
+            AttentionPoolLatent(16, 2, qk_norm=True),
+            timm.layers.AttentionPoolLatent(16, num_heads=2, qk_norm=True, norm_layer=nn.LayerNorm),
+        ),
+    ):
+        assert list(ours.state_dict()) == list(theirs.state_dict())
+    torch.manual_seed(0)
+    layer = CrossAttention(16, 4, qkv_bias=True)
+    torch.manual_seed(0)
+    q, kv, proj = nn.Linear(16, 16), nn.Linear(16, 32), nn.Linear(16, 16)
+    for name, reference in (("q", q), ("kv", kv), ("proj", proj)):
+        torch.testing.assert_close(getattr(layer, name).weight, reference.weight, atol=0, rtol=0)
+        torch.testing.assert_close(getattr(layer, name).bias, reference.bias, atol=0, rtol=0)
+    assert layer.head_dim == 4 and layer.scale == 0.5 and layer.fused_attn
+    with pytest.raises(ValueError, match="embed_dim 16 is not divisible by num_heads 3"):
+        CrossAttention(16, 3)
+
+
+def test_patch_embed_pads_and_keeps_the_grid_as_timm():
+    """dynamic_img_pad pads at the bottom and right like timm's PatchEmbed; NHWC keeps the grid."""
+    ours = PatchEmbed(32, 8, 3, 16, dynamic_img_size=True, dynamic_img_pad=True, output_fmt="NHWC")
+    theirs = timm.layers.PatchEmbed(32, 8, 3, 16, output_fmt="NHWC", strict_img_size=False, dynamic_img_pad=True)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 3, 27, 41)
+    torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=0)
+    assert ours(x).shape == (2, 4, 6, 16) and ours.dynamic_feat_size((27, 41)) == theirs.dynamic_feat_size((27, 41))
+    with pytest.raises(ValueError, match="output_fmt must be 'NLC' or 'NHWC', got 'NCHW'"):
+        PatchEmbed(32, 8, output_fmt="NCHW")
