@@ -163,7 +163,6 @@ def test_bootstrap_interval_by_hand():
     assert ratio == pytest.approx(tuple(np.percentile(ratios, [2.5, 97.5])))
 
 
-@pytest.mark.slow
 def test_benchmark_numbers_equal_faithfulness_and_serialise(model, tmp_path):
     x, labels = images(6), torch.tensor([0, 1, 2, 3, 0, 1])
     bench = benchmark_methods(model, x, labels, ["rollout", "attnlrp", "gradxinput"], steps=4, bootstrap=200)
