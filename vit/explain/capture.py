@@ -73,11 +73,12 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
 def record_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
     """Record every block's dense attention weights during the forward passes run inside the ``with`` block.
 
-    A forward pre-hook on each ``block.attn`` computes ``attn.attention_weights(x)`` (and its mask, for window
-    blocks) on the exact input the block receives, while the model's normal forward pass runs: the caller runs
-    the model however it likes (``model(images)`` for logits, ``forward_features`` for tokens) and gets the
-    attention of that same pass. Hooks are removed on exit, also when the forward pass raises. Training flags
-    and gradient mode are the caller's business (see :func:`capture_attention`).
+    A forward pre-hook on each ``block.attn`` computes ``attn.attention_weights(x)`` (with the mask or the patch
+    grid the block passes: a dynamic image size's ``grid_size``) on the exact input the block receives, while the
+    model's normal forward pass runs: the caller runs the model however it likes (``model(images)`` for logits,
+    ``forward_features`` for tokens) and gets the attention of that same pass. Hooks are removed on exit, also when
+    the forward pass raises. Training flags and gradient mode are the caller's business (see
+    :func:`capture_attention`).
 
     Args:
         model: A model with ``model.blocks[i].attn.attention_weights`` (see :func:`attention_modules`).
@@ -98,10 +99,14 @@ def record_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             x = args[0] if args else kwargs["x"]
             attn_mask = args[1] if len(args) > 1 else kwargs.get("attn_mask")
+            grid_size = args[2] if len(args) > 2 else kwargs.get("grid_size")
+            # A dynamic-size model passes the patch grid of this input; the model's own grid needs no argument,
+            # so attention modules that know no grid keep working.
+            extra = {} if grid_size is None else {"grid_size": grid_size}
             if attn_mask is None:
-                captured[index] = module.attention_weights(x)
+                captured[index] = module.attention_weights(x, **extra)
             else:
-                captured[index] = module.attention_weights(x, attn_mask)
+                captured[index] = module.attention_weights(x, attn_mask, **extra)
 
         return hook
 

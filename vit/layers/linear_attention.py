@@ -113,11 +113,15 @@ class LinearAttention(Attention):
         den = fq @ z.transpose(-2, -1) + self.eps  # (B, heads, N, 1), without an (N, head_dim) temporary
         return self.normalise(fq @ kv, den).to(v.dtype)
 
-    def attention_weights(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def attention_weights(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, grid_size: tuple[int, int] | None = None
+    ) -> torch.Tensor:
         """The implied matrix ``A_ij = φ(q_i)·φ(k_j) / (φ(q_i)·Σ_k φ(k_k) + eps)``, ``(B, heads, N, N)``.
 
         ``A @ v`` reproduces ``forward`` exactly; each row sums to ``s / (s + eps)`` with ``s`` its unnormalised
         sum, i.e. to 1 up to ``eps``. Materialises ``N × N``: for capture and explanation on small grids.
+        ``grid_size`` (a dynamic image size's patch grid) is accepted as :class:`Attention`'s is, and unused:
+        every query attends to every key.
         """
         if attn_mask is not None:
             raise ValueError("LinearAttention takes no attn_mask: every query attends to every key")
