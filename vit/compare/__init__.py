@@ -22,8 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 from vit.compare.report import X_AXES, attention, best, differing_keys, last, plot, series, table, throughput
-from vit.compare.runs import InputError, Run, find_run_files, merge_resumed, read_offline_runs, read_online_runs
-from vit.errors import ArgumentParser, fail
+from vit.compare.runs import Run, find_run_files, merge_resumed, read_offline_runs, read_online_runs
+from vit.errors import ArgumentParser, InputError, fail
 
 __all__ = [
     "X_AXES",

@@ -19,11 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vit.errors import UsageError
-
-
-class InputError(UsageError):
-    """Bad input: a message for the user, exit status 2."""
+from vit.errors import InputError
 
 
 @dataclass
