@@ -2,7 +2,7 @@
 count dropped (timm's ``load_pretrained`` adaptations).
 
 Files are read by :mod:`vit.checkpoints` (``torch.load(weights_only=True)`` or safetensors: a pickle that needs
-arbitrary code to load is refused); its readers are re-exported here for ``vit.models``.
+arbitrary code to load is refused); this module only adapts what was read.
 """
 
 from __future__ import annotations
@@ -14,14 +14,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..checkpoints.files import load_file, read_checkpoint
+from ..checkpoints.files import load_file
 from ..checkpoints.state import describe_mismatch, extract_state_dict
-from ..errors import (
-    CorruptCheckpointError,
-    IncompatibleCheckpointError,
-    MissingCheckpointError,
-    UnsafeCheckpointError,
-)
+from ..errors import IncompatibleCheckpointError
 from ..layers import resample_pos_embed
 
 log = logging.getLogger(__name__)
@@ -86,14 +81,4 @@ def load_pretrained(
     return model
 
 
-__all__ = [
-    "CorruptCheckpointError",
-    "IncompatibleCheckpointError",
-    "MissingCheckpointError",
-    "UnsafeCheckpointError",
-    "describe_mismatch",
-    "extract_state_dict",
-    "load_file",
-    "load_pretrained",
-    "read_checkpoint",
-]
+__all__ = ["load_pretrained"]
