@@ -6,8 +6,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parent.parent / "vit"
 
 
@@ -115,15 +113,5 @@ def test_the_data_package_has_no_import_circle() -> None:
     assert [c for c in cycles(data) if c[0].startswith("vit.data")] == []
 
 
-# Circles outside the data package, left to the modules' owners; each entry says why it is tolerated for now.
-KNOWN: dict[tuple[str, ...], str] = {
-    ("vit.bench", "vit.bench.cli"): "vit.bench.cli.build_parser imports vit.bench for its docstring (--help text)",
-}
-
-
 def test_the_package_has_no_import_circle() -> None:
-    found = [tuple(c) for c in cycles(import_graph())]
-    unexpected = [c for c in found if c not in KNOWN]
-    if not unexpected and found:
-        pytest.xfail(f"known import circles: {[KNOWN[c] for c in found]}")
-    assert unexpected == [], unexpected
+    assert cycles(import_graph()) == []

@@ -1,4 +1,37 @@
-"""``python -m vit.bench``: the benchmark's arguments and the loop over the chosen suites."""
+"""``vit bench`` (``python -m vit.bench``): our ViT against timm's, global against local attention, the data pipelines
+and the attention explorer.
+
+Suites (``--suite model|attention|data|explorer|all``), each printing a table and writing one JSON report
+(``--json``) with the date, versions, device name, thread count and every setting:
+
+- ``model``: training-step (forward, backward, AdamW step) and inference throughput of a preset against timm's
+  ``VisionTransformer`` built from the same configuration and loaded with the same weights, measured alternately
+  (ours then timm, then timm then ours, ...) for several rounds after warm-up; per-round ratios (ours / timm, above
+  1 means we are faster) and their median; peak tensor memory; FLOPs per image and, on CUDA, MFU; and the peak
+  activation memory of a training step with ``set_grad_checkpointing`` against without it.
+- ``attention``: forward + backward time and peak memory per token of ``vit.layers.Attention`` against
+  ``vit.layers.WindowAttention`` (block windows), ``vit.layers.NeighborhoodAttention`` (sliding windows) and
+  ``vit.layers.LinearAttention`` as the patch grid grows, for several window and kernel sizes.
+- ``data``: images/s of one worker (one core, main process) for our albumentations pipelines and torchvision v2
+  equivalents: the CIFAR preset on 32×32 images, and JPEG decode -> random-resized crop 224 -> flip -> normalise,
+  with the normalisation in the worker or, as ``ImageDataModule`` does it, on the device after the copy.
+- ``explorer``: the size of the attention explorer's HTML file, the time to write it and, where a Chromium is
+  found, the browser's time to open it and to answer a click.
+
+Every suite runs with glibc's malloc keeping freed memory for reuse (:mod:`vit.allocator`), as ``vit`` commands do;
+``--no-keep-freed-memory`` measures with the C library's defaults.
+
+The ``model`` and ``attention`` suites import only torch, timm and ``vit``'s model code; albumentations, OpenCV,
+torchvision and ``vit.data`` are imported by the ``data`` suite only, the explorer by the ``explorer`` suite only.
+
+Examples::
+
+    python -m vit.bench --suite model --models vit_small_patch16_224 vit_small_patch4_32 --batch-sizes 8 64
+    python -m vit.bench --suite attention --json runs/attention.json
+    python -m vit.bench --suite model --device cuda --precision bf16 --compile --batch-sizes 512
+
+``scripts/benchmark.py`` is the same command, with cifar10-mini's pictures for the data suite when they are found.
+"""
 
 from __future__ import annotations
 
@@ -18,11 +51,7 @@ SUITES = ("model", "attention", "data", "explorer")
 
 def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     """Every option of every suite; defaults that depend on the device are ``None`` here (see ``parse_args``)."""
-    import vit.bench
-
-    parser = ArgumentParser(
-        prog=prog, description=vit.bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=(*SUITES, "all"), default="all", help="what to measure")
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
