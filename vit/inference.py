@@ -1,8 +1,7 @@
 """A trained model on its own: :class:`Predictor` classifies images with nothing but a checkpoint or an export folder.
 
 Reading the checkpoint or folder, and the description it carries (class names, mean and std, image size, the eval
-transform's rule, every :class:`~vit.VisionTransformer` argument), is :mod:`vit.checkpoints`'s; :func:`load` is
-re-exported from there as ``vit.load``.
+transform's rule, every :class:`~vit.VisionTransformer` argument), is :mod:`vit.checkpoints`'s, as is ``vit.load``.
 
 Example:
     >>> import vit  # doctest: +SKIP
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoints import METADATA_KEY, load, load_any
+from .checkpoints import load_any
 from .errors import InputError, UsageError
 
 
@@ -52,7 +51,7 @@ class Predictor:
         path: A ``.ckpt`` of ``vit fit`` or a folder of ``vit export``.
         device: Where to run the model.
         batch_size: Images per forward pass.
-        ema: As for :func:`load`.
+        ema: As for :func:`vit.load`.
 
     Example:
         >>> predict = Predictor("last.ckpt")  # doctest: +SKIP
@@ -131,4 +130,4 @@ def _rgb(image: ImageInput) -> np.ndarray:
     return np.ascontiguousarray(array[:, :, :3])
 
 
-__all__ = ["METADATA_KEY", "Prediction", "Predictor", "load"]
+__all__ = ["Prediction", "Predictor"]
