@@ -1,11 +1,14 @@
-"""scripts/explain.py (vit.explain.command): overlays, predictions, faithfulness JSON, HTML report, bad input."""
+"""scripts/explain.py (vit.explain.command): overlays per method, predictions, the method benchmark's JSON and curves,
+HTML report, bad input."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -16,10 +19,8 @@ from PIL import Image
 
 from vit import ImageClassifier, ImageDataModule
 from vit.data import build_transforms, load_rgb
-from vit.explain.attribution import attention_attribution
+from vit.explain import METHODS, benchmark_methods
 from vit.explain.command import main
-from vit.explain.faithfulness import faithfulness
-from vit.explain.rollout import rollout_map
 
 ROOT = Path(__file__).resolve().parents[1]
 CIFAR_MINI = ROOT.parent / "shared" / "data" / "cifar10-mini" / "test"
@@ -92,10 +93,12 @@ def stem(file: Path) -> str:
     return f"{file.parent.name}_{file.stem}" if CIFAR_MINI.is_dir() else file.stem  # cat/0970.jpg, ship/0970.jpg
 
 
-def test_overlays_predictions_and_faithfulness_json(checkpoint, tmp_path, explain):
+def test_overlays_predictions_and_method_benchmark(checkpoint, tmp_path, explain):
     files = image_files(tmp_path)
     out, areas = tmp_path / "out", tmp_path / "areas.json"
-    result = explain(checkpoint, *files, "--out", out, "--faithfulness", "--steps", "4", "--json", areas)
+    methods = ["rollout", "attribution", "attnlrp", "gradxinput"]
+    result = explain(checkpoint, *files, "--out", out, "--methods", ",".join(methods), "--faithfulness", "--steps", "4",
+                     "--json", areas)  # fmt: skip
     assert result.returncode == 0, result.stderr
 
     model, batch, data = model_inputs(checkpoint, files)
@@ -105,34 +108,67 @@ def test_overlays_predictions_and_faithfulness_json(checkpoint, tmp_path, explai
         path, name, prob = line.split()
         assert path == str(file) and name == data.class_names[int(p.argmax())]
         assert float(prob) == pytest.approx(p.max().item(), abs=1e-3)
-        for method in ("rollout", "attribution"):
+        for method in methods:
             with Image.open(out / f"{stem(file)}_{method}.png") as panel:
                 assert panel.mode == "RGB" and panel.width > 2 * 224  # image | overlay | colour bar
-    for method in ("rollout", "attribution"):
-        assert (out / f"{method}_grid.png").is_file()
+    assert sorted(p.name for p in out.iterdir() if "grid" in p.name) == sorted(f"{m}_grid.png" for m in methods)
     assert not list(tmp_path.rglob("*.tmp"))
 
-    # The JSON holds what faithfulness() gives on the same maps, computed here independently of the command.
+    # The JSON holds what benchmark_methods() gives on the same images, called here independently of the command.
     written = json.loads(areas.read_text())
-    maps = {"rollout": rollout_map(model, batch), "attribution": attention_attribution(model, batch)}
-    expected = faithfulness(model, batch, maps, steps=4)
-    assert written["num_images"] == 3 and set(written["deletion_auc"]) == {"rollout", "attribution", "random"}
-    for kind in ("deletion_auc", "insertion_auc"):
-        for method, value in expected[kind].items():
-            assert written[kind][method] == pytest.approx(value, abs=1e-5), (kind, method)
+    direct = benchmark_methods(model, batch, None, methods, steps=4, batch_size=64).to_dict()
+    assert written["num_images"] == 3 and written["steps"] == 4 and written["baseline"] == "mean"
+    assert list(written["scores"]) == [*methods, "random"] and written["methods"] == methods
+    assert written["model"] == "vit_tiny_patch4_32" and written["command"].startswith("vit explain ")
+    assert {"date", "machine", "versions"} <= set(written) and written["versions"]["torch"] == torch.__version__
+    for method in [*methods, "random"]:
+        got, expected = written["scores"][method], direct["scores"][method]
+        for key in ("deletion_auc", "insertion_auc", "deletion_ratio", "insertion_ratio"):
+            assert got[key] == pytest.approx(expected[key], abs=1e-5), (method, key)
+        for key in ("deletion_ci", "insertion_ci", "deletion_ratio_ci", "insertion_ratio_ci"):
+            assert got[key] == pytest.approx(expected[key], abs=1e-5), (method, key)
+        assert got["deletion_curve"] == pytest.approx(expected["deletion_curve"], abs=1e-5)
+        assert (got["seconds_per_image"] is None) == (method == "random")
     assert lines[3].startswith("faithfulness on 3 images (4 steps, mean baseline)")
-    assert lines[-1].split()[0] == "random" and float(lines[-1].split()[1]) == pytest.approx(
-        expected["deletion_auc"]["random"], abs=1e-4
+    table = {line.split()[0]: line.split() for line in lines[5:]}
+    assert list(table) == [*methods, "random"]
+    for method in methods:  # deletion AUC, then its ratio to random, as printed
+        assert float(table[method][1]) == pytest.approx(direct["scores"][method]["deletion_auc"], abs=1e-3)
+        assert float(table[method][4]) == pytest.approx(direct["scores"][method]["deletion_ratio"], abs=1e-2)
+    curves = out / "faithfulness_curves.png"
+    assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(curves) as picture:
+        assert picture.format == "PNG" and picture.width > 600
+
+
+def test_default_method_and_the_json_beside_the_overlays(checkpoint, tmp_path, explain):
+    """Without --methods the default map is drawn (AttnLRP); without --json the benchmark goes into the folder."""
+    files = image_files(tmp_path)[:2]
+    result = explain(checkpoint, *files, "--out", tmp_path / "o", "--faithfulness", "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == sorted(
+        [f"{stem(f)}_attnlrp.png" for f in files] + ["attnlrp_grid.png", "faithfulness.json", "faithfulness_curves.png"]
     )
+    assert list(json.loads((tmp_path / "o" / "faithfulness.json").read_text())["scores"]) == ["attnlrp", "random"]
 
 
 def test_method_and_target(checkpoint, tmp_path, explain):
+    """``--method`` is the older name of ``--methods`` (kept as an alias); ``--target`` is the class explained."""
     files = image_files(tmp_path)[:2]
     result = explain(checkpoint, *files, "--out", tmp_path / "a", "--method", "attribution", "--target", "3")
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(
         [f"{stem(f)}_attribution.png" for f in files] + ["attribution_grid.png"]
     )
+    result = explain(checkpoint, *files, "--out", tmp_path / "b", "--method", "both")
+    assert sorted(p.name for p in (tmp_path / "b").iterdir() if "grid" in p.name) == [
+        "attribution_grid.png", "rollout_grid.png"
+    ]  # fmt: skip
+    result = explain(checkpoint, *files, "--out", tmp_path / "c", "--methods", "cp,gradxinput", "--target", "3")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "c").iterdir() if "grid" in p.name) == [
+        "cp_lrp_grid.png", "gradxinput_grid.png"
+    ]  # fmt: skip
 
 
 def test_default_folder_is_new_for_every_run(checkpoint, tmp_path, explain, monkeypatch):
@@ -158,7 +194,7 @@ def test_validation_split(checkpoint, tmp_path, explain):
     assert [(path, name) for path, name, _ in lines] == [
         (f"val/{i:05d}", str(p)) for i, p in zip(index, preds, strict=True)
     ]
-    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["attribution_grid.png", "rollout_grid.png"]
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["attnlrp_grid.png"]
     with pytest.raises(SystemExit) as stop:  # images and --split together
         explain(checkpoint, tmp_path, "--split", "val")
     assert stop.value.code == 2
@@ -202,11 +238,37 @@ def test_bad_input_one_line_exit_2_nothing_written(checkpoint, tmp_path, explain
     )
     one_error_line(explain(checkpoint, image, *outputs, "--target", "cat"), "error: --target 'cat' is neither")
     one_error_line(explain(checkpoint, image, *outputs, "--report-block", "5"), "error: --report-block 5 out of")
+    one_error_line(explain(checkpoint, image, *outputs, "--methods", "rollout,shap"),
+                   "error: --methods: unknown method 'shap': choose from rollout, attribution, attnlrp")  # fmt: skip
+    one_error_line(explain(checkpoint, image, *outputs, "--methods", "rollout", "--method", "both"),
+                   "error: give --methods or --method, not both")  # fmt: skip
     assert not out.exists() and not report.exists() and not areas.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["broken.png", "empty", "notes.ckpt"]
         + ([] if CIFAR_MINI.is_dir() else ["drawn_0.png", "drawn_1.png", "drawn_2.png"])
     )
+
+
+def test_inapplicable_method_or_missing_extra_one_line_nothing_written(checkpoint, tmp_path, explain, monkeypatch):
+    image = image_files(tmp_path)[0]
+    out, report = tmp_path / "out", tmp_path / "report.html"
+    outputs = ("--out", out, "--html", report, "--faithfulness")
+    # A method that cannot read this model (as rollout cannot read a model without attention weights).
+    monkeypatch.setitem(
+        METHODS, "attention", replace(METHODS["attention"], reason_not_applicable=lambda model: "no attention here")
+    )
+    one_error_line(
+        explain(checkpoint, image, *outputs, "--methods", "attnlrp,attention"),
+        "error: --methods: method 'attention' does not apply to this model (no attention here): use one of rollout,",
+    )
+    for name, modules in (("ig", ["captum", "captum.attr"]), ("gradcam", ["pytorch_grad_cam"])):
+        with monkeypatch.context() as missing:
+            for module in modules:
+                missing.setitem(sys.modules, module, None)  # `import module` now raises ImportError
+            result = explain(checkpoint, image, *outputs, "--methods", f"rollout,{name}")
+        one_error_line(result, f"error: --methods {name}: method '{name}' needs the ")
+        assert 'pip install "vit[explain]"' in result.stderr
+    assert not out.exists() and not report.exists()
 
 
 @pytest.mark.slow
@@ -225,6 +287,27 @@ def test_script_file_is_wired(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ HTML report
+def test_report_shows_every_method_side_by_side_and_opens_on_the_explorer(checkpoint, tmp_path, explain):
+    files = image_files(tmp_path)[:2]
+    report = tmp_path / "report.html"
+    methods = ["attnlrp", "rollout", "gradxinput"]
+    result = explain(checkpoint, *files, "--out", tmp_path / "o", "--no-overlays", "--html", report,
+                     "--methods", ",".join(methods), "--faithfulness", "--steps", "2")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    text = report.read_text()
+    panels = re.findall(r'<div class="panel">(.*?)</figure></div>', text.split('<section id="report">', 1)[1], re.S)
+    assert len(panels) == 2
+    for panel, file in zip(panels, files, strict=True):  # the image, then one overlay per method, in order
+        assert re.findall(r'alt="([^"]+)"', panel) == [f"image {file.name}"] + [f"{m} of {file.name}" for m in methods]
+    data = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', text, re.S)
+    payload = json.loads(data.group(1))
+    assert set(payload["map_names"]) == set(methods) and len(payload["images"]) == 2
+    assert set(payload["faithfulness"]["deletion_auc"]) == {*methods, "random"}
+    table = text.split('<table id="faithfulness">', 1)[1].split("</table>", 1)[0]
+    assert [re.sub("<.*?>", "", row) for row in re.findall(r"<tr><td>(.*?)</td>", table)] == [*methods, "random"]
+    assert table.count("<tr>") == 1 + len(methods) + 1 and "ms / image" in table
+
+
 def browser() -> str | None:
     return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 
@@ -233,7 +316,8 @@ def browser() -> str | None:
 def test_html_report_renders_in_a_browser(checkpoint, tmp_path, explain):
     files = image_files(tmp_path)
     report = tmp_path / "report.html"
-    result = explain(checkpoint, *files, "--out", tmp_path / "o", "--html", report, "--faithfulness", "--steps", "2")
+    result = explain(checkpoint, *files, "--out", tmp_path / "o", "--html", report, "--faithfulness", "--steps", "2",
+                     "--methods", "rollout,attribution")  # fmt: skip
     assert result.returncode == 0, result.stderr
     text = report.read_text()
     assert text.count('<div class="panel">') == 3 and 'id="faithfulness"' in text
@@ -258,7 +342,7 @@ def test_html_report_renders_in_a_browser(checkpoint, tmp_path, explain):
 def test_a_checkpoint_alone_explains_from_an_empty_folder(checkpoint, tmp_path, explain, monkeypatch):
     """The training data moved away (its settings name a folder that is not there): class names, statistics and image
     size come from the checkpoint's own description, with no note and no fallback to ImageNet statistics."""
-    from vit.inference import METADATA_KEY
+    from vit.checkpoints import METADATA_KEY
 
     raw = torch.load(checkpoint, weights_only=True)
     names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]

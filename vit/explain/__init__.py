@@ -8,10 +8,11 @@ faithfulness, as ``vit explain`` does (:class:`Results`). Needs torch, numpy, PI
 from ..normalize import unnormalize
 from .attribution import attention_attribution, relevance_from_gradients
 from .capture import AttentionRecord, attention_modules, capture_attention, eval_mode, pool_module, record_attention
+from .explorer import ExplorerTooLarge, explorer_payload, render_explorer, write_explorer
 from .faithfulness import faithfulness
 from .lrp import LRPResult, lrp, relevance_rules
 from .method_benchmark import MethodBenchmark, MethodScore, benchmark_methods
-from .methods import METHODS, Method, MethodMap, applicable_methods, explain_map, get_method
+from .methods import DEFAULT_METHOD, METHODS, Method, MethodMap, applicable_methods, explain_map, get_method
 from .overlay import apply_colormap, make_grid, overlay_heatmap, to_uint8_image, upsample_map
 from .panels import render_grid, render_panel, render_panels
 from .pipeline import Explanation, display_pixels, explain_images
@@ -42,6 +43,8 @@ from .stats import (
 __all__ = [
     "AttentionRecord",
     "CollapseReport",
+    "DEFAULT_METHOD",
+    "ExplorerTooLarge",
     "Explanation",
     "HeadFusion",
     "METHODS",
@@ -71,6 +74,7 @@ __all__ = [
     "eval_mode",
     "explain_images",
     "explain_map",
+    "explorer_payload",
     "faithfulness",
     "figure_to_array",
     "fixed_images",
@@ -85,6 +89,7 @@ __all__ = [
     "record_attention",
     "relevance_rules",
     "relevance_from_gradients",
+    "render_explorer",
     "render_grid",
     "render_panel",
     "render_panels",
@@ -95,4 +100,5 @@ __all__ = [
     "to_uint8_image",
     "unnormalize",
     "upsample_map",
+    "write_explorer",
 ]

@@ -1,21 +1,29 @@
-"""``vit explain`` (``scripts/explain.py``): the command around ``compute``: read images, write overlays and reports.
+"""``vit explain`` (``scripts/explain.py``): explain images with any registered method, measure which map to believe.
 
-    python scripts/explain.py CHECKPOINT IMAGE_OR_FOLDER [...] [--method both] [--faithfulness] [--json out.json]
-                              [--html report.html] [--out explanations]
+    vit explain CHECKPOINT IMAGE_OR_FOLDER [...] [--methods attnlrp,rollout,...] [--faithfulness] [--json out.json]
+                [--html report.html] [--out explanations]
+    vit explain CHECKPOINT --split val --limit 500 --methods rollout,attribution,attnlrp,ig --faithfulness
 
 CHECKPOINT is a Lightning ``.ckpt`` written by ``vit fit`` (model, image size, normalisation and class names come
 from it), or plain weights (``.pth``/``.safetensors``, timm's included) with ``--model PRESET`` (ImageNet
-normalisation, ``--img-size``, class indices as names). Per image it writes ``<out>/<name>_rollout.png`` and/or
-``<name>_attribution.png`` (image | overlay with a colour bar, prediction in the caption) plus a grid, and
-prints the predicted class and its probability. ``--faithfulness`` adds deletion/insertion areas
-(:func:`~vit.explain.faithfulness.faithfulness`). Bad input is one ``error:`` line and exit status 2, before
-anything is written; every file is written to a temporary name and renamed.
+normalisation, ``--img-size``, class indices as names). ``--methods`` takes names of ``vit.explain.METHODS``
+(default: AttnLRP, the map measured most faithful among those a plain install has). Per image and method it writes
+``<out>/<name>_<method>.png`` (image | overlay with a colour bar, prediction in the caption) plus a grid per method,
+and prints the predicted class and its probability. ``--faithfulness`` measures every method by deletion and
+insertion beside a random patch order (Petsiuk et al., "RISE", BMVC 2018) with 95 % bootstrap intervals and the
+time per image (:func:`~vit.explain.benchmark_methods`), prints the table and writes it as JSON (``--json``, else
+``<out>/faithfulness.json``) with the curves as ``<out>/faithfulness_curves.png``. Bad input (an unknown method, one
+that does not apply to the model, a method whose optional extra is missing) is one ``error:`` line and exit status 2,
+before anything is written; every file is written to a temporary name and renamed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -28,14 +36,17 @@ from torch import nn
 
 from ..atomic import write_bytes
 from ..checkpoints import data_settings, load_checkpoint, load_file, rebuild_datamodule
-from ..errors import ArgumentParser, InputError, VitError
-from ..normalize import IMAGENET_MEAN, IMAGENET_STD
+from ..errors import ArgumentParser, InputError, UsageError, VitError
+from ..normalize import IMAGENET_MEAN, IMAGENET_STD, normalize
+from .method_benchmark import MethodBenchmark, benchmark_methods
+from .methods import ALIASES, DEFAULT_METHOD, METHODS, explain_map, get_method, require_extras
 from .panels import png_bytes, render_grid, render_panel
 from .report import render_report
-from .results import Results, block_index, compute
+from .results import Results, benchmark_scores, block_index, compute
 from .rollout import HeadFusion
 
-METHODS = ("rollout", "attribution")
+LEGACY_METHODS = {"rollout": ["rollout"], "attribution": ["attribution"], "both": ["rollout", "attribution"]}
+"""``--method``, the option before ``--methods``: kept as an alias for scripts written against it."""
 GRID_IMAGES = 32  # the grid PNG shows the first images only
 
 
@@ -50,6 +61,7 @@ class Explainer:
     preset: str
     class_names: list[str] | None
     data: Any = None  # the run's ImageDataModule (checkpoints of `vit fit` whose data settings work here)
+    model_name: str | None = None  # the preset, where known
 
 
 def _first_line(err: BaseException) -> str:
@@ -85,7 +97,9 @@ def load_explainer(checkpoint: Path, model_name: str | None = None, img_size: in
         load_pretrained(model, raw)
     except Exception as err:
         raise InputError(f"--model {model_name} does not fit {checkpoint}: {_first_line(err)}") from None
-    return Explainer(model.eval(), model.patch_embed.img_size[0], IMAGENET_MEAN, IMAGENET_STD, "imagenet", None)
+    return Explainer(
+        model.eval(), model.patch_embed.img_size[0], IMAGENET_MEAN, IMAGENET_STD, "imagenet", None, None, model_name
+    )
 
 
 def _from_checkpoint(checkpoint: Path, raw: dict) -> Explainer:
@@ -96,7 +110,7 @@ def _from_checkpoint(checkpoint: Path, raw: dict) -> Explainer:
     # A few hundred images: worker processes would cost more than they save.
     datamodule = rebuild_datamodule(data_settings(raw), num_workers=0)
     return Explainer(loaded.model, int(meta["img_size"][0]), tuple(meta["mean"]), tuple(meta["std"]),
-                     meta["eval_transform"], meta.get("class_names"), datamodule)  # fmt: skip
+                     meta["eval_transform"], meta.get("class_names"), datamodule, meta.get("model_name"))  # fmt: skip
 
 
 def load_split(explainer: Explainer, limit: int | None = None) -> tuple[list[Path], torch.Tensor, torch.Tensor]:
@@ -182,25 +196,84 @@ def parse_target(text: str | None, explainer: Explainer) -> int | None:
     return index
 
 
+def parse_methods(args: argparse.Namespace) -> list[str]:
+    """The methods asked for (``--methods``, or the older ``--method``), registry names in order, each with the
+    packages it needs: checked before the checkpoint is read.
+
+    Raises:
+        UsageError: On an unknown name, both options at once, or a method whose optional extra is missing.
+    """
+    if args.method is not None and args.methods is not None:
+        raise UsageError("give --methods or --method, not both (--method is the older name)")
+    if args.method is not None:
+        return LEGACY_METHODS[args.method]
+    names: list[str] = []
+    for name in (args.methods or DEFAULT_METHOD).split(","):
+        name = name.strip()
+        if name and name not in METHODS and name not in ALIASES:
+            raise UsageError(f"--methods: unknown method {name!r}: choose from {', '.join(METHODS)}")
+        if name and ALIASES.get(name, name) not in names:
+            names.append(ALIASES.get(name, name))
+    if not names:
+        raise UsageError(f"--methods is empty: name one or more of {', '.join(METHODS)}")
+    for name in names:
+        try:
+            require_extras(name)
+        except ImportError as err:
+            raise UsageError(f"--methods {name}: {_first_line(err)}") from None
+    return names
+
+
 def compute_for(explainer: Explainer, pixels: torch.Tensor, args: argparse.Namespace,
                 labels: torch.Tensor | None = None) -> Results:  # fmt: skip
-    """:func:`~vit.explain.results.compute` with the command's options.
+    """:func:`~vit.explain.results.compute` (predictions, rollout, statistics, per-head maps) with the command's
+    options, then every method's maps: through :func:`~vit.explain.benchmark_methods` with ``--faithfulness``
+    (which times and measures them), else through :func:`~vit.explain.explain_map`.
 
     Raises:
         InputError: If ``--target`` or ``--report-block`` does not exist in the model.
+        UsageError: If a method does not apply to the model (naming those that do).
     """
+    model = explainer.model
     target = parse_target(args.target, explainer)
     try:
-        block_index(explainer.model, args.report_block)
+        block_index(model, args.report_block)
     except ValueError as err:
         raise InputError(f"--report-{err}") from None
-    return compute(
-        explainer.model, pixels, mean=explainer.mean, std=explainer.std, labels=labels,
-        class_names=explainer.class_names, method=args.method, target=target, block=args.report_block,
-        head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
-        faithfulness_steps=args.steps if args.faithfulness else None, baseline=args.baseline,
-        batch_size=args.batch_size,
+    for name in args.methods:
+        try:
+            get_method(name, model)
+        except ValueError as err:
+            raise UsageError(f"--methods: {err}") from None
+    results = compute(
+        model, pixels, mean=explainer.mean, std=explainer.std, labels=labels, class_names=explainer.class_names,
+        method="rollout", target=target, block=args.report_block, head_fusion=args.head_fusion,
+        discard_ratio=args.discard_ratio, batch_size=args.batch_size,
     )  # fmt: skip
+    inputs = normalize(pixels, explainer.mean, explainer.std)
+    options = {"rollout": {"head_fusion": args.head_fusion, "discard_ratio": args.discard_ratio}}
+    if args.faithfulness:
+        bench = benchmark_methods(
+            model, inputs, None if target is None else torch.full((len(inputs),), target), args.methods,
+            baseline=args.baseline, steps=args.steps, target="prediction" if target is None else "label",
+            batch_size=args.batch_size, options=options,
+        )  # fmt: skip
+        explanation = results.explanation
+        if target is not None:  # the benchmark's "labels" were the target class: say so, and score the true labels
+            bench.target = f"class {explanation.class_name(target)}"
+        bench.accuracy = None if labels is None else float((explanation.preds == labels).float().mean())
+        results.maps, results.benchmark = {name: bench.maps[name] for name in args.methods}, bench
+        results.faithfulness = benchmark_scores(bench)
+    else:
+        for name in args.methods:
+            if name == "rollout":  # already computed, with the same options
+                results.maps[name] = results.explanation.rollout
+                continue
+            parts = [explain_map(model, chunk, name, target, **options.get(name, {})).patches.float().cpu()
+                     for chunk in inputs.split(args.batch_size)]  # fmt: skip
+            results.maps[name] = torch.cat(parts)
+    results.attribution = results.maps.get("attribution")
+    return results
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -208,16 +281,46 @@ def write_atomic(path: Path, data: bytes) -> None:
     write_bytes(path, data)
 
 
-def faithfulness_table(scores: dict) -> str:
-    """The deletion / insertion areas as an aligned text table."""
-    lines = [
-        f"faithfulness on {scores['num_images']} images ({scores['steps']} steps, {scores['baseline']} baseline): "
-        "lower deletion and higher insertion area are better",
-        f"{'method':<12}  {'deletion AUC':>12}  {'insertion AUC':>13}",
-    ]
-    for name, deletion in scores["deletion_auc"].items():
-        lines.append(f"{name:<12}  {deletion:>12.4f}  {scores['insertion_auc'][name]:>13.4f}")
-    return "\n".join(lines)
+def faithfulness_table(bench: MethodBenchmark) -> str:
+    """The benchmark as an aligned text table under a line saying how it was measured."""
+    return (
+        f"faithfulness on {bench.num_images} images ({bench.steps} steps, {bench.baseline} baseline): lower deletion "
+        "and higher insertion area are better; x random = the ratio to a random patch order; 95 % bootstrap "
+        "intervals over the images\n" + bench.table()
+    )
+
+
+def machine() -> str:
+    """The CPU model (as ``lscpu`` names it) and the number of cores."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def benchmark_report(bench: MethodBenchmark, explainer: Explainer, args: argparse.Namespace, command: str) -> dict:
+    """The JSON of ``--faithfulness``: :meth:`MethodBenchmark.to_dict` with where and how it was measured."""
+    import vit
+
+    images = f"--split val, {bench.num_images} images" if args.split else f"{bench.num_images} image files"
+    return {
+        "model": explainer.model_name or type(explainer.model).__name__,
+        "checkpoint": str(args.checkpoint),
+        "images": images,
+        "methods": list(args.methods),
+        "command": command,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine(),
+        "versions": {"torch": torch.__version__, "vit": vit.__version__, "python": platform.python_version()},
+        "threads": torch.get_num_threads(),
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        **bench.to_dict(),
+    }
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -230,15 +333,24 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=None, help="with --split: N images evenly spaced over the split")
     parser.add_argument("--model", default=None, help="preset name for plain weights (.pth/.safetensors)")
     parser.add_argument("--img-size", type=int, default=None, help="input size for plain weights (default: preset's)")
-    parser.add_argument("--method", choices=(*METHODS, "both"), default="both", help="maps to draw (default: both)")
+    parser.add_argument(
+        "--methods", default=None, help=f"comma-separated methods of vit.explain.METHODS ({', '.join(METHODS)}); "
+        f"default: {DEFAULT_METHOD}",
+    )  # fmt: skip
+    parser.add_argument("--method", choices=tuple(LEGACY_METHODS), default=None, help="older name: --methods rollout, "
+                        "attribution or rollout,attribution (both)")  # fmt: skip
     parser.add_argument("--target", default=None, help="class (index or name) to attribute; default: the prediction")
     parser.add_argument(
         "--out", type=Path, default=None, help="overlay folder (default: a new explanations/<checkpoint>-<time>)"
     )
-    parser.add_argument("--faithfulness", action="store_true", help="measure deletion / insertion areas")
-    parser.add_argument("--steps", type=int, default=10, help="perturbation steps of --faithfulness (default: 10)")
+    parser.add_argument(
+        "--faithfulness", action="store_true", help="measure every method: deletion / insertion beside random, time"
+    )
+    parser.add_argument("--steps", type=int, default=16, help="perturbation steps of --faithfulness (default: 16)")
     parser.add_argument("--baseline", choices=("mean", "blur"), default="mean", help="removed patches become this")
-    parser.add_argument("--json", type=Path, default=None, help="write the faithfulness areas to this JSON file")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="--faithfulness JSON here (default: <out>/faithfulness.json)"
+    )
     parser.add_argument("--html", type=Path, default=None, help="write a self-contained HTML report here")
     parser.add_argument("--report-block", type=int, default=-1, help="block whose per-head maps the report shows")
     parser.add_argument("--head-fusion", choices=get_args(HeadFusion), default="mean", help="rollout: fuse heads by")
@@ -269,7 +381,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     if bool(args.images) == bool(args.split):
         parser.error("give image files or folders, or --split val (not both)")
     if args.json is not None and not args.faithfulness:
-        parser.error("--json writes the faithfulness areas: add --faithfulness")
+        parser.error("--json writes the faithfulness benchmark: add --faithfulness")
     for option, path in (("--json", args.json), ("--html", args.html)):
         if path is not None and path.is_dir():
             parser.error(f"{option} {path} is a folder: give a file name")
@@ -277,12 +389,14 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Run the command; returns the exit status (2 on bad input, with one ``error:`` line on stderr)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     check_arguments(parser, args)
     if args.out is None:  # a fresh folder: one run never overwrites another's pictures
         args.out = new_folder(Path("explanations") / f"{args.checkpoint.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
+        args.methods = parse_methods(args)
         files = find_images(args.images) if args.images else []
         explainer = load_explainer(args.checkpoint, args.model, args.img_size)
         labels = None
@@ -291,7 +405,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         else:
             pixels = load_images(explainer, files)
         results = compute_for(explainer, pixels, args, labels)
-        write_outputs(args, files, results)
+        command = f"{parser.prog} {shlex.join(argv)}"
+        write_outputs(args, files, results, explainer, pixels, command)
     except VitError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_status
@@ -303,38 +418,45 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     width = max(len(str(file)) for file in files)
     for file, pred, p in zip(files, explanation.preds.tolist(), confidence, strict=True):
         print(f"{str(file):<{width}}  {explanation.class_name(pred)}  {p:.3f}")
-    if results.faithfulness is not None:
-        print(faithfulness_table(results.faithfulness))
-    written = [f"{'grids' if args.no_overlays else 'overlays'} in {args.out}/"]
-    written += [f"{option} {path}" for option, path in (("JSON", args.json), ("report", args.html)) if path]
+    written = [f"{'grids' if args.no_overlays else 'overlays'} of {', '.join(args.methods)} in {args.out}/"]
+    if results.benchmark is not None:
+        print(faithfulness_table(results.benchmark))
+        written += [f"JSON {args.json or args.out / 'faithfulness.json'}", f"curves {args.out / CURVES}"]
+    written += [f"report {args.html}"] if args.html else []
     print(f"explained {len(files)} images: {', '.join(written)}", file=sys.stderr)
     return 0
 
 
-def write_outputs(args: argparse.Namespace, files: Sequence[Path], results: Results) -> None:
-    """Overlays, grids, the JSON areas and the HTML report, each written whole (temporary file, then rename)."""
+CURVES = "faithfulness_curves.png"
+
+
+def write_outputs(args: argparse.Namespace, files: Sequence[Path], results: Results, explainer: Explainer,
+                  pixels: torch.Tensor, command: str) -> None:  # fmt: skip
+    """Overlays and a grid per method, the benchmark's JSON and curves, the HTML report, each written whole
+    (temporary file, then rename)."""
     explanation = results.explanation
-    maps = {"rollout": explanation.rollout, "attribution": results.attribution}
-    methods = [m for m in METHODS if args.method in (m, "both")]
     captions = explanation.captions()
-    for method in methods:
+    shown = slice(0, GRID_IMAGES)
+    first = replace(explanation, images=explanation.images[shown], probs=explanation.probs[shown],
+                    preds=explanation.preds[shown], rollout=explanation.rollout[shown])  # fmt: skip
+    for method, maps in results.shown_maps().items():
+        class_specific = METHODS[method].class_specific and results.target is not None
+        label = f"{method} of {explanation.class_name(results.target)}" if class_specific else method
         if not args.no_overlays:
             for stem, image, grid_map, caption in zip(
-                output_stems(files), explanation.images, maps[method], captions, strict=True
+                output_stems(files), explanation.images, maps, captions, strict=True
             ):
-                label = method if results.target is None else f"{method} of {explanation.class_name(results.target)}"
                 panel = render_panel(image, grid_map, f"{caption} · {label}", alpha=args.alpha, size=224)
                 write_atomic(args.out / f"{stem}_{method}.png", png_bytes(panel))
-        shown = slice(0, GRID_IMAGES)
-        first = replace(explanation, images=explanation.images[shown], probs=explanation.probs[shown],
-                        preds=explanation.preds[shown], rollout=explanation.rollout[shown])  # fmt: skip
-        grid = render_grid(first, maps[method][shown], ncols=min(4, len(files)), title=method, alpha=args.alpha)
+        grid = render_grid(first, maps[shown], ncols=min(4, len(files)), title=label, alpha=args.alpha)
         write_atomic(args.out / f"{method}_grid.png", png_bytes(grid))
-    if args.json is not None and results.faithfulness is not None:
-        scores = results.faithfulness
-        summary = {key: scores[key] for key in ("deletion_auc", "insertion_auc", "num_images", "steps", "baseline")}
-        summary |= {key: scores[key] for key in ("fractions", "deletion_curve", "insertion_curve")}
-        write_atomic(args.json, (json.dumps(summary, indent=2) + "\n").encode())
+    if results.benchmark is not None:
+        report = benchmark_report(results.benchmark, explainer, args, command)
+        write_atomic(args.json or args.out / "faithfulness.json", (json.dumps(report, indent=2) + "\n").encode())
+        results.benchmark.plot(args.out / CURVES, title=f"{report['model']}: {report['images']}")
     if args.html is not None:
-        html = render_report(files, results, title=f"{args.checkpoint.name}: {len(files)} images", alpha=args.alpha)
+        html = render_report(
+            files, results, title=f"{args.checkpoint.name}: {len(files)} images", alpha=args.alpha,
+            model=explainer.model, pixels=pixels, mean=explainer.mean, std=explainer.std,
+        )  # fmt: skip
         write_atomic(args.html, html.encode())

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..atomic import write_bytes
 from ..layers.utils import eval_mode
 from .attribution import resolve_target
 from .faithfulness import RANDOM, Baseline, faithfulness
@@ -75,6 +76,8 @@ class MethodBenchmark:
         seed: Seed of the bootstrap.
         target: ``"prediction"`` or ``"label"``: the class explained and measured.
         accuracy: Accuracy on these images when labels were given, else ``None``.
+        maps: Method name to its ``(B, grid_h, grid_w)`` patch maps on the CPU, as measured (not in
+            :meth:`to_dict`).
     """
 
     scores: dict[str, MethodScore]
@@ -87,10 +90,12 @@ class MethodBenchmark:
     seed: int
     target: str
     accuracy: float | None = None
+    maps: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dictionary (tuples become lists)."""
-        return asdict(self)
+        """A JSON-serialisable dictionary (tuples become lists; the maps are left out)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("scores", "maps")}
+        return {"scores": {name: asdict(score) for name, score in self.scores.items()}, **out}
 
     def table(self) -> str:
         """A plain-text table: AUCs with intervals, ratios to random, time per image."""
@@ -106,7 +111,10 @@ class MethodBenchmark:
         return "\n".join(lines)
 
     def plot(self, path: str | Path, title: str | None = None) -> Path:
-        """Deletion and insertion curves of every method (random dashed) as a PNG; returns the path."""
+        """Deletion and insertion curves of every method (random dashed) as a PNG, written whole
+        (:func:`vit.atomic.write_bytes`); returns the path."""
+        import io
+
         import matplotlib
 
         matplotlib.use("Agg", force=False)
@@ -125,10 +133,11 @@ class MethodBenchmark:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         fig.suptitle(title or f"{self.num_images} images, {self.baseline} baseline, {self.steps} steps")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=110)
         plt.close(fig)
+        path = Path(path)
+        write_bytes(path, buffer.getvalue())
         return path
 
 
@@ -251,4 +260,5 @@ def benchmark_methods(
         seed=seed,
         target=target,
         accuracy=accuracy,
+        maps={name: value.cpu() for name, value in maps.items()},
     )

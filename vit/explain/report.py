@@ -2,10 +2,12 @@
 
 Given the model and the pixels, the report opens on the attention explorer (:mod:`vit.explain.explorer`: click a
 patch, see its attention in every block and head, with the report's rollout, attribution and faithfulness), and the
-static summary follows it. Per image: the image, its attention rollout (Abnar & Zuidema, ACL 2020) and its
-class-specific attribution (Chefer et al., ICCV 2021) over it, with the prediction and its probability; per-block
-mean attention distance and entropy (Dosovitskiy et al., ICLR 2021, Fig. 7); the per-head maps of one block; the
-deletion / insertion areas and curves (:mod:`vit.explain.faithfulness`).
+static summary follows it. Per image: the image and one overlay per explanation method, side by side (AttnLRP,
+Achtibat et al., ICML 2024; attention rollout, Abnar & Zuidema, ACL 2020; class-specific attribution, Chefer et al.,
+ICCV 2021; or any method of :data:`~vit.explain.METHODS`), with the prediction and its probability; per-block mean
+attention distance and entropy (Dosovitskiy et al., ICLR 2021, Fig. 7); the per-head maps of one block; the
+deletion / insertion areas of every method beside random, with their ratios, bootstrap intervals and time per image
+(:func:`~vit.explain.benchmark_methods`), and the curves.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch
 from torch import nn
 
 from .explorer import DEFAULT_MAX_BYTES, ExplorerTooLarge, explorer_payload, render_explorer
+from .method_benchmark import MethodBenchmark, MethodScore
+from .methods import METHODS
 from .overlay import overlay_heatmap
 from .panels import png_bytes, upscale
 from .plots import distance_plot, entropy_plot, figure_to_array
@@ -71,19 +75,40 @@ def curves_plot(scores: dict) -> np.ndarray:
     return figure_to_array(figure)
 
 
-def faithfulness_html(scores: dict) -> str:
-    """The areas as an HTML table, with the curves below it."""
-    rows = "".join(
-        f"<tr><td>{html.escape(name)}</td><td>{deletion:.4f}</td><td>{scores['insertion_auc'][name]:.4f}</td></tr>"
-        for name, deletion in scores["deletion_auc"].items()
-    )
+def faithfulness_html(scores: dict, bench: MethodBenchmark | None = None) -> str:
+    """The areas as an HTML table (with ``bench``: ratios to random, 95 % intervals, time per image), with the curves
+    below it."""
+    if bench is None:
+        rows = "".join(
+            f"<tr><td>{html.escape(name)}</td><td>{deletion:.4f}</td><td>{scores['insertion_auc'][name]:.4f}</td></tr>"
+            for name, deletion in scores["deletion_auc"].items()
+        )
+        head = "<tr><th>method</th><th>deletion AUC</th><th>insertion AUC</th></tr>"
+    else:
+        rows = "".join(_benchmark_row(name, score) for name, score in bench.scores.items())
+        head = (
+            "<tr><th>method</th><th>deletion AUC [95 % CI]</th><th>× random [95 % CI]</th>"
+            "<th>insertion AUC [95 % CI]</th><th>× random [95 % CI]</th><th>ms / image</th></tr>"
+        )
     return (
         f'<p class="note">{scores["num_images"]} images, {scores["steps"]} steps, removed patches set to the '
         f"{html.escape(scores['baseline'])} baseline, target = the prediction on the intact image. Lower deletion "
         "and higher insertion areas mean the map points at what the model uses; "
         f"random = the mean of {scores.get('num_random', 5)} random orders.</p>"
-        f'<table id="faithfulness"><tr><th>method</th><th>deletion AUC</th><th>insertion AUC</th></tr>{rows}</table>'
+        f'<table id="faithfulness">{head}{rows}</table>'
         + _img(curves_plot(scores), "deletion and insertion curves", "")
+    )
+
+
+def _benchmark_row(name: str, s: MethodScore) -> str:
+    def cell(value: float, ci: tuple[float, float], digits: int) -> str:
+        return f"<td>{value:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]</td>"
+
+    ms = "" if s.seconds_per_image is None else f"{1000 * s.seconds_per_image:.1f}"
+    return (
+        f"<tr><td>{html.escape(name)}</td>{cell(s.deletion_auc, s.deletion_ci, 3)}"
+        f"{cell(s.deletion_ratio, s.deletion_ratio_ci, 2)}{cell(s.insertion_auc, s.insertion_ci, 3)}"
+        f"{cell(s.insertion_ratio, s.insertion_ratio_ci, 2)}<td>{ms}</td></tr>"
     )
 
 
@@ -124,9 +149,7 @@ def render_report(
 def _with_explorer(files, results, title, body, model, pixels, mean, std, max_bytes) -> str:
     """The explorer of the images (as many as fit under ``max_bytes``, with a note), the static body below it."""
     explanation = results.explanation
-    maps = {"rollout": explanation.rollout}
-    if results.attribution is not None:
-        maps["attribution"] = results.attribution
+    maps = results.shown_maps()
     count, note = len(files), None
     while True:
         try:
@@ -158,19 +181,20 @@ def _static_body(files: Sequence[Path], results: Results, title: str, alpha: flo
     captions = explanation.captions()
     sections = [f"<h1>{html.escape(title)}</h1>", "<h2>Images</h2>"]
     target = "the predicted class" if results.target is None else f"class {explanation.class_name(results.target)}"
+    maps = results.shown_maps()
+    described = "; ".join(
+        f"{html.escape(name)}: {html.escape(METHODS[name].summary)}" for name in maps if name in METHODS
+    )
     sections.append(
         '<p class="note">Heatmaps use the inferno colour map, each scaled to its own minimum (dark) and maximum '
-        "(bright). Rollout: where attention flows, for no class in particular. Attribution: attention weighted by "
-        f"its gradient for {html.escape(target)} (Chefer et al., ICCV 2021).</p>"
+        f"(bright); class-specific maps explain {html.escape(target)}. {described}.</p>"
     )
     for i, file in enumerate(files):
         picture = upscale(_uint8(explanation.images[i]), SIZE)
         figures = [_img(picture, f"image {file.name}", "image")]
-        maps = {"rollout": explanation.rollout[i]}
-        if results.attribution is not None:
-            maps["attribution"] = results.attribution[i]
         for name, grid_map in maps.items():
-            figures.append(_img(overlay_heatmap(picture, grid_map, alpha=alpha, cmap="inferno"), name, name))
+            overlay = overlay_heatmap(picture, grid_map[i], alpha=alpha, cmap="inferno")
+            figures.append(_img(overlay, f"{name} of {file.name}", html.escape(name)))
         sections.append(
             f'<div class="panel"><div class="caption"><b>{html.escape(file_name(file))}</b> · '
             f"{html.escape(captions[i])}</div>{''.join(figures)}</div>"
@@ -199,7 +223,7 @@ def _static_body(files: Sequence[Path], results: Results, title: str, alpha: flo
                         f"{''.join(figures)}</div>")  # fmt: skip
 
     if results.faithfulness is not None:
-        sections.append("<h2>Faithfulness</h2>" + faithfulness_html(results.faithfulness))
+        sections.append("<h2>Faithfulness</h2>" + faithfulness_html(results.faithfulness, results.benchmark))
     return "\n".join(sections)
 
 

@@ -10,15 +10,16 @@ and pixels and returns everything on the CPU, so a notebook gets the same number
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from ..normalize import normalize
 from .attribution import attention_attribution
-from .faithfulness import Baseline, faithfulness
+from .faithfulness import RANDOM, Baseline, faithfulness
+from .method_benchmark import MethodBenchmark
 from .pipeline import Explanation, explain_images
 from .rollout import HeadFusion, head_pool
 
@@ -37,6 +38,10 @@ class Results:
         block: The block of ``head_maps`` (a non-negative index).
         faithfulness: Deletion / insertion areas and curves (:func:`~vit.explain.faithfulness`), or ``None``.
         target: The class attributed; ``None``: each image's prediction.
+        maps: Method name (:data:`~vit.explain.METHODS`) to its ``(B, rows, cols)`` patch maps, in the order shown;
+            empty when only ``rollout`` and ``attribution`` were computed.
+        benchmark: The method benchmark (:func:`~vit.explain.benchmark_methods`) the faithfulness came from, or
+            ``None``.
     """
 
     explanation: Explanation
@@ -45,6 +50,31 @@ class Results:
     block: int
     faithfulness: dict | None
     target: int | None = None
+    maps: dict[str, torch.Tensor] = field(default_factory=dict)
+    benchmark: MethodBenchmark | None = None
+
+    def shown_maps(self) -> dict[str, torch.Tensor]:
+        """The maps to draw, by name: :attr:`maps`, or rollout and (when computed) attribution."""
+        if self.maps:
+            return dict(self.maps)
+        shown = {"rollout": self.explanation.rollout}
+        if self.attribution is not None:
+            shown["attribution"] = self.attribution
+        return shown
+
+
+def benchmark_scores(bench: MethodBenchmark) -> dict[str, Any]:
+    """A method benchmark in the layout of :func:`~vit.explain.faithfulness` (areas and curves per method, random
+    last), which the report and the explorer read."""
+    names = [name for name in bench.scores if name != RANDOM] + [RANDOM]
+    scores: dict[str, Any] = {
+        "fractions": list(bench.fractions), "num_images": bench.num_images, "steps": bench.steps,
+        "baseline": bench.baseline, "num_random": bench.num_random,
+    }  # fmt: skip
+    for kind in ("deletion", "insertion"):
+        scores[f"{kind}_auc"] = {name: getattr(bench.scores[name], f"{kind}_auc") for name in names}
+        scores[f"{kind}_curve"] = {name: getattr(bench.scores[name], f"{kind}_curve") for name in names}
+    return scores
 
 
 def block_index(model: nn.Module, block: int) -> int:
