@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check, one call of at most 10 minutes on one H100/H200-class GPU without network: our ViT against timm's (bf16,
-# eager and compiled), global vs window vs sliding-window attention, attribution timing on ViT-B/16, the CIFAR-10
+# eager and compiled), global vs window vs sliding-window attention, attribution timing on ViT-B/16, every
+# explanation method's time on ViT-S/16 (batch 64), the CIFAR-10
 # speedrun on the real tarball (or, without its config, 2 minutes of training on synthetic data), and the data
 # pipelines on one of the host's CPU cores. Every step runs under its own `timeout`; the whole check stays within
 # BUDGET_S (default 560 s) and writes what it measured even when a step fails or times out.
@@ -70,6 +71,7 @@ MODELS=(--models vit_small_patch16_224 vit_base_patch16_224 --batch-sizes 512 25
 ATTN=(--window-sizes 7 8 --sliding-sizes 7 9)  # grids 32..128 on CUDA
 DATA=(--data-images 100 --data-samples 150 --data-rounds 2)  # this host's CPU cores: the per-worker targets
 ATTRIBUTION=(cuda bf16 vit_base_patch16_224 64 '{}')
+METHODS_ARGS=(cuda vit_small_patch16_224 64 '{}')  # every explanation method, fp32, random weights
 LINEAR=(--window-sizes --sliding-sizes --linear-maps elu relu)  # linear against global, grids 32..128 on CUDA
 MAP_MODELS=(--models vit_small_map_patch16_224 --batch-sizes 512)  # the MAP head against timm's, same weights
 # The speedrun's own schedule should end within about 4 minutes; max_time stops it gracefully (the test still runs)
@@ -85,6 +87,7 @@ if [[ $DRY == 1 ]]; then
         --attn-reps 2)
     DATA=(--data-images 3 --data-samples 4 --data-rounds 1 --jpeg-size 96 128)
     ATTRIBUTION=(cpu fp32 vit_tiny_patch4_32 4 '{"depth": 2, "embed_dim": 32, "num_heads": 2}')
+    METHODS_ARGS=(cpu vit_tiny_patch4_32 4 '{"depth": 2, "embed_dim": 32, "num_heads": 2}')
     LINEAR=(--attn-grids 8 12 --window-sizes --sliding-sizes --linear-maps elu --attn-dim 64 --attn-heads 2
         --attn-tokens 512 --attn-reps 2)
     MAP_MODELS=(--models vit_tiny_map_patch4_32 --batch-sizes 4 --override '{"depth": 2, "embed_dim": 64, "num_heads": 2}'
@@ -195,6 +198,74 @@ else
     note "attribution: skipped, vit.explain.attribution is not importable"
 fi
 
+# 4b. Every explanation method of vit.explain.METHODS (rollout, attribution, AttnLRP, CP-LRP, and integrated
+#     gradients / Grad-CAM where the `explain` extra is installed) on ViT-S/16, batch 64, fp32, random weights: the
+#     median of 3 timed calls per method after a warm-up, in ms per batch and per image, and AttnLRP's cost over one
+#     attribution call (goal: at most 2x).
+if importable "vit.explain.methods"; then
+    step methods 60 250 "$PY" - "$OUT/methods.json" "${METHODS_ARGS[@]}" <<'EOF'
+"""Time vit.explain.explain_map for every registered method on one batch (a method whose extra is missing is
+reported as skipped)."""
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from vit.explain import METHODS, explain_map
+from vit.models import create_model
+
+out, device, name, batch, overrides = sys.argv[1:6]
+device, batch = torch.device(device), int(batch)
+torch.manual_seed(0)
+model = create_model(name, **json.loads(overrides)).to(device).eval()
+images = torch.randn(batch, 3, *model.patch_embed.img_size, device=device)
+
+
+def sync():
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+result = {"model": name, "batch": batch, "precision": "fp32", "device": str(device),
+          "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "methods": {}}
+for method in METHODS:
+    try:
+        explain_map(model, images, method)  # warm-up (and the import of an optional extra)
+    except ImportError as err:
+        result["methods"][method] = {"skipped": str(err)}
+        print(f"RESULT  method {method}: skipped ({err})")
+        continue
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(3):
+        sync()
+        start = time.perf_counter()
+        patches = explain_map(model, images, method).patches
+        sync()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    result["methods"][method] = {
+        "seconds_per_batch": seconds, "ms_per_image": 1e3 * seconds / batch,
+        "finite": bool(torch.isfinite(patches).all()),
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+    }
+    print(f"RESULT  method {method} {name} batch {batch}: {seconds * 1e3:.0f} ms/batch, "
+          f"{1e3 * seconds / batch:.2f} ms/img, finite {result['methods'][method]['finite']}")
+timed = result["methods"]
+if "seconds_per_batch" in timed.get("attnlrp", {}) and "seconds_per_batch" in timed.get("attribution", {}):
+    ratio = timed["attnlrp"]["seconds_per_batch"] / timed["attribution"]["seconds_per_batch"]
+    result["attnlrp_over_attribution"] = ratio
+    print(f"{'PASS' if ratio <= 2 else 'FAIL'}  AttnLRP costs {ratio:.2f}x one attribution call (goal <= 2x)")
+print(json.dumps(result, indent=2))
+json.dump(result, open(out, "w"), indent=2)
+EOF
+else
+    note "methods: skipped, vit.explain.methods is not importable"
+fi
+
 # 5. Training. With configs/cifar10_speedrun.yaml: the speedrun on the real CIFAR-10 tarball, then the
 #    test accuracy of the final weights. Without it: vit_small.yaml for two minutes on synthetic data.
 FIT_SCRIPT=$(
@@ -205,6 +276,7 @@ import json
 import sys
 import time
 
+from vit.callbacks import training_throughput
 from vit.cli import cli_main
 
 out, root, test = sys.argv[1], sys.argv[2], sys.argv[3] == "test"
@@ -213,11 +285,12 @@ start = time.perf_counter()
 cli = cli_main(args)
 wall = time.perf_counter() - start
 trainer, module = cli.trainer, cli.model
+throughput = training_throughput(trainer)
 metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
 result = {
     "args": args, "fit_wall_s": wall, "global_step": trainer.global_step, "epochs_completed": trainer.current_epoch,
     "batch_size": cli.datamodule.batch_size, "precision": str(trainer.precision),
-    "images_per_s": getattr(module, "throughput", None),  # mean of train/img_per_sec over the fit
+    "images_per_s": throughput if throughput == throughput else None,  # mean train/img_per_sec (nan: no callback)
     "images_per_s_incl_overheads": trainer.global_step * cli.datamodule.batch_size / wall,
     "val_acc": metrics.get("val/acc"),
 }
