@@ -7,7 +7,9 @@ browser tests skip, except under CI (``CI`` set), where they fail.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 import torch
 
 from vit.explain import capture_attention, rollout_grid
-from vit.explain.explorer import ExplorerTooLarge, explorer_payload, quantize_rows, write_explorer
+from vit.explain.explorer import ExplorerTooLarge, block_kind, explorer_payload, quantize_rows, write_explorer
 from vit.explain.overlay import apply_colormap
 from vit.explain.stats import patch_distances, row_entropy
 from vit.normalize import normalize
@@ -154,6 +156,88 @@ def test_too_many_images_are_refused_with_how_many_fit(tmp_path, random_vit, pix
     assert not (tmp_path / "e.html").exists() and not list(tmp_path.iterdir())
     with pytest.raises(ValueError, match="map 'bad' has shape"):
         write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, maps={"bad": torch.zeros(3, 2, 2)})
+
+
+HOSTILE = ["{{js}}", "{{data}}", "</script><img src=x onerror=window.hacked=1>", "a & b > c"]
+
+
+def page_data(page: str) -> dict:
+    """The explorer's embedded JSON, parsed strictly (``NaN`` / ``Infinity`` are not JSON and fail here)."""
+    block = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', page, re.S).group(1)
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(block, parse_constant=refuse)
+
+
+def without_scripts(page: str) -> str:
+    return re.sub(r"<script\b.*?</script>", "", page, flags=re.S)
+
+
+def test_names_and_titles_are_text_never_markup_or_template_fields(tmp_path, random_vit, pixels):
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
+    path = write_explorer(tmp_path / "e.html", model, pixels[:1], mean=MEAN, std=STD, attribution=False,
+                          class_names=HOSTILE, names=[HOSTILE[2]], title=HOSTILE[0], note=HOSTILE[1])  # fmt: skip
+    page = path.read_text(encoding="utf-8")
+    data = page_data(page)
+    assert data["class_names"] == HOSTILE and data["images"][0]["name"] == HOSTILE[2]
+    assert data["title"] == HOSTILE[0] and data["note"] == HOSTILE[1]
+    outside = without_scripts(page)
+    assert "<img" not in outside.lower()
+    assert "<title>{{js}}</title>" in outside and '<h1 id="title">{{js}}</h1>' in outside  # shown, not filled
+    assert page.count('"use strict"') == 1  # the script once, not pasted where a name said {{js}}
+    assert page.count('id="explorer-data"') == 1
+    block = re.search(r'id="explorer-data">(.*?)</script>', page, re.S).group(1)
+    assert not set("<>&") & set(block)
+
+
+def test_non_finite_numbers_are_null_in_the_page(tmp_path, random_vit, pixels):
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
+    with torch.no_grad():
+        model.head.bias.fill_(float("nan"))  # a model from a diverged epoch: NaN probabilities
+    scores = {"deletion_auc": {"rollout": float("nan")}, "insertion_auc": {"rollout": float("inf")}, "steps": 4}
+    path = write_explorer(tmp_path / "e.html", model, pixels[:2], mean=MEAN, std=STD, attribution=False,
+                          faithfulness=scores)  # fmt: skip
+    data = page_data(path.read_text(encoding="utf-8"))
+    assert data["faithfulness"] == {"deletion_auc": {"rollout": None}, "insertion_auc": {"rollout": None}, "steps": 4}
+    assert all(p is None for im in data["images"] for _, p in im["top"])
+
+
+def test_block_kind_follows_the_class_hierarchy(random_vit):
+    from vit.layers import LinearAttention, NeighborhoodAttention, WindowAttention
+
+    for config, base, kind in (
+        (dict(window_size=2, global_attn_indexes=[]), WindowAttention, "window"),
+        (dict(window_size=3, window_type="sliding", global_attn_indexes=[]), NeighborhoodAttention, "sliding"),
+        (dict(linear_attention=True), LinearAttention, "linear"),
+    ):
+        attn = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, **config).blocks[0].attn
+        assert block_kind(attn) == kind
+        attn.__class__ = type("Custom" + base.__name__, (base,), {})  # a user's subclass keeps the pattern
+        assert block_kind(attn) == kind
+    assert block_kind(random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2).blocks[0].attn) == (
+        "global"
+    )
+
+
+def test_hostile_names_and_non_finite_numbers_show_as_text(browser, tmp_path, random_vit, pixels):
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
+    with torch.no_grad():
+        model.head.bias.fill_(float("nan"))
+    scores = {"deletion_auc": {HOSTILE[2]: float("nan")}, "insertion_auc": {HOSTILE[2]: 0.5}}
+    write_explorer(tmp_path / "e.html", model, pixels[:1], mean=MEAN, std=STD, attribution=False,
+                   class_names=HOSTILE, names=[HOSTILE[2]], title=HOSTILE[0], faithfulness=scores)  # fmt: skip
+    page = Page(browser, tmp_path / "e.html")
+    assert page.js("() => document.title") == HOSTILE[0]
+    assert page.page.locator("#caption").inner_text().startswith(HOSTILE[2] + " · ")
+    assert page.js("() => document.querySelectorAll('img[src=\"x\"]').length") == 0
+    assert page.js("() => window.hacked === undefined")
+    faith = page.js("() => Array.from(document.querySelectorAll('#faith td'), s => s.textContent)")
+    assert faith == [HOSTILE[2], "–", "0.500"]
+    top = page.js("() => Array.from(document.querySelectorAll('#top .bar span:last-child'), s => s.textContent)")
+    assert top == ["–"] * 4
+    assert page.errors == []
 
 
 @pytest.fixture

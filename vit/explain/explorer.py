@@ -21,6 +21,8 @@ import base64
 import html
 import io
 import json
+import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from PIL import Image
 from torch import nn
 
 from ..atomic import write_bytes
+from ..layers import LinearAttention, NeighborhoodAttention, WindowAttention
 from ..normalize import normalize
 from .attribution import attention_attribution
 from .capture import attention_modules
@@ -93,13 +96,9 @@ def quantize_rows(attn: torch.Tensor, prefix: int = 0) -> tuple[np.ndarray, np.n
 
 def block_kind(attn: nn.Module) -> str:
     """``"window"``, ``"sliding"``, ``"linear"`` or ``"global"``: the attention pattern of a block's module."""
-    name = type(attn).__name__
-    if name == "WindowAttention":
-        return "window"
-    if name == "NeighborhoodAttention":
-        return "sliding"
-    if name == "LinearAttention":
-        return "linear"
+    for cls, kind in ((WindowAttention, "window"), (NeighborhoodAttention, "sliding"), (LinearAttention, "linear")):
+        if isinstance(attn, cls):  # a subclass keeps its base's pattern
+            return kind
     return "global"
 
 
@@ -206,21 +205,11 @@ def explorer_payload(
     base = len(json.dumps(payload)) + 40_000  # the page's script and style
     total, computed = base, {}
     for start in range(0, B, batch_size):
-        chunk = images[start : start + batch_size]
         chunk_labels = None if labels is None else labels[start : start + batch_size]
-        part = explain_images(model, chunk, labels=chunk_labels, class_names=class_names, mean=mean, std=std,
-                              statistics=False)  # fmt: skip
-        batch_maps = {"rollout": part.rollout}
-        if attribution and "attribution" not in maps:
-            batch_maps["attribution"] = _attribute(model, chunk, mean, std)
-        for name, value in batch_maps.items():
-            computed.setdefault(name, []).append(value)
-        local = {**{k: torch.cat(v) for k, v in computed.items()}, **maps}
-        payload["heads"] = int(part.attentions[0].shape[1])
-        payload["latent"] = 0 if part.pool_attention is None else int(part.pool_attention.shape[2])
-        for i in range(len(chunk)):
-            entry = _encode_image(part, i, local, start, payload["prefix"])
-            entry["name"] = names[start + i] if names is not None else f"image {start + i}"
+        entries = _encode_chunk(model, images[start : start + batch_size], start, chunk_labels, payload, computed,
+                                maps, mean=mean, std=std, class_names=class_names, attribution=attribution)  # fmt: skip
+        for entry in entries:
+            entry["name"] = names[entry["index"]] if names is not None else f"image {entry['index']}"
             payload["images"].append(entry)
             total += len(json.dumps(entry))
         if max_bytes is not None and total > max_bytes:
@@ -234,6 +223,37 @@ def explorer_payload(
     order = list(maps) + [name for name in computed if name not in maps]
     payload["map_names"] = sorted(order, key=lambda n: (n != "rollout", n != "attribution"))
     return payload
+
+
+def _encode_chunk(
+    model: nn.Module,
+    chunk: torch.Tensor,
+    start: int,
+    labels: torch.Tensor | None,
+    payload: dict[str, Any],
+    computed: dict[str, list[torch.Tensor]],
+    maps: Mapping[str, torch.Tensor],
+    *,
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    class_names: Sequence[str] | None,
+    attribution: bool,
+) -> list[dict[str, Any]]:
+    """Explain one batch of images (``start`` = the index of its first) and encode each for the page.
+
+    The rollout (and the attribution, when asked and not in ``maps``) of the batch is appended to ``computed``, and
+    ``payload``'s head and latent-query counts are set from what the model returned.
+    """
+    part = explain_images(model, chunk, labels=labels, class_names=class_names, mean=mean, std=std, statistics=False)
+    batch_maps = {"rollout": part.rollout}
+    if attribution and "attribution" not in maps:
+        batch_maps["attribution"] = _attribute(model, chunk, mean, std)
+    for name, value in batch_maps.items():
+        computed.setdefault(name, []).append(value)
+    local = {**{k: torch.cat(v) for k, v in computed.items()}, **maps}
+    payload["heads"] = int(part.attentions[0].shape[1])
+    payload["latent"] = 0 if part.pool_attention is None else int(part.pool_attention.shape[2])
+    return [_encode_image(part, i, local, start, payload["prefix"]) for i in range(len(chunk))]
 
 
 def _attribute(model: nn.Module, chunk: torch.Tensor, mean: Sequence[float] | None, std: Sequence[float] | None):
@@ -260,18 +280,38 @@ def render_explorer(payload: Mapping[str, Any], extra_html: str = "") -> str:
         payload: What :func:`explorer_payload` returns.
         extra_html: HTML appended after the explorer (the static report's sections), or ``""``.
     """
-    css = (ASSETS / "explorer.css").read_text(encoding="utf-8")
-    js = (ASSETS / "explorer.js").read_text(encoding="utf-8")
-    data = json.dumps(payload, separators=(",", ":")).replace("</", "<\\/")  # no "</script>" inside the JSON
-    title = html.escape(str(payload.get("title", "attention explorer")))
+    parts = {
+        "title": html.escape(str(payload.get("title", "attention explorer"))),
+        "css": (ASSETS / "explorer.css").read_text(encoding="utf-8"),
+        "extra": extra_html,
+        "data": page_json(payload),
+        "js": (ASSETS / "explorer.js").read_text(encoding="utf-8"),
+    }
     template = (ASSETS / "explorer.html").read_text(encoding="utf-8")
-    return (
-        template.replace("{{title}}", title)
-        .replace("{{css}}", css)
-        .replace("{{extra}}", extra_html)
-        .replace("{{data}}", data)
-        .replace("{{js}}", js)
-    )
+    # One pass: a "{{data}}" inside a user's string (a name, the extra HTML) is left as it is, never filled.
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m[1]], template)
+
+
+def page_json(payload: Any) -> str:
+    """``payload`` as JSON safe inside a ``<script>`` element: valid for ``JSON.parse`` and inert as HTML.
+
+    Non-finite numbers (a NaN area, the probabilities of a diverged model) become ``null``, which the page shows as
+    "–" (``NaN`` is not JSON); ``<``, ``>`` and ``&`` are written as ``\\u003c``, ``\\u003e``, ``\\u0026``, so no
+    string (a file or class name holding ``</script><img ...>``) can end the element or open a tag.
+    """
+    data = json.dumps(_finite(payload), separators=(",", ":"), allow_nan=False)
+    return data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by ``None`` (mappings, lists and tuples walked)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {key: _finite(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def write_explorer(

@@ -14,6 +14,8 @@
   const G = P > 0 ? 2 : 1; // float16 maxima per row: patch keys, then prefix keys
   const VIEW = 320;
   const $ = (id) => document.getElementById(id);
+  // A number with `digits` decimals; "–" for a missing or non-finite one (written as null: NaN is not JSON).
+  const fixed = (v, digits) => (typeof v === "number" && Number.isFinite(v) ? v.toFixed(digits) : "–");
   const esc = (text) => String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`); // names into HTML
   const errors = [];
   window.addEventListener("error", (e) => errors.push(String(e.message)));
@@ -310,8 +312,8 @@
     }
     for (const b of $("thumbs").querySelectorAll("button")) b.classList.toggle("on", Number(b.dataset.index) === state.image);
     $("top").innerHTML = im.top.map(([c, p]) => `<div class="bar${c === im.pred ? " pred" : ""}">`
-      + `<span class="name">${esc(className(c))}</span><span class="fill" style="width:${Math.round(140 * p)}px"></span>`
-      + `<span>${(100 * p).toFixed(1)} %</span></div>`).join("");
+      + `<span class="name">${esc(className(c))}</span><span class="fill" style="width:${Math.round(140 * (p ?? 0))}px">`
+      + `</span><span>${p === null ? "–" : `${fixed(100 * p, 1)} %`}</span></div>`).join("");
     $("overlay").value = state.overlay;
   }
 
@@ -372,8 +374,8 @@
     const f = D.faithfulness;
     if (f && f.deletion_auc) {
       $("faith").innerHTML = "<tr><th>map</th><th>deletion</th><th>insertion</th></tr>" + Object.keys(f.deletion_auc)
-        .map((n) => `<tr><td>${esc(n)}</td><td>${f.deletion_auc[n].toFixed(3)}</td>`
-          + `<td>${(f.insertion_auc[n] ?? NaN).toFixed(3)}</td></tr>`).join("");
+        .map((n) => `<tr><td>${esc(n)}</td><td>${fixed(f.deletion_auc[n], 3)}</td>`
+          + `<td>${fixed((f.insertion_auc || {})[n], 3)}</td></tr>`).join("");
     } else {
       $("faith-box").style.display = "none";
     }
