@@ -314,3 +314,49 @@ def test_two_models_in_two_threads(random_vit):
         t.join()
     for i in range(2):
         torch.testing.assert_close(together[i], alone[i], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mlp", ["GluMlp", "SwiGLUPacked", "SwiGLU", "GatedMlp"])
+def test_a_gated_mlp_is_refused_by_name(random_vit, mlp):
+    import timm.layers
+
+    from vit.layers import Block
+
+    model = build(random_vit)
+    gated = Block(model.embed_dim, num_heads=2, qkv_bias=True, mlp_layer=getattr(timm.layers, mlp)).double()
+    model.blocks[1] = gated
+    images = torch.randn(1, 3, 24, 24, dtype=torch.float64)
+    kind = "GluMlp" if mlp == "SwiGLUPacked" else mlp  # timm's SwiGLUPacked is a GluMlp
+    with pytest.raises(ValueError, match=rf"^blocks\.1\.mlp is a {kind}, a gated MLP .* use a Block with timm's Mlp"):
+        lrp(model, images)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    with pytest.raises(ValueError, match=rf"blocks\.1\.mlp is a {kind}"):
+        lrp(model, images, variant="cp")
+
+
+def test_dynamic_img_pad_sums_the_padded_grid(random_vit):
+    """A 26x26 input on 8x8 patches: the model pads it to 32x32 with zeros, so its relevance is that of the image
+    padded by hand (the padding has no relevance: it is zero), and the patch sums cover the 4x4 padded grid."""
+    model = build(random_vit, img_size=24, patch_size=8, dynamic_img_size=True, dynamic_img_pad=True)
+    images = torch.randn(2, 3, 26, 26, dtype=torch.float64)
+    padded = F.pad(images, (0, 6, 0, 6))
+    for variant in ("attnlrp", "cp"):
+        got, want = lrp(model, images, variant=variant), lrp(model, padded, variant=variant)
+        torch.testing.assert_close(got.logits, want.logits)
+        torch.testing.assert_close(got.pixels, want.pixels[:, :26, :26])
+        assert want.pixels[:, 26:].abs().max() == 0 and want.pixels[:, :, 26:].abs().max() == 0
+        assert got.patches.shape == (2, 4, 4)
+        torch.testing.assert_close(got.patches, want.patches)
+        by_loop = torch.stack([want.pixels[:, 8 * r : 8 * r + 8, 8 * c : 8 * c + 8].sum((1, 2)) for r in range(4)
+                               for c in range(4)], 1).reshape(2, 4, 4)  # fmt: skip
+        torch.testing.assert_close(got.patches, by_loop)
+
+
+def test_dynamic_img_size_at_another_size_matches_the_reference(random_vit):
+    model = build(random_vit, img_size=24, patch_size=8, dynamic_img_size=True)
+    images = torch.randn(2, 3, 40, 32, dtype=torch.float64)
+    result = lrp(model, images)
+    torch.testing.assert_close(result.logits, model(images))
+    assert result.patches.shape == (2, 5, 4)
+    torch.testing.assert_close(result.patches.sum((1, 2)), result.pixels.sum((1, 2)))
+    torch.testing.assert_close(result.patches[:, 4, 3], result.pixels[:, 32:40, 24:32].sum((1, 2)))

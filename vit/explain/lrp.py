@@ -24,6 +24,9 @@ values are the model's own (every replacement below is exact in value and change
   gives each ``1/3`` of it: the gradient reaching the attention output is divided by 3. Unlike a split into two
   products, this does not depend on the order the code multiplies in (``φ(q) (φ(k)ᵀ v)``). CP-LRP detaches ``q``
   and ``k`` (so ``φ`` and ``D`` too), ``v`` gets its full gradient.
+* **Gated MLPs** (timm's ``GluMlp``, ``SwiGLUPacked``, ``SwiGLU``, ``GatedMlp``, as ``Block(mlp_layer=...)``)
+  multiply two branches, a product with no rule here: :func:`relevance_rules` refuses a model holding one rather
+  than give it plain autograd silently.
 * Everything else (linear layers, the patch projection, the convolutional stem with its BatchNorm in eval mode and
   ReLU, residual sums, pooling, position embeddings, class and register tokens) is plain autograd: the LRP-0 rule,
   with biases, position embeddings and prefix tokens absorbing their share.
@@ -45,6 +48,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
+from timm.layers import GatedMlp, GluMlp, SwiGLU
 from torch import nn
 
 from ..layers import Attention, CrossAttention, LinearAttention
@@ -200,6 +205,20 @@ def _mark_ran(ran: dict[int, str], name: str):
     return hook
 
 
+# MLPs whose output multiplies two branches of its input (SwiGLUPacked is a GluMlp): no rule covers the product.
+_PRODUCT_MLPS: tuple[type[nn.Module], ...] = (GluMlp, SwiGLU, GatedMlp)
+
+
+def _refuse_products(model: nn.Module) -> None:
+    """Raise if ``model`` holds a module whose forward multiplies two branches (see :data:`_PRODUCT_MLPS`)."""
+    for name, module in model.named_modules():
+        if isinstance(module, _PRODUCT_MLPS):
+            raise ValueError(
+                f"{name or 'the model'} is a {type(module).__name__}, a gated MLP multiplying two branches, which "
+                "LRP's rules do not cover: use a Block with timm's Mlp, or another method (e.g. 'ig')"
+            )
+
+
 def _detach_denominator(module: nn.Module, args: tuple) -> tuple:
     numerator, denominator = args
     return numerator, denominator.detach()
@@ -219,12 +238,13 @@ def relevance_rules(model: nn.Module, variant: Variant = "attnlrp") -> Iterator[
         variant: ``"attnlrp"`` or ``"cp"``.
 
     Raises:
-        ValueError: On an unknown variant.
+        ValueError: On an unknown variant, or if the model holds a gated MLP (a product of two branches).
         RuntimeError: If an attention module ran without its ``q_norm`` / ``k_norm``, or the model is already being
             explained (by another thread).
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    _refuse_products(model)
     with _ACTIVE_LOCK:
         if model in _ACTIVE:
             raise RuntimeError(f"{type(model).__name__} is already being explained (another thread?): rules stack")
@@ -298,7 +318,7 @@ def lrp(model: nn.Module, images: torch.Tensor, target: Any = None, variant: Var
         and the logits.
 
     Raises:
-        ValueError: On an unknown variant or a target out of range or of the wrong length.
+        ValueError: On an unknown variant, a target out of range or of the wrong length, or a gated MLP in the model.
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -315,7 +335,14 @@ def lrp(model: nn.Module, images: torch.Tensor, target: Any = None, variant: Var
 
 
 def patch_sums(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
-    """Sum a ``(B, H, W)`` pixel map over the model's patches: ``(B, grid_h, grid_w)``."""
+    """Sum a ``(B, H, W)`` pixel map over the model's patches: ``(B, grid_h, grid_w)``.
+
+    The grid is the patch embedding's for this input size (``dynamic_feat_size``), so an input that
+    ``dynamic_img_pad`` pads up to whole patches sums over the padded grid, the padding counting zero.
+    """
     B, H, W = pixels.shape
-    ph, pw = model.patch_embed.patch_size
-    return pixels.reshape(B, H // ph, ph, W // pw, pw).sum(dim=(2, 4))
+    embed = model.patch_embed
+    ph, pw = embed.patch_size
+    gh, gw = embed.dynamic_feat_size((H, W)) if hasattr(embed, "dynamic_feat_size") else (H // ph, W // pw)
+    pixels = F.pad(pixels, (0, gw * pw - W, 0, gh * ph - H))  # zeros at the bottom and right, as the model pads
+    return pixels.reshape(B, gh, ph, gw, pw).sum(dim=(2, 4))
