@@ -1,9 +1,13 @@
-"""Draw the pictures of the documentation's "Attention, step by step" page into docs/figures/.
+"""Draw the pictures of the documentation ("Attention, step by step", "Explanations", the README) into docs/figures/.
 
     python scripts/docs_figures.py            # about a minute on one CPU thread
+    python scripts/docs_figures.py readme methods --checkpoint runs/quickstart/<run>/checkpoints/last.ckpt
 
 Every picture is computed with the functions the page teaches (``vit.layers``, ``vit.explain``) on real images:
-scikit-learn's sample photograph and its handwritten digits. Seeded, so a rerun draws the same pictures.
+scikit-learn's sample photograph and its handwritten digits. Seeded, so a rerun draws the same pictures. ``readme``
+(the README's picture: the default map of the quickstart model) and ``methods`` (every explanation method on the same
+digits) read the quickstart model's checkpoint (``vit fit --config quickstart``): ``--checkpoint``, else the newest
+``runs/quickstart/*/checkpoints/last.ckpt``; without one they are skipped.
 """
 
 from __future__ import annotations
@@ -25,7 +29,16 @@ from PIL import Image  # noqa: E402
 
 import vit  # noqa: E402
 from vit.atomic import write_bytes  # noqa: E402
-from vit.explain import attention_attribution, attention_statistics, explain_images, render_grid  # noqa: E402
+from vit.explain import (  # noqa: E402
+    DEFAULT_METHOD,
+    METHODS,
+    attention_attribution,
+    attention_statistics,
+    explain_images,
+    explain_map,
+    overlay_heatmap,
+    render_grid,
+)
 from vit.explain.explorer import write_explorer  # noqa: E402
 from vit.layers import (  # noqa: E402
     Attention,
@@ -34,6 +47,7 @@ from vit.layers import (  # noqa: E402
     neighborhood_attention_mask,
     window_attention_mask,
 )
+from vit.normalize import normalize  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "figures"
 
@@ -275,12 +289,79 @@ def explorer() -> None:
     print(f"wrote {OUT / 'explorer.png'}")
 
 
-def main(only: set[str] | None = None) -> None:
+def quickstart_digits(checkpoint: Path | None, count: int):
+    """The quickstart model and ``count`` validation digits of distinct classes (the training logger's choice)."""
+    from vit.explain.command import load_explainer
+    from vit.explain.selection import fixed_images
+
+    if checkpoint is None:
+        found = sorted(Path("runs/quickstart").glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        checkpoint = found[-1] if found else None
+    if checkpoint is None:
+        print("no quickstart checkpoint (vit fit --config quickstart, or --checkpoint): skipped")
+        return None
+    explainer = load_explainer(Path(checkpoint))
+    explainer.data.setup("validate")
+    images, labels, _ = fixed_images(explainer.data.val_dataset, count)
+    return explainer, images, labels
+
+
+def readme(checkpoint: Path | None = None) -> None:
+    """The README's picture: the default map (:data:`vit.explain.DEFAULT_METHOD`) of the quickstart model's
+    predicted class on 8 validation digits of distinct classes."""
+    loaded = quickstart_digits(checkpoint, 8)
+    if loaded is None:
+        return
+    explainer, images, labels = loaded
+    model, mean, std = explainer.model, explainer.mean, explainer.std
+    ex = explain_images(model, images, labels=labels, class_names=explainer.class_names, mean=mean, std=std)
+    maps = explain_map(model, normalize(images, mean, std), DEFAULT_METHOD).patches
+    title = f"{METHODS[DEFAULT_METHOD].summary} of the predicted class · quickstart model, digits it has not seen"
+    buffer = io.BytesIO()
+    Image.fromarray(render_grid(ex, maps, ncols=4, title=title)).save(buffer, format="png")
+    write_bytes(OUT / f"{DEFAULT_METHOD}_grid_digits.png", buffer.getvalue())
+    print(f"wrote {OUT / f'{DEFAULT_METHOD}_grid_digits.png'}")
+
+
+def methods(checkpoint: Path | None = None) -> None:
+    """Every explanation method (columns) on the same six validation digits (rows) of the quickstart model."""
+    loaded = quickstart_digits(checkpoint, 6)
+    if loaded is None:
+        return
+    explainer, images, labels = loaded
+    model, names = explainer.model, list(METHODS)
+    inputs = normalize(images, explainer.mean, explainer.std)
+    ex = explain_images(model, images, labels=labels, class_names=explainer.class_names, mean=explainer.mean,
+                        std=explainer.std, statistics=False)  # fmt: skip
+    maps = {name: explain_map(model, inputs, name).patches for name in names}
+    figure, axes = plt.subplots(len(images), len(names) + 1, figsize=(1.45 * (len(names) + 1), 1.55 * len(images)))
+    for row, caption in enumerate(ex.captions()):
+        picture = (ex.images[row].permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8)
+        picture = np.asarray(Image.fromarray(picture).resize((96, 96), Image.BICUBIC))
+        axes[row, 0].imshow(picture)
+        axes[row, 0].set_title(caption.replace("true ", "").replace(" · pred ", " → "), fontsize=8)
+        for col, name in enumerate(names, start=1):
+            axes[row, col].imshow(overlay_heatmap(picture, maps[name][row], alpha=0.6, cmap="inferno"))
+            if row == 0:
+                axes[row, col].set_title(name + (" (default)" if name == DEFAULT_METHOD else ""), fontsize=8)
+    for ax in axes.flat:
+        ax.set_axis_off()
+    figure.suptitle("Every method on the same digits (true → predicted), quickstart model: class-specific maps explain "
+                    "the prediction; bright = relevant", fontsize=10)  # fmt: skip
+    save(figure, "methods_digits.png")
+
+
+def main(only: set[str] | None = None, checkpoint: Path | None = None) -> None:
     torch.set_num_threads(1)
-    for draw in (mask_patterns, photo_attention, scaling, heads, explanations, explorer):
+    for draw in (mask_patterns, photo_attention, scaling, heads, explanations, explorer, readme, methods):
         if only is None or draw.__name__ in only:
-            draw()
+            draw(checkpoint) if draw in (readme, methods) else draw()
 
 
 if __name__ == "__main__":
-    main(set(sys.argv[1:]) or None)
+    args = sys.argv[1:]
+    path = None
+    if "--checkpoint" in args:
+        at = args.index("--checkpoint")
+        path, args = Path(args[at + 1]), args[:at] + args[at + 2 :]
+    main(set(args) or None, path)
