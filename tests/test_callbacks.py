@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import sys
 import warnings
 
 import lightning.pytorch as pl
@@ -18,7 +19,7 @@ import vit.loggers
 from vit import ImageClassifier, ImageDataModule
 from vit.callbacks import AttentionRolloutLogger, explained_model, forward_flops, select_indices
 from vit.callbacks import rollout as rollout_module
-from vit.explain import attention_statistics, capture_attention, rollout_map
+from vit.explain import attention_statistics, capture_attention, explain_map, rollout_map
 from vit.explain.attribution import attention_attribution
 from vit.explain.faithfulness import faithfulness
 from vit.explain.selection import fixed_images
@@ -119,9 +120,10 @@ def test_rollout_pngs_and_attention_metrics_without_wandb(tmp_path):
             assert plot.size == (500, 350)
         with (
             Image.open(folder / f"attribution_epoch_{epoch:03d}.png") as attribution,
+            Image.open(folder / f"attnlrp_epoch_{epoch:03d}.png") as main_grid,  # the default map: the main grid
             Image.open(folder / f"epoch_{epoch:03d}.png") as grid,
         ):
-            assert attribution.size == grid.size
+            assert attribution.size == grid.size == main_grid.size
 
     # The last logged statistics are those of the final weights on the fixed images.
     metrics = read_metrics(tmp_path / "lightning_logs" / "version_0" / "metrics.csv")
@@ -136,11 +138,14 @@ def test_rollout_pngs_and_attention_metrics_without_wandb(tmp_path):
         assert metrics[f"attn/distance/block_{i}"][-1] == pytest.approx(stats["mean_distance"][i].item(), rel=1e-5)
         assert 0 < metrics[f"attn/entropy/block_{i}"][-1] <= math.log(65)
     # Faithfulness every second logged epoch: once, for the final weights, as faithfulness() scores them.
-    scores = faithfulness(
-        model, inputs, {"rollout": rollout_map(model, inputs), "attribution": attention_attribution(model, inputs)}
-    )
+    maps = {
+        "attnlrp": explain_map(model, inputs, "attnlrp").patches,
+        "rollout": rollout_map(model, inputs),
+        "attribution": attention_attribution(model, inputs),
+    }
+    scores = faithfulness(model, inputs, maps)
     for curve in ("deletion_auc", "insertion_auc"):
-        for name in ("rollout", "attribution", "random"):
+        for name in ("attnlrp", "rollout", "attribution", "random"):
             assert metrics[f"explain/{curve}/{name}"] == [pytest.approx(scores[curve][name], abs=1e-6)]
     assert model.training  # Lightning's train mode is back
 
@@ -161,7 +166,10 @@ def test_every_n_epochs_and_the_final_model(tmp_path):
     fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, every_n_epochs=2, statistics=False)], max_epochs=3)
     fit.fit(tiny_module(), digits())
     pngs = sorted(p.name for p in (tmp_path / "rollout").glob("*.png"))  # epoch 1 (every 2nd) and epoch 2, the last
-    assert pngs == ["attribution_epoch_001.png", "attribution_epoch_002.png", "epoch_001.png", "epoch_002.png"]
+    assert pngs == [
+        "attnlrp_epoch_001.png", "attnlrp_epoch_002.png", "attribution_epoch_001.png", "attribution_epoch_002.png",
+        "epoch_001.png", "epoch_002.png",
+    ]  # fmt: skip
     # A run that only validates explains the model it validates, whatever every_n_epochs says; validating a
     # checkpoint, the pictures carry the epoch it was saved in (a finished fit's: max_epochs).
     check = trainer(tmp_path / "v", [AttentionRolloutLogger(num_images=2, every_n_epochs=5, statistics=False)])
@@ -169,14 +177,17 @@ def test_every_n_epochs_and_the_final_model(tmp_path):
     fit.save_checkpoint(tmp_path / "fit.ckpt")
     check.validate(tiny_module(), digits(), ckpt_path=tmp_path / "fit.ckpt")
     pngs = sorted(p.name for p in (tmp_path / "v" / "rollout").glob("*.png"))
-    assert pngs == ["attribution_epoch_000.png", "attribution_epoch_003.png", "epoch_000.png", "epoch_003.png"]
+    assert pngs == [
+        "attnlrp_epoch_000.png", "attnlrp_epoch_003.png", "attribution_epoch_000.png", "attribution_epoch_003.png",
+        "epoch_000.png", "epoch_003.png",
+    ]  # fmt: skip
     # A fit that max_steps stops in epoch 1 of 5 (3 steps per epoch): its last model is explained, without the
     # faithfulness scores, which follow the every-n-th epochs only.
     logger = AttentionRolloutLogger(num_images=2, every_n_epochs=5, statistics=False, faithfulness_every_n=1)
     stopped = trainer(tmp_path / "s", [logger], max_epochs=5, max_steps=6)
     stopped.fit(tiny_module(), digits())
     pngs = sorted(p.name for p in (tmp_path / "s" / "rollout").glob("*.png"))
-    assert pngs == ["attribution_epoch_001.png", "epoch_001.png"]
+    assert pngs == ["attnlrp_epoch_001.png", "attribution_epoch_001.png", "epoch_001.png"]
     assert not any(key.startswith("explain/") for key in stopped.callback_metrics)
 
 
@@ -225,10 +236,12 @@ def test_wandb_media_failure_is_a_warning_and_the_png_is_still_written(tmp_path,
     logger = FailingWandb()
     monkeypatch.setattr(vit.loggers, "wandb_loggers", lambda trainer: [logger])
     fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2)], logger)
-    with pytest.warns(UserWarning, match=r"could not log 'val/attention_rollout_grid' to W&B .*OSError: .*No space"):
+    with pytest.warns(UserWarning, match=r"could not log 'val/explanation_grid' to W&B .*OSError: .*No space"):
         fit.fit(tiny_module(), digits())
     assert fit.state.finished and fit.current_epoch == 1
-    assert (tmp_path / "rollout" / "epoch_000.png").is_file()
+    assert (tmp_path / "rollout" / "epoch_000.png").is_file() and (
+        tmp_path / "rollout" / "attnlrp_epoch_000.png"
+    ).is_file()
 
 
 def test_png_failure_is_a_warning(tmp_path):
@@ -258,6 +271,9 @@ def test_grid_png_and_wandb_media_with_an_offline_wandb_logger(tmp_path, monkeyp
     plots = sorted((media / "val").glob("attention_distance_*.png"))
     attribution = sorted((media / "val").glob("attention_attribution_[0-9]*.png"))
     attribution_grids = sorted((media / "val").glob("attention_attribution_grid_*.png"))
+    main_grids = sorted((media / "val").glob("explanation_grid_*.png"))
+    main_panels = sorted((media / "val").glob("explanation_[0-9]*.png"))
+    assert len(main_grids) == 1 and len(main_panels) == 3
     assert len(grids) == 1 and len(panels) == 3 and len(plots) == 1
     assert len(attribution_grids) == 1 and len(attribution) == 3
     with Image.open(grids[0]) as logged:  # W&B holds the very picture written to the run folder
@@ -292,4 +308,27 @@ def test_attribution_failure_warns_once_and_rollout_goes_on(tmp_path, monkeypatc
         fit.fit(tiny_module(), digits())
     messages = [str(w.message) for w in record if "attribution" in str(w.message)]
     assert len(messages) == 1 and messages[0].startswith("could not log the attention attribution at epoch 0")
-    assert sorted(p.name for p in (tmp_path / "rollout").glob("*.png")) == ["epoch_000.png", "epoch_001.png"]
+    assert sorted(p.name for p in (tmp_path / "rollout").glob("*.png")) == [
+        "attnlrp_epoch_000.png", "attnlrp_epoch_001.png", "epoch_000.png", "epoch_001.png"
+    ]  # fmt: skip
+
+
+def test_main_map_is_any_method_checked_before_training(tmp_path, monkeypatch):
+    """``method`` picks the main grid; rollout draws no further one; an unknown name or a missing extra fails at
+    construction, before any training."""
+    fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, statistics=False, method="gradxinput")])
+    fit.validate(tiny_module(), digits())
+    assert sorted(p.name for p in (tmp_path / "rollout").glob("*.png")) == [
+        "attribution_epoch_000.png", "epoch_000.png", "gradxinput_epoch_000.png"
+    ]  # fmt: skip
+    plain = trainer(tmp_path / "r", [AttentionRolloutLogger(num_images=2, statistics=False, method="rollout")])
+    plain.validate(tiny_module(), digits())
+    assert sorted(p.name for p in (tmp_path / "r" / "rollout").glob("*.png")) == [
+        "attribution_epoch_000.png", "epoch_000.png"
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="unknown explanation method 'shap'"):
+        AttentionRolloutLogger(method="shap")
+    monkeypatch.setitem(sys.modules, "captum", None)
+    monkeypatch.setitem(sys.modules, "captum.attr", None)
+    with pytest.raises(ImportError, match=r'pip install "vit\[explain\]"'):
+        AttentionRolloutLogger(method="ig")

@@ -1,6 +1,9 @@
 """AttentionRolloutLogger: where the model looks, and how its attention is organised, on fixed images while it trains.
 
-Attention rollout (Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020), entropy and mean
+The main grid is the project's default map, AttnLRP (Achtibat et al., "AttnLRP: Attention-Aware Layer-wise Relevance
+Propagation for Transformers", ICML 2024; :data:`~vit.explain.DEFAULT_METHOD`, the most faithful map a plain install
+has); beside it attention rollout (Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020), entropy
+and mean
 attention distance per block (Dosovitskiy et al., "An Image is Worth 16x16 Words", ICLR 2021, Fig. 7) and a warning
 when a block's attention collapses. The callback only decides *when* and *which images*:
 :func:`~vit.explain.explain_images` computes everything in one forward pass, :mod:`vit.explain.panels` draws it,
@@ -34,6 +37,7 @@ from ..explain import (
 from ..explain.attribution import attention_attribution
 from ..explain.explorer import DEFAULT_MAX_BYTES, ExplorerTooLarge, write_explorer
 from ..explain.faithfulness import faithfulness
+from ..explain.methods import DEFAULT_METHOD, METHODS, explain_map, get_method, require_extras
 from ..explain.panels import png_bytes
 from ..explain.selection import fixed_images, select_indices
 from ..normalize import normalize
@@ -43,6 +47,8 @@ __all__ = [
     "DISTANCE_KEY",
     "EXPLORER_KEY",
     "GRID_KEY",
+    "METHOD_GRID_KEY",
+    "METHOD_KEY",
     "ROLLOUT_KEY",
     "AttentionRolloutLogger",
     "explained_model",
@@ -59,6 +65,11 @@ ATTRIBUTION_KEY = "val/attention_attribution"
 """W&B key of the per-image attribution panels (Chefer et al., ICCV 2021)."""
 EXPLORER_KEY = "val/attention_explorer"
 """W&B key of the attention explorer (``wandb.Html``; the same file as ``rollout/explorer_epoch_XXX.html``)."""
+METHOD_GRID_KEY = "val/explanation_grid"
+"""W&B key of the main grid: the map of ``method`` (AttnLRP by default), the same picture as
+``rollout/<method>_epoch_XXX.png``."""
+METHOD_KEY = "val/explanation"
+"""W&B key of the per-image panels of ``method``."""
 EXPLORER_FILE = "explorer_epoch_{:03d}.html"
 KEYS = {
     "rollout": (GRID_KEY, ROLLOUT_KEY),
@@ -110,7 +121,10 @@ class AttentionRolloutLogger(Callback):
     when enabled) explains them with :func:`~vit.explain.explain_images` (one eval-mode, no-grad forward pass; the
     model is left as it was) and the result goes to:
 
-    - ``<default_root_dir>/rollout/epoch_XXX.png``: the captioned grid (image | rollout overlay, colour bar,
+    - ``<default_root_dir>/rollout/<method>_epoch_XXX.png``: the main grid, ``method``'s map of each image's
+      predicted class (AttnLRP by default, :func:`~vit.explain.explain_map`), and in W&B ``val/explanation_grid``
+      and the per-image panels ``val/explanation``;
+    - ``<default_root_dir>/rollout/epoch_XXX.png``: the rollout grid (image | rollout overlay, colour bar,
       "true 3 · pred 7 (32 %)"), at every logged epoch, with or without W&B; the distance plot beside it
       (``distance_epoch_XXX.png``);
     - with ``attribution``, the same grid of the class-specific attention attribution of each image's predicted class
@@ -155,6 +169,9 @@ class AttentionRolloutLogger(Callback):
             about 60 kB per image for a 64-patch model) and log it to W&B.
         explorer_max_bytes: Size limit of that file: past it, the explorer holds the first images that fit, and
             says so on the page.
+        method: The main map, a name of :data:`~vit.explain.METHODS` (default: AttnLRP, the most faithful map a
+            plain install has, measured in ``docs/results/faithfulness.json``); ``"rollout"`` or ``"attribution"``
+            draws no further grid.
     """
 
     def __init__(
@@ -175,8 +192,11 @@ class AttentionRolloutLogger(Callback):
         faithfulness_steps: int = 10,
         explorer: bool = True,
         explorer_max_bytes: int = DEFAULT_MAX_BYTES,
+        method: str = DEFAULT_METHOD,
     ) -> None:
         super().__init__()
+        require_extras(method)  # an unknown name or a missing extra fails here, before training
+        self.method = get_method(method).name
         for name, value in (("num_images", num_images), ("every_n_epochs", every_n_epochs), ("ncols", ncols)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -220,7 +240,9 @@ class AttentionRolloutLogger(Callback):
         """Check that the model's attention can be explained and fix the images (the data module is set up)."""
         if stage not in ("fit", "validate"):
             return
-        attention_modules(explained_model(pl_module))  # a model without explainable attention fails here, clearly
+        model = explained_model(pl_module)
+        attention_modules(model)  # a model without explainable attention fails here, clearly
+        get_method(self.method, model)  # and a main map that cannot read it
         self.output_dir = Path(trainer.default_root_dir) / "rollout"
         self._last_epoch, self._checkpoint_epoch, self._collapsed = None, None, set()
         datamodule = trainer.datamodule
@@ -287,6 +309,12 @@ class AttentionRolloutLogger(Callback):
                 self.attribution = False
             else:
                 maps["attribution"] = attribution
+        if self.method not in maps and self.method != "attribution":
+            main_map = _warn_on_failure(f"{self.method} maps", epoch, lambda: self._explain_method(model))
+            if main_map is None:  # warned once; rollout and attribution go on
+                self.method = "rollout"
+            else:
+                maps = {self.method: main_map, **maps}  # first: the main grid
         scores = None
         if score:
             scores = _warn_on_failure("faithfulness scores", epoch, lambda: self._faithfulness(model, maps))
@@ -320,6 +348,12 @@ class AttentionRolloutLogger(Callback):
         with torch.inference_mode(False), torch.enable_grad():
             return attention_attribution(model, self._inputs(model)).float().cpu()
 
+    def _explain_method(self, model: nn.Module) -> torch.Tensor:
+        """``method``'s patch maps of each image's predicted class, outside the validation loop's inference mode
+        (the registry's methods leave the model as it was: no ``.grad``, no hooks)."""
+        with torch.inference_mode(False), torch.enable_grad():
+            return explain_map(model, self._inputs(model), self.method).patches.float().cpu()
+
     def _faithfulness(self, model: nn.Module, maps: dict[str, torch.Tensor]) -> dict[str, Any]:
         return faithfulness(model, self._inputs(model), maps, steps=self.faithfulness_steps)
 
@@ -327,7 +361,7 @@ class AttentionRolloutLogger(Callback):
         """A captioned grid per map and, with statistics, the distance plot, as ``uint8`` RGB arrays."""
         figures = {
             name: render_grid(
-                explanation, grid_map, self.ncols, title=f"epoch {epoch} · {TITLES[name]}", **self.panel_kwargs
+                explanation, grid_map, self.ncols, title=f"epoch {epoch} · {_title(name)}", **self.panel_kwargs
             )
             for name, grid_map in maps.items()
         }
@@ -338,7 +372,7 @@ class AttentionRolloutLogger(Callback):
     def _save(self, trainer: Trainer, epoch: int, figures: dict[str, np.ndarray]) -> None:
         folder = self.output_dir if self.output_dir is not None else Path(trainer.default_root_dir) / "rollout"
         for name, figure in figures.items():
-            write_bytes(folder / FILES[name].format(epoch), png_bytes(figure))
+            write_bytes(folder / FILES.get(name, f"{name}_epoch_{{:03d}}.png").format(epoch), png_bytes(figure))
 
     def _log(
         self,
@@ -349,7 +383,7 @@ class AttentionRolloutLogger(Callback):
         figures: dict[str, np.ndarray],
     ) -> None:
         for name, figure in figures.items():
-            grid_key, panel_key = KEYS[name]
+            grid_key, panel_key = KEYS.get(name, (METHOD_GRID_KEY, METHOD_KEY))
             if not loggers.log_images(trainer, grid_key, [figure], step):  # no W&B logger: nothing more to render
                 return
             if name in maps:
@@ -396,6 +430,13 @@ class AttentionRolloutLogger(Callback):
         self._collapsed = set(explanation.collapsed_blocks)
         if new:
             rank_zero_warn(f"attention collapse at epoch {epoch} in {describe_collapse(new, len(explanation))}")
+
+
+def _title(name: str) -> str:
+    if name in TITLES:
+        return TITLES[name]
+    method = METHODS[name]
+    return f"{method.summary}{' of the predicted class' if method.class_specific else ''}"
 
 
 def _warn_on_failure(what: str, epoch: int, action: Callable[[], Any]) -> Any:
