@@ -131,3 +131,29 @@ def test_describing_a_model_in_a_checkpoint_leaves_the_random_stream_alone(tmp_p
     torch.save(checkpoint, tmp_path / "m.ckpt")
     vit.load(tmp_path / "m.ckpt")
     assert torch.equal(torch.random.get_rng_state(), before)
+
+
+# The VisionTransformer arguments of the release that introduced the checkpoint description (metadata format 1),
+# spelled out here: that release's vit.load passes every model_args key to this constructor.
+FIRST_RELEASE_ARGS = {
+    "img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
+    "qk_norm", "class_token", "reg_tokens", "global_pool", "latent_len", "pos_embed", "no_embed_class", "conv_stem",
+    "init_values", "fc_norm", "drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
+    "drop_path_rate", "window_size", "window_type", "window_dilation", "global_attn_indexes", "shift_windows",
+    "linear_attention", "linear_feature_map", "fused_attn",
+}  # fmt: skip
+
+
+def test_an_older_release_reads_a_new_checkpoint_that_uses_no_new_argument(checkpoint, tmp_path):
+    path, module = checkpoint
+    args = torch.load(path, weights_only=False)[METADATA_KEY]["model_args"]
+    assert set(args) == FIRST_RELEASE_ARGS  # every argument it knows, nothing it would refuse
+
+    dynamic = ImageClassifier("vit_tiny_patch4_32", num_classes=7, model_overrides={**TINY, "dynamic_img_size": True})
+    meta = inference_metadata(dynamic.model, dynamic.hparams, NAMES, MEAN, STD, "cifar")
+    assert set(meta["model_args"]) == FIRST_RELEASE_ARGS | {"dynamic_img_size"}  # used: written, so refused there
+    assert meta["model_args"]["dynamic_img_size"] is True
+    torch.save({"state_dict": dynamic.state_dict(), METADATA_KEY: meta}, tmp_path / "dynamic.ckpt")
+    loaded = vit.load(tmp_path / "dynamic.ckpt")
+    assert loaded.patch_embed.dynamic_img_size and not loaded.patch_embed.dynamic_img_pad
+    assert loaded(torch.zeros(1, 3, 40, 40)).shape == (1, 7)  # another size than the 32 it was built for

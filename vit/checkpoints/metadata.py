@@ -24,6 +24,17 @@ METADATA_KEY = "vit_inference"
 """The checkpoint entry (and ``config.json``'s ``vit`` entry) holding :func:`inference_metadata`."""
 METADATA_FORMAT = 1
 
+FORMAT_1_ARGS = frozenset((
+    "img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
+    "qk_norm", "class_token", "reg_tokens", "global_pool", "latent_len", "pos_embed", "no_embed_class", "conv_stem",
+    "init_values", "fc_norm", "drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
+    "drop_path_rate", "window_size", "window_type", "window_dilation", "global_attn_indexes", "shift_windows",
+    "linear_attention", "linear_feature_map", "fused_attn",
+))  # fmt: skip
+"""The :class:`~vit.VisionTransformer` arguments of the first release writing :data:`METADATA_FORMAT` 1: always in
+``model_args``. An argument added since is written only when it differs from its default, so a checkpoint that
+does not use it still loads in a release that does not know it (which passes every key to the constructor)."""
+
 EVAL_RULES: dict[str, tuple[str, float]] = {"cifar": ("bilinear", 1.0), "digits": ("bilinear", 1.0)}
 """Eval transform rule -> timm's ``(interpolation, crop_pct)``: CIFAR-size images are resized to the input size
 (area averaging when shrinking); ``imagenet`` resizes the shorter side to ``size / 0.875`` (bicubic), centre-crops."""
@@ -34,8 +45,9 @@ def model_args(model: nn.Module, hparams: Mapping[str, Any] | None = None) -> di
 
     The arguments come from the :class:`~vit.ImageClassifier` hyper-parameters (a preset name with its overrides, or
     a ``class_path`` config); every argument not set there takes its default from ``VisionTransformer.__init__``'s
-    signature, so arguments added to the model later are carried without a change here. Class count, image size and
-    pooling are read from the model itself.
+    signature, so arguments added to the model later are carried without a change here; those not in
+    :data:`FORMAT_1_ARGS` only when not at their default (older releases can then read the checkpoint). Class count,
+    image size and pooling are read from the model itself.
 
     Raises:
         ValueError: If ``model`` is not a :class:`~vit.VisionTransformer` or its arguments cannot be recovered.
@@ -58,6 +70,7 @@ def model_args(model: nn.Module, hparams: Mapping[str, Any] | None = None) -> di
     args["num_classes"] = int(model.num_classes)
     args["img_size"] = list(model.patch_embed.img_size)
     args["global_pool"] = model.global_pool  # reset_classifier may have changed it
+    args = {k: v for k, v in args.items() if k in FORMAT_1_ARGS or k not in defaults or v != defaults[k]}
     args = _jsonable(args)
     # The copy's random initialisation must not move the caller's random stream (a resumed run replays it exactly).
     with torch.random.fork_rng(devices=[]):
