@@ -316,3 +316,32 @@ def test_rollout_logger_on_a_sliding_model(tmp_path):
     assert isinstance(module.model.blocks[0].attn, NeighborhoodAttention)
     with Image.open(tmp_path / "rollout" / "epoch_000.png") as grid:
         assert grid.mode == "RGB" and grid.width > 2 * 160
+
+
+def test_tables_of_other_grids_stay_few_and_correct():
+    from vit.layers.window_attention import LAYOUT_CACHE_SIZE
+
+    sliding, dense = _pair(5, 5, 3, 1, 1, (2, 2))
+    grids = [(rows, cols) for rows in range(3, 7) for cols in range(3, 6) if (rows, cols) != (5, 5)]  # 11 grids
+    assert len(grids) > LAYOUT_CACHE_SIZE
+    for rows, cols in [*grids, grids[0]]:  # the first grid again: dropped by now, so built anew
+        x = torch.randn(1, 1 + rows * cols, 48)
+        want = dense(x, attn_mask=reference_pattern(rows, cols, 3, 1, 1))
+        torch.testing.assert_close(sliding.forward_tiled(x, (rows, cols)), want, atol=1e-5, rtol=1e-5)
+        assert len(sliding._tables) <= LAYOUT_CACHE_SIZE
+    recent = [*grids[-(LAYOUT_CACHE_SIZE - 1) :], grids[0]]
+    assert [key[:2] for key in sliding._tables] == recent  # the most recently used, oldest first
+    kept = sliding._tables[(*recent[0], "cpu")]
+    assert sliding.tables(recent[0], torch.device("cpu")) is kept  # a hit: reused, now the newest
+    assert next(reversed(sliding._tables.values())) is kept
+
+
+def test_block_masks_stay_few():
+    from vit.layers import neighborhood_attention as module
+
+    sliding, _ = _pair(5, 5, 3, 1, 1, (2, 2))
+    for cols in range(3, 4 + module.BLOCK_MASK_CACHE_SIZE):
+        sliding.block_mask(torch.device("cpu"), (4, cols))
+        assert len(module._BLOCK_MASKS) <= module.BLOCK_MASK_CACHE_SIZE
+    first = sliding.block_mask(torch.device("cpu"), (4, 3 + module.BLOCK_MASK_CACHE_SIZE))
+    assert sliding.block_mask(torch.device("cpu"), (4, 3 + module.BLOCK_MASK_CACHE_SIZE)) is first

@@ -181,3 +181,22 @@ def test_padded_window_model_gradients_reach_every_parameter():
 def test_bad_window_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         vit.create_model("vit_tiny_patch4_32", **kwargs)
+
+
+def test_layouts_of_other_grids_stay_few_and_correct():
+    from vit.layers.window_attention import LAYOUT_CACHE_SIZE
+
+    window, dense = _pair(4, 4, 2, 1, 1)
+    grids = [(rows, cols) for rows in range(2, 6) for cols in range(3, 6) if (rows, cols) != (4, 4)]  # 11 grids
+    assert len(grids) > LAYOUT_CACHE_SIZE
+    for rows, cols in [*grids, grids[0]]:  # the first grid again: dropped by now, so built anew
+        x = torch.randn(1, 1 + rows * cols, 48)
+        want = dense(x, attn_mask=reference_pattern(rows, cols, 2, 1, 1))
+        torch.testing.assert_close(window(x, grid_size=(rows, cols)), want, atol=1e-5, rtol=1e-5)
+        assert len(window._layouts) <= LAYOUT_CACHE_SIZE
+    recent = [*grids[-(LAYOUT_CACHE_SIZE - 1) :], grids[0]]
+    assert [key[:2] for key in window._layouts] == recent  # the most recently used, oldest first
+    kept = window._layouts[(*recent[0], "cpu")]
+    window(torch.randn(1, 1 + recent[0][0] * recent[0][1], 48), grid_size=recent[0])  # a hit: reused, now newest
+    assert next(reversed(window._layouts.values())) is kept
+    assert window.layout(None, torch.device("cpu")).gather_index is window.gather_index  # own grid: the buffers

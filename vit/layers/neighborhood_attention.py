@@ -22,11 +22,12 @@ Three exact, linear-cost paths, none of which builds an ``N × N`` mask or score
   ``fused_attn=False``).
 
 The index tables of every path are built once for the model's grid, and once per other grid the layer meets (a
-dynamic image size), then cached.
+dynamic image size), then cached (the ``LAYOUT_CACHE_SIZE`` most recently used grids, as window attention).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
@@ -35,13 +36,16 @@ import torch.nn.functional as F
 from ..kernels import neighborhood as neighborhood_kernel
 from .attention import Attention
 from .utils import to_2tuple
+from .window_attention import LAYOUT_CACHE_SIZE
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 except ImportError:  # pragma: no cover - torch without FlexAttention: the tiled path everywhere
     flex_attention = None
 
-_BLOCK_MASKS: dict[tuple, BlockMask] = {}  # (rows, cols, k, d, prefix, device) -> BlockMask, shared by blocks
+# (rows, cols, k, d, prefix, device) -> BlockMask, shared by blocks; the most recently used few only.
+_BLOCK_MASKS: OrderedDict[tuple, BlockMask] = OrderedDict()
+BLOCK_MASK_CACHE_SIZE = 4 * LAYOUT_CACHE_SIZE
 _compiled_flex = None
 
 
@@ -263,10 +267,11 @@ class NeighborhoodAttention(Attention):
         self.register_buffer("tile_mask", tables.tile_mask, persistent=False)  # (T, 1, tq, P + tk)
         self.register_buffer("owner", tables.owner, persistent=False)
         self.register_buffer("neighbour_index", tables.neighbour_index, persistent=False)  # (rows * cols, P + k²)
-        self._tables: dict[tuple[int, int, str], NeighborhoodTables] = {}
+        self._tables: OrderedDict[tuple[int, int, str], NeighborhoodTables] = OrderedDict()
 
     def tables(self, grid_size: tuple[int, int] | None, device: torch.device) -> NeighborhoodTables:
-        """The index tables of ``grid_size`` (the layer's grid when ``None``) on ``device``; built once per grid.
+        """The index tables of ``grid_size`` (the layer's grid when ``None``) on ``device``; built once per grid
+        (of the :data:`LAYOUT_CACHE_SIZE` most recent).
 
         Raises:
             ValueError: If ``kernel_size · dilation`` exceeds a side of ``grid_size``.
@@ -275,10 +280,14 @@ class NeighborhoodAttention(Attention):
             buffers = (self.query_index, self.key_index, self.tile_mask, self.owner, self.neighbour_index)
             return NeighborhoodTables(self.grid_size, *buffers, self.tile_grid)
         key = (*grid_size, str(device))
-        if key not in self._tables:
+        if key in self._tables:
+            self._tables.move_to_end(key)
+        else:
             self._tables[key] = neighborhood_tables(
                 grid_size, self.kernel_size, self.dilation, self.num_prefix_tokens, self.tile_size, device
             )
+            if len(self._tables) > LAYOUT_CACHE_SIZE:
+                self._tables.popitem(last=False)
         return self._tables[key]
 
     def forward(
@@ -365,10 +374,14 @@ class NeighborhoodAttention(Attention):
         grid), built once and shared across blocks."""
         rows, cols = grid = grid_size or self.grid_size
         key = (rows, cols, self.kernel_size, self.dilation, self.num_prefix_tokens, str(device))
-        if key not in _BLOCK_MASKS:
+        if key in _BLOCK_MASKS:
+            _BLOCK_MASKS.move_to_end(key)
+        else:
             n = self.num_prefix_tokens + rows * cols
             mask_mod = neighborhood_mask_mod(grid, self.kernel_size, self.dilation, self.num_prefix_tokens)
             _BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, n, n, device=device)
+            if len(_BLOCK_MASKS) > BLOCK_MASK_CACHE_SIZE:
+                _BLOCK_MASKS.popitem(last=False)
         return _BLOCK_MASKS[key]
 
     def forward_flex(self, x: torch.Tensor, grid_size: tuple[int, int] | None = None) -> torch.Tensor:

@@ -10,12 +10,14 @@ Cost is linear in the number of patches. Window boundaries sit at ``shift + k·w
 a mask. Windows with the same number of patches, each with its own copy of the prefix keys, are gathered into the
 batch dimension by one ``index_select`` and attended with :func:`torch.nn.functional.scaled_dot_product_attention`
 (one call per window size, at most nine); no ``N × N`` mask or score matrix exists on the training path.
-The layout is built once for the model's grid, and once per other grid it meets (a dynamic image size), then cached.
+The layout is built once for the model's grid, and once per other grid it meets (a dynamic image size), then cached
+(the :data:`LAYOUT_CACHE_SIZE` most recently used grids).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
@@ -55,6 +57,11 @@ def window_attention_mask(
     mask = torch.ones(n, n, dtype=torch.bool)
     mask[num_prefix_tokens:, num_prefix_tokens:] = labels[:, None] == labels[None, :]
     return mask
+
+
+LAYOUT_CACHE_SIZE = 8
+"""Layouts of other grids than the model's kept per layer (least recently used dropped): many input sizes must not
+grow memory without bound."""
 
 
 class WindowLayout(NamedTuple):
@@ -156,10 +163,11 @@ class WindowAttention(Attention):
         self.register_buffer("group_start", layout.group_start, persistent=False)
         self.register_buffer("group_size", layout.group_size, persistent=False)
         self.register_buffer("group_pos", layout.group_pos, persistent=False)
-        self._layouts: dict[tuple[int, int, str], WindowLayout] = {}
+        self._layouts: OrderedDict[tuple[int, int, str], WindowLayout] = OrderedDict()
 
     def layout(self, grid_size: tuple[int, int] | None, device: torch.device) -> WindowLayout:
-        """The window layout of ``grid_size`` (the model's grid when ``None``) on ``device``; built once per grid.
+        """The window layout of ``grid_size`` (the model's grid when ``None``) on ``device``; built once per grid
+        (of the :data:`LAYOUT_CACHE_SIZE` most recent).
 
         Raises:
             ValueError: If the window does not fit in ``grid_size``.
@@ -168,9 +176,13 @@ class WindowAttention(Attention):
             buffers = (self.gather_index, self.group_start, self.group_size, self.group_pos)
             return WindowLayout(self.groups, *buffers)
         key = (*grid_size, str(device))
-        if key not in self._layouts:
+        if key in self._layouts:
+            self._layouts.move_to_end(key)
+        else:
             grid = to_2tuple(grid_size)
             self._layouts[key] = window_layout(grid, self.window_size, self.shift, self.num_prefix_tokens, device)
+            if len(self._layouts) > LAYOUT_CACHE_SIZE:
+                self._layouts.popitem(last=False)
         return self._layouts[key]
 
     def forward(
