@@ -364,3 +364,24 @@ def test_a_checkpoint_alone_explains_from_an_empty_folder(checkpoint, tmp_path, 
         assert path == str(file) and name == names[int(p.argmax())]
         assert float(prob) == pytest.approx(p.max().item(), abs=1e-3)
     assert sorted(p.name for p in alone.iterdir()) == ["explanations", "model.ckpt"]
+
+
+def test_faithfulness_tables_in_the_docs_are_generated_from_the_results():
+    """docs/explanations.md's faithfulness tables are what scripts/results_tables.py makes of
+    docs/results/faithfulness.json (each model as `vit explain --faithfulness` wrote it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_tables", ROOT / "scripts" / "results_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    page = tables.EXPLANATIONS.read_text()
+    assert tables.BEGIN in page and tables.render_explanations(page) == page, "run python scripts/results_tables.py"
+    models = json.loads(tables.FAITHFULNESS.read_text())["models"]
+    for name, report in models.items():
+        assert report["command"].startswith("vit explain ") and "--faithfulness" in report["command"]
+        for method, score in report["scores"].items():  # each row: deletion AUC, then its ratio to random
+            row = f"| {method} | {score['deletion_auc']:.3f} [{score['deletion_ci'][0]:.3f}, "
+            assert row in page.split(f"**{name}**", 1)[1], (name, method)
+            assert score["deletion_ratio"] == pytest.approx(
+                score["deletion_auc"] / report["scores"]["random"]["deletion_auc"]
+            )
