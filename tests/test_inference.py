@@ -157,3 +157,14 @@ def test_an_older_release_reads_a_new_checkpoint_that_uses_no_new_argument(check
     loaded = vit.load(tmp_path / "dynamic.ckpt")
     assert loaded.patch_embed.dynamic_img_size and not loaded.patch_embed.dynamic_img_pad
     assert loaded(torch.zeros(1, 3, 40, 40)).shape == (1, 7)  # another size than the 32 it was built for
+
+
+def test_the_package_docstring_names_every_user_extra():
+    """``help(vit)`` says what a plain install brings and what each extra adds (dev and docs are the project's)."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    extras = set(pyproject["project"]["optional-dependencies"]) - {"dev", "docs"}
+    assert extras >= {"export", "explain"}
+    for extra in sorted(extras):
+        assert f"the ``{extra}`` extra" in vit.__doc__, extra

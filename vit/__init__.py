@@ -3,7 +3,8 @@
 A plain install (``pip install vit``) brings every dependency listed in ``pyproject.toml``: the model layer's (torch,
 timm), the training stack's (Lightning, torchmetrics, jsonargparse, albumentations, OpenCV, scikit-learn, W&B,
 LitData, simplejpeg) and the drawing of explanations (matplotlib, Pillow); the ``export`` extra adds ONNX and ONNX
-Runtime for ``vit export --onnx``. ``import vit`` loads the model layer only (``vit.layers``, ``vit.models``);
+Runtime for ``vit export --onnx``, the ``explain`` extra captum and grad-cam for the integrated-gradients and
+Grad-CAM baselines of ``vit.explain``. ``import vit`` loads the model layer only (``vit.layers``, ``vit.models``);
 everything else is imported on first use (PEP 562), so the models and ``vit.load`` also work where only torch and
 timm (with timm's own dependencies) are installed.
 """
