@@ -412,3 +412,19 @@ def test_throughput_is_images_over_time_between_batch_starts(tmp_path, monkeypat
     assert [v for n, v in logged if n == "train/img_per_sec"] == [10.0, 10.0]
     assert training_throughput(fit) == 10.0
     assert module.example_input_array.shape == (1, 3, 16, 16)  # the model summary's real FLOPs
+
+
+def test_a_trainer_keeps_its_own_throughput_and_metadata_callbacks(tmp_path):
+    """The module reads the trainer's callbacks through Lightning's public ``trainer`` property (which raises outside
+    a Trainer: then both callbacks are offered); one the trainer already has is not added twice, over two fits."""
+    module = tiny()
+    with pytest.raises(RuntimeError, match="not attached to a `Trainer`"):
+        module.trainer  # noqa: B018 (what the module relies on outside a Trainer)
+    assert [type(cb) for cb in module.configure_callbacks()] == [TrainingThroughput, CheckpointMetadata]
+    own = CheckpointMetadata()
+    fit = trainer(tmp_path, max_steps=1, limit_val_batches=0, callbacks=[own])
+    fit.fit(module, loader(8, 4))
+    fit.fit(module, loader(8, 4))
+    metadata = [cb for cb in fit.callbacks if isinstance(cb, CheckpointMetadata)]
+    assert len(metadata) == 1 and metadata[0] is own
+    assert sum(isinstance(cb, TrainingThroughput) for cb in fit.callbacks) == 1

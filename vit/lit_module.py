@@ -252,10 +252,18 @@ class ImageClassifier(LightningModule):
                 "set trainer.max_epochs"
             )
 
+    def _attached_trainer(self) -> Trainer | None:
+        """The trainer running this module, or ``None`` outside one (Lightning's ``trainer`` property raises there)."""
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
+
     def setup(self, stage: str) -> None:
         """Load the ``pretrained`` weights when fitting starts (a resumed checkpoint overrides them afterwards)."""
-        if stage == "fit" and self._trainer is not None:
-            self.check_trainer(self._trainer)
+        trainer = self._attached_trainer()
+        if stage == "fit" and trainer is not None:
+            self.check_trainer(trainer)
         if stage == "fit" and self.hparams.pretrained:
             load_pretrained(self.model, self.hparams.pretrained)
             if self.model_ema is not None:
@@ -266,7 +274,7 @@ class ImageClassifier(LightningModule):
         mis-shaped keys (:func:`~vit.checkpoints.check_checkpoint_fits`), for a resumed run as for
         ``load_from_checkpoint``."""
         if self.strict_loading:
-            trainer = self._trainer  # None outside a Trainer (load_from_checkpoint)
+            trainer = self._attached_trainer()  # None outside a Trainer (load_from_checkpoint)
             check_checkpoint_fits(self, checkpoint, source=trainer.ckpt_path if trainer is not None else None)
 
     # ----------------------------------------------------------------------------------------------- training
@@ -276,7 +284,8 @@ class ImageClassifier(LightningModule):
         (:class:`~vit.callbacks.CheckpointMetadata`) and, with ``unmasked_epochs``, the PatchDropout schedule
         (:class:`~vit.callbacks.UnmaskedEpochs`). A trainer that already has a throughput or metadata callback (its
         own, or this module's from an earlier ``fit``) keeps it; the schedule is this module's own and always new."""
-        present = {type(cb) for cb in self._trainer.callbacks} if self._trainer is not None else set()
+        trainer = self._attached_trainer()
+        present = {type(cb) for cb in trainer.callbacks} if trainer is not None else set()
         callbacks: list[Callback] = [cb() for cb in (TrainingThroughput, CheckpointMetadata) if cb not in present]
         if self.hparams.unmasked_epochs:
             callbacks.append(UnmaskedEpochs(self.hparams.unmasked_epochs, self._patch_drop_rate))
