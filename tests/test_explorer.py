@@ -161,18 +161,17 @@ def test_too_many_images_are_refused_with_how_many_fit(tmp_path, random_vit, pix
 HOSTILE = ["{{js}}", "{{data}}", "</script><img src=x onerror=window.hacked=1>", "a & b > c"]
 
 
+def data_block(page: str) -> str:
+    return re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', page, re.S).group(1)
+
+
 def page_data(page: str) -> dict:
     """The explorer's embedded JSON, parsed strictly (``NaN`` / ``Infinity`` are not JSON and fail here)."""
-    block = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', page, re.S).group(1)
 
     def refuse(constant: str):
         raise ValueError(f"{constant} is not JSON")
 
-    return json.loads(block, parse_constant=refuse)
-
-
-def without_scripts(page: str) -> str:
-    return re.sub(r"<script\b.*?</script>", "", page, flags=re.S)
+    return json.loads(data_block(page), parse_constant=refuse)
 
 
 def test_names_and_titles_are_text_never_markup_or_template_fields(tmp_path, random_vit, pixels):
@@ -183,13 +182,12 @@ def test_names_and_titles_are_text_never_markup_or_template_fields(tmp_path, ran
     data = page_data(page)
     assert data["class_names"] == HOSTILE and data["images"][0]["name"] == HOSTILE[2]
     assert data["title"] == HOSTILE[0] and data["note"] == HOSTILE[1]
-    outside = without_scripts(page)
+    outside = re.sub(r"<script\b.*?</script>", "", page, flags=re.S)
     assert "<img" not in outside.lower()
     assert "<title>{{js}}</title>" in outside and '<h1 id="title">{{js}}</h1>' in outside  # shown, not filled
     assert page.count('"use strict"') == 1  # the script once, not pasted where a name said {{js}}
     assert page.count('id="explorer-data"') == 1
-    block = re.search(r'id="explorer-data">(.*?)</script>', page, re.S).group(1)
-    assert not set("<>&") & set(block)
+    assert not set("<>&") & set(data_block(page))
 
 
 def test_non_finite_numbers_are_null_in_the_page(tmp_path, random_vit, pixels):
@@ -216,9 +214,8 @@ def test_block_kind_follows_the_class_hierarchy(random_vit):
         assert block_kind(attn) == kind
         attn.__class__ = type("Custom" + base.__name__, (base,), {})  # a user's subclass keeps the pattern
         assert block_kind(attn) == kind
-    assert block_kind(random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2).blocks[0].attn) == (
-        "global"
-    )
+    dense = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2).blocks[0].attn
+    assert block_kind(dense) == "global"
 
 
 def test_hostile_names_and_non_finite_numbers_show_as_text(browser, tmp_path, random_vit, pixels):
