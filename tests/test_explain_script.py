@@ -322,8 +322,9 @@ def test_html_report_renders_in_a_browser(checkpoint, tmp_path, explain):
     text = report.read_text()
     assert text.count('<div class="panel">') == 3 and 'id="faithfulness"' in text
     assert "http://" not in text and "https://" not in text  # self-contained: nothing fetched
-    images = text.count("<img ")
-    assert images == text.count('<img src="data:image/png;base64,') and images >= 3 * 3 + 2 + 3 * 2 + 1
+    summary = text.split('<section id="report">', 1)[1].split("</section>", 1)[0]  # the summary below the explorer
+    images = summary.count("<img ")
+    assert images == summary.count('<img src="data:image/png;base64,') and images >= 3 * 3 + 2 + 3 * 2 + 1
 
     chromium = browser()
     if chromium is None:
