@@ -109,18 +109,23 @@ def test_bad_intermediate_arguments_are_value_errors():
         model.get_intermediate_layers(x, [0, 4])
 
 
-def test_prune_intermediate_layers_keeps_the_features_of_the_kept_blocks():
-    model = VisionTransformer(**TINY, class_token=False, global_pool="map").eval()
+@pytest.mark.parametrize("pool", list(POOLS))
+@pytest.mark.parametrize("prune_norm", [False, True])
+def test_prune_intermediate_layers_keeps_the_features_of_the_kept_blocks(pool, prune_norm):
+    ours, theirs = _pair(**POOLS[pool])
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        before = model.get_intermediate_layers(x, [0, 1])
-        assert model.prune_intermediate_layers([0, -3]) == [0, 1]
-        after = model.get_intermediate_layers(x, [0, 1])
-        pooled = model(x)
-        tokens = model.forward_features(x)
-    assert len(model.blocks) == 2 and model.attn_pool is None and model.num_classes == 0
+        before = ours.get_intermediate_layers(x, [0, 1])
+        assert ours.prune_intermediate_layers([0, -3], prune_norm=prune_norm) == [0, 1]
+        assert theirs.prune_intermediate_layers([0, -3], prune_norm=prune_norm) == [0, 1]
+        after = ours.get_intermediate_layers(x, [0, 1])
+        pruned, timm_pruned = ours(x), theirs(x)
+        tokens = ours.forward_features(x)
+    assert len(ours.blocks) == 2 and ours.attn_pool is None and ours.num_classes == 0
     _assert_trees_close(after, before, atol=0)
-    torch.testing.assert_close(pooled, tokens.mean(dim=1), atol=1e-6, rtol=0)
+    assert pruned.shape == (2, ours.num_prefix_tokens + 64, 32)  # every token, un-pooled, as timm's
+    torch.testing.assert_close(pruned, timm_pruned, atol=1e-5, rtol=0)
+    torch.testing.assert_close(pruned, tokens, atol=0, rtol=0)
 
 
 def _loss_and_grads(model: VisionTransformer, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict, int]:

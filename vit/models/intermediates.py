@@ -139,8 +139,8 @@ class IntermediatesMixin:
         Args:
             indices: Blocks whose outputs are still wanted (see :meth:`forward_intermediates`).
             prune_norm: Replace the final norm by an identity.
-            prune_head: Remove the pooling head's norm, the attention-pooling head and the classifier: ``forward``
-                then returns pooled features (the mean of the patch tokens in place of attention pooling).
+            prune_head: Remove the pooling head's norm, the attention-pooling head, the pooling and the classifier
+                (timm's ``reset_classifier(0, "")``): ``forward`` then returns every token, ``(B, prefix + N, C)``.
 
         Returns:
             The absolute indexes kept.
@@ -151,5 +151,5 @@ class IntermediatesMixin:
             self.norm = nn.Identity()
         if prune_head:
             self.fc_norm = nn.Identity()
-            self.reset_classifier(0, "avg" if self.global_pool == "map" else None)
+            self.reset_classifier(0, "")
         return take

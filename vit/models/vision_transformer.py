@@ -317,9 +317,10 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         """The classification head."""
         return self.head
 
-    def reset_classifier(self, num_classes: int, global_pool: Literal["token", "avg", "map"] | None = None) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: Literal["", "token", "avg", "map"] | None = None) -> None:
         """Replace the head with a freshly initialised one for ``num_classes`` classes (0 for none); leaving
-        ``"map"`` drops the attention-pooling head, and ``"map"`` needs a model built with it."""
+        ``"map"`` drops the attention-pooling head, and ``"map"`` needs a model built with it. ``""`` pools
+        nothing: ``forward_head`` then maps every token (timm's convention, used by ``prune_intermediate_layers``)."""
         self.num_classes = num_classes
         if global_pool is not None:
             if global_pool == "token" and not self.has_class_token:
@@ -399,7 +400,10 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         return self.norm(x)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens ``(B, prefix + N, C)`` to one vector per image ``(B, C)``."""
+        """Tokens ``(B, prefix + N, C)`` to one vector per image ``(B, C)``; ``global_pool=""``: the tokens as they
+        are."""
+        if self.global_pool == "":
+            return x
         if self.attn_pool is not None:
             return self.attn_pool(x[:, self.num_prefix_tokens :])  # the latent attends to the patch tokens
         if self.global_pool == "avg":
