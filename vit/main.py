@@ -1,9 +1,9 @@
 """The ``vit`` command: one console script whose subcommands cover the whole pipeline.
 
     vit fit|validate|test|predict --config CONFIG [--section.key VALUE ...]   # LightningCLI (vit.cli)
-    vit explain CHECKPOINT IMAGES... [--method both] [--html report.html]    # vit.explain.command
+    vit explain CHECKPOINT IMAGES... [--methods attnlrp,...] [--html report.html]  # vit.explain.command
     vit compare runs/ [--plot val_acc.png]                                   # vit.compare
-    vit bench --suite model|attention|data|all [--json report.json]          # vit.bench
+    vit bench --suite model|attention|data|explorer|all [--json report.json] # vit.bench
     vit export --ckpt_path CKPT --out DIR [--onnx] [--ema]                   # vit.export
     vit data prepare --data.dataset NAME --data.data_dir SRC --out DEST      # vit.data.prepare
 

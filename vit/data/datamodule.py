@@ -173,7 +173,7 @@ class ImageDataModule(pl.LightningDataModule):
     @classmethod
     def from_checkpoint_metadata(cls, meta: dict[str, Any], like: ImageDataModule) -> ImageDataModule:
         """The data a checkpoint describes by itself (image size, class names, statistics, eval transform: the
-        metadata :mod:`vit.inference` writes), with no dataset: only ``like.predict_dir``'s images are read. The
+        metadata :mod:`vit.checkpoints.metadata` describes), with no dataset: only ``like.predict_dir``'s images are read. The
         loader settings (batch size, workers, ``skip_corrupt``, ...) are ``like``'s.
 
         Args:
