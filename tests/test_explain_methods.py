@@ -19,9 +19,11 @@ from vit.explain import (
     capture_attention,
     explain_map,
     faithfulness,
+    method_benchmark,
     rollout_map,
 )
 from vit.explain.method_benchmark import bootstrap_interval
+from vit.explain.methods import Method, MethodMap
 from vit.layers import PatchEmbed
 
 SMALL = dict(img_size=16, patch_size=4, embed_dim=24, depth=2, num_heads=2, num_classes=4)
@@ -193,3 +195,39 @@ def test_benchmark_rejects_bad_requests(model):
         benchmark_methods(model, images(), methods=["rollout", "nope"])
     with pytest.raises(ValueError, match="needs labels"):
         benchmark_methods(model, images(), methods=["rollout"], target="label")
+
+
+def test_benchmark_checks_the_extra_of_every_method_before_running_any(model, monkeypatch):
+    ran = []
+    monkeypatch.setattr(method_benchmark, "explain_map", lambda *args, **kwargs: ran.append(args[2]))
+    monkeypatch.setitem(sys.modules, "captum", None)
+    monkeypatch.setitem(sys.modules, "captum.attr", None)
+    with pytest.raises(ImportError, match=r"'ig' needs the captum package: pip install \"vit\[explain\]\""):
+        benchmark_methods(model, images(), methods=["rollout", "attnlrp", "ig"])
+    assert ran == []
+
+
+def test_benchmark_draws_the_curves_in_the_callers_batches(model, monkeypatch):
+    sizes = []
+    real = method_benchmark.faithfulness
+    monkeypatch.setattr(
+        method_benchmark, "faithfulness", lambda *a, **kw: sizes.append(kw["batch_size"]) or real(*a, **kw)
+    )
+    benchmark_methods(model, images(5), methods=["rollout"], steps=2, bootstrap=10, num_random=1, batch_size=3)
+    assert sizes == [3]
+
+
+def test_benchmark_times_each_method_after_an_untimed_warm_up(model, monkeypatch):
+    """A fake clock: the method's first call costs 100 s, then 1 s per image; the timing must read exactly 1."""
+    now, calls = [0.0], []
+
+    def fake(model, images, target=None):
+        calls.append(len(images))
+        now[0] += 100.0 if len(calls) == 1 else len(images)
+        return MethodMap(torch.rand(len(images), 4, 4))
+
+    monkeypatch.setattr(method_benchmark, "perf_counter", lambda: now[0])
+    monkeypatch.setitem(METHODS, "fake", Method("fake", fake, "a clock", True))
+    bench = benchmark_methods(model, images(6), methods=["fake"], steps=2, bootstrap=10, num_random=1, batch_size=4)
+    assert calls == [1, 4, 2]
+    assert bench.scores["fake"].seconds_per_image == 1.0

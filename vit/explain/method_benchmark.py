@@ -11,10 +11,10 @@ to the Bootstrap", 1993), paired with the random order for the ratios; and the t
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from time import perf_counter
 from typing import Any, Literal
 
 import numpy as np
@@ -25,7 +25,7 @@ from ..atomic import write_bytes
 from ..layers.utils import eval_mode
 from .attribution import resolve_target
 from .faithfulness import RANDOM, Baseline, faithfulness
-from .methods import METHODS, explain_map, get_method
+from .methods import METHODS, explain_map, get_method, require_extras
 
 DEFAULT_METHODS: tuple[str, ...] = tuple(METHODS)
 
@@ -176,8 +176,9 @@ def benchmark_methods(
 ) -> MethodBenchmark:
     """Measure every method's deletion and insertion on ``images`` beside the random patch order.
 
-    Each method explains the images in batches of ``batch_size`` (timed: ``seconds_per_image`` is the wall time
-    over the number of images); :func:`~vit.explain.faithfulness` then draws the curves of all maps at once.
+    Each method explains the images in batches of ``batch_size`` (timed after one untimed warm-up image:
+    ``seconds_per_image`` is the wall time over the number of images); :func:`~vit.explain.faithfulness` then draws
+    the curves of all maps at once, in batches of ``batch_size`` too.
 
     Args:
         model: The classifier.
@@ -190,7 +191,7 @@ def benchmark_methods(
         target: Explain and measure the predicted class (``"prediction"``) or the label (``"label"``).
         num_random: Seeds of the random order.
         bootstrap: Bootstrap resamples.
-        batch_size: Images per explanation call.
+        batch_size: Images per explanation call and per forward pass of the curves.
         options: Per-method options, e.g. ``{"ig": {"n_steps": 32}}``.
 
     Returns:
@@ -198,8 +199,11 @@ def benchmark_methods(
 
     Raises:
         ValueError: On an unknown or inapplicable method, ``target="label"`` without labels, or bad settings.
+        ImportError: If a chosen method needs the ``explain`` extra and it is missing (before anything runs).
     """
     names = [get_method(name, model).name for name in methods]  # fail before anything runs
+    for name in names:
+        require_extras(name)
     if len(set(names)) != len(names):
         raise ValueError(f"methods must be distinct, got {list(methods)}")
     if target not in ("prediction", "label"):
@@ -220,18 +224,11 @@ def benchmark_methods(
         accuracy = float((logits.argmax(1) == labels).float().mean())
     classes = resolve_target(labels if target == "label" else None, logits)
 
-    maps, seconds = {}, {}
-    for name in names:
-        start = time.perf_counter()
-        parts = [
-            explain_map(model, chunk, name, t, **options.get(name, {})).patches
-            for chunk, t in zip(images.split(batch_size), classes.split(batch_size), strict=True)
-        ]
-        seconds[name] = (time.perf_counter() - start) / len(images)
-        maps[name] = torch.cat(parts).float()
+    maps, seconds = _timed_maps(model, images, classes, names, batch_size, options)
     result = faithfulness(
-        model, images, maps, target=classes, steps=steps, baseline=baseline, num_random=num_random, batch_size=256
-    )
+        model, images, maps, target=classes, steps=steps, baseline=baseline, num_random=num_random,
+        batch_size=batch_size,
+    )  # fmt: skip
     per_image = {
         kind: {n: np.asarray(v) for n, v in result["per_image"][f"{kind}_auc"].items()}
         for kind in ("deletion", "insertion")
@@ -262,3 +259,35 @@ def benchmark_methods(
         accuracy=accuracy,
         maps={name: value.cpu() for name, value in maps.items()},
     )
+
+
+def _timed_maps(
+    model: nn.Module,
+    images: torch.Tensor,
+    classes: torch.Tensor,
+    names: Sequence[str],
+    batch_size: int,
+    options: Mapping[str, Mapping[str, Any]],
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """Each method's patch maps of ``images`` (in chunks of ``batch_size``) and its seconds per image.
+
+    One untimed image first per method, so that no method pays for lazy imports, kernel selection or caches; on
+    CUDA the timed region starts and ends synchronised, so it measures the computation, not its launch.
+    """
+    cuda = images.is_cuda
+    maps, seconds = {}, {}
+    for name in names:
+        kwargs = options.get(name, {})
+        explain_map(model, images[:1], name, classes[:1], **kwargs)  # warm-up, not timed
+        if cuda:
+            torch.cuda.synchronize(images.device)
+        start = perf_counter()
+        parts = [
+            explain_map(model, chunk, name, t, **kwargs).patches
+            for chunk, t in zip(images.split(batch_size), classes.split(batch_size), strict=True)
+        ]
+        if cuda:
+            torch.cuda.synchronize(images.device)
+        seconds[name] = (perf_counter() - start) / len(images)
+        maps[name] = torch.cat(parts).float()
+    return maps, seconds
