@@ -195,9 +195,11 @@ def test_non_finite_numbers_are_null_in_the_page(tmp_path, random_vit, pixels):
     with torch.no_grad():
         model.head.bias.fill_(float("nan"))  # a model from a diverged epoch: NaN probabilities
     scores = {"deletion_auc": {"rollout": float("nan")}, "insertion_auc": {"rollout": float("inf")}, "steps": 4}
+    maps = {"gradxinput": torch.rand(2, 4, 4), "attnlrp": torch.rand(2, 4, 4)}
     path = write_explorer(tmp_path / "e.html", model, pixels[:2], mean=MEAN, std=STD, attribution=False,
-                          faithfulness=scores)  # fmt: skip
+                          faithfulness=scores, maps=maps)  # fmt: skip
     data = page_data(path.read_text(encoding="utf-8"))
+    assert data["map_names"] == ["attnlrp", "rollout", "gradxinput"]  # opens on the default map
     assert data["faithfulness"] == {"deletion_auc": {"rollout": None}, "insertion_auc": {"rollout": None}, "steps": 4}
     assert all(p is None for im in data["images"] for _, p in im["top"])
 

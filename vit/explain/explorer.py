@@ -37,6 +37,7 @@ from ..layers import LinearAttention, NeighborhoodAttention, WindowAttention
 from ..normalize import normalize
 from .attribution import attention_attribution
 from .capture import attention_modules
+from .methods import DEFAULT_METHOD
 from .overlay import apply_colormap
 from .pipeline import Explanation, explain_images
 
@@ -221,7 +222,8 @@ def explorer_payload(
                 fit,
             )
     order = list(maps) + [name for name in computed if name not in maps]
-    payload["map_names"] = sorted(order, key=lambda n: (n != "rollout", n != "attribution"))
+    first = (DEFAULT_METHOD, "rollout", "attribution")  # the page opens on the first: the default map
+    payload["map_names"] = sorted(order, key=lambda n: first.index(n) if n in first else len(first))
     return payload
 
 
