@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from vit.explain import capture_attention, rollout_grid
+from vit.explain import capture_attention, explorer, rollout_grid
 from vit.explain.explorer import ExplorerTooLarge, block_kind, explorer_payload, quantize_rows, write_explorer
 from vit.explain.overlay import apply_colormap
 from vit.explain.stats import patch_distances, row_entropy
@@ -147,13 +147,18 @@ def test_quantize_rows_matches_a_loop_and_stays_within_one_step():
                 np.testing.assert_array_less(np.abs(decoded - row[keys]), row[keys].max() / 255)
 
 
-def test_too_many_images_are_refused_with_how_many_fit(tmp_path, random_vit, pixels):
+def test_too_many_images_are_refused_with_how_many_fit(tmp_path, random_vit, pixels, monkeypatch):
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
     one = len(str(explorer_payload(model, pixels[:1], mean=MEAN, std=STD, max_bytes=None)))
     with pytest.raises(ExplorerTooLarge, match=r"^3 images are too many .* about \d+ fit") as err:
         write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, max_bytes=one + 45_000, batch_size=1)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "e.html").exists() and not list(tmp_path.iterdir())
+    seen, real = [], explorer.explain_images  # with a subset note: the first that fit, each image explained once
+    monkeypatch.setattr(explorer, "explain_images", lambda m, x, **kw: seen.append(len(x)) or real(m, x, **kw))
+    data = explorer_payload(model, pixels, mean=MEAN, std=STD, max_bytes=one + 45_000, batch_size=1, subset_note=str)
+    kept = len(data["images"])
+    assert 1 <= kept < 3 and data["note"] == str(kept) and sum(seen) == kept + 1
     with pytest.raises(ValueError, match="map 'bad' has shape"):
         write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, maps={"bad": torch.zeros(3, 2, 2)})
 

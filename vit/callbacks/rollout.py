@@ -35,7 +35,7 @@ from ..explain import (
     render_panels,
 )
 from ..explain.attribution import attention_attribution
-from ..explain.explorer import DEFAULT_MAX_BYTES, ExplorerTooLarge, write_explorer
+from ..explain.explorer import DEFAULT_MAX_BYTES, write_explorer
 from ..explain.faithfulness import faithfulness
 from ..explain.methods import DEFAULT_METHOD, METHODS, explain_map, get_method, require_extras
 from ..explain.panels import png_bytes
@@ -401,23 +401,19 @@ class AttentionRolloutLogger(Callback):
     ) -> None:
         """Write the explorer of the fixed images into the run folder and log that file to W&B."""
         folder = self.output_dir if self.output_dir is not None else Path(trainer.default_root_dir) / "rollout"
-        count, note = len(self.images), None
-        while True:  # images too large for one file: the first ones that fit, and the page says so
-            names = [f"validation image {i}" for i in self.indices[:count]] if self.indices else None
-            try:
-                path = write_explorer(
-                    folder / EXPLORER_FILE.format(epoch), model, self.images[:count], mean=self.mean, std=self.std,
-                    labels=None if self.labels is None else self.labels[:count], class_names=self.class_names,
-                    names=names, maps={k: v[:count] for k, v in maps.items()}, attribution=False,
-                    faithfulness=scores, title=f"epoch {epoch}: attention of {count} validation images", note=note,
-                    max_bytes=self.explorer_max_bytes,
-                )  # fmt: skip
-                break
-            except ExplorerTooLarge as err:
-                if count <= 1 or err.fit < 1:
-                    raise
-                count = min(err.fit, count - 1)
-                note = f"The first {count} of the {len(self.images)} explained images (all would pass the size limit)."
+        total = len(self.images)
+
+        def subset_note(count: int) -> str:  # too many images for one file: the first ones that fit
+            return f"The first {count} of the {total} explained images (all would pass the size limit)."
+
+        path = write_explorer(
+            folder / EXPLORER_FILE.format(epoch), model, self.images, mean=self.mean, std=self.std,
+            labels=self.labels, class_names=self.class_names,
+            names=[f"validation image {i}" for i in self.indices] if self.indices else None, maps=maps,
+            attribution=False, faithfulness=scores, title=f"epoch {epoch}: attention of the validation images",
+            max_bytes=self.explorer_max_bytes,
+            subset_note=subset_note,
+        )  # fmt: skip
         for logger in loggers.wandb_loggers(trainer):
             import wandb  # with a W&B logger attached, wandb is importable
 

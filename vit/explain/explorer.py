@@ -23,7 +23,7 @@ import io
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,11 +167,13 @@ def explorer_payload(
     note: str | None = None,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     batch_size: int = 8,
+    subset_note: Callable[[int], str] | None = None,
 ) -> dict[str, Any]:
     """The explorer's data as a JSON-ready dict (see :func:`write_explorer` for the arguments).
 
     Raises:
-        ExplorerTooLarge: As soon as the encoded images pass ``max_bytes``.
+        ExplorerTooLarge: As soon as the encoded images pass ``max_bytes`` (with ``subset_note``: if not even the
+            first image fits).
         ValueError: If a map is not ``(B, rows, cols)`` on the model's patch grid, or the images are not a batch.
     """
     grid = tuple(model.patch_embed.grid_size)
@@ -203,6 +205,8 @@ def explorer_payload(
         "faithfulness": _faithfulness(faithfulness),
         "images": [],
     }
+    if subset_note is not None:  # sized with the longest note a subset can get (its count has the most digits)
+        payload["note"] = subset_note(B)
     base = len(json.dumps(payload)) + 40_000  # the page's script and style
     total, computed = base, {}
     for start in range(0, B, batch_size):
@@ -213,6 +217,15 @@ def explorer_payload(
             entry["name"] = names[entry["index"]] if names is not None else f"image {entry['index']}"
             payload["images"].append(entry)
             total += len(json.dumps(entry))
+        if max_bytes is not None and total > max_bytes and subset_note is not None:
+            kept = payload["images"]  # the first images that fit; no later chunk is explained
+            while kept and total > max_bytes:
+                total -= len(json.dumps(kept.pop()))
+            if not kept:
+                raise ExplorerTooLarge(
+                    f"one image is too large for an explorer of {max_bytes / 1e6:.1f} MB (pass a larger max_bytes)", 0
+                )
+            break
         if max_bytes is not None and total > max_bytes:
             done = len(payload["images"])
             fit = max(0, int((max_bytes - base) // ((total - base) / done)))
@@ -221,6 +234,8 @@ def explorer_payload(
                 f"{max_bytes / 1e6:.1f} MB limit; about {fit} fit (pass fewer images or a larger max_bytes)",
                 fit,
             )
+    if subset_note is not None:
+        payload["note"] = subset_note(len(payload["images"])) if len(payload["images"]) < B else note
     order = list(maps) + [name for name in computed if name not in maps]
     first = (DEFAULT_METHOD, "rollout", "attribution")  # the page opens on the first: the default map
     payload["map_names"] = sorted(order, key=lambda n: first.index(n) if n in first else len(first))
@@ -333,6 +348,7 @@ def write_explorer(
     note: str | None = None,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     batch_size: int = 8,
+    subset_note: Callable[[int], str] | None = None,
 ) -> Path:
     """Write the explorer of ``images`` to ``path`` (one HTML file, no network), atomically.
 
@@ -356,16 +372,20 @@ def write_explorer(
         max_bytes: Refuse (:class:`ExplorerTooLarge`, before anything is written) an explorer larger than this;
             ``None``: no limit.
         batch_size: Images per forward pass.
+        subset_note: Instead of refusing images past ``max_bytes``, keep the first ones that fit (the later ones
+            are not explained at all) and show ``subset_note(kept)`` as the note (the images of
+            :func:`explorer_payload`'s result are those kept). ``None``: refuse.
 
     Returns:
         ``path``.
 
     Raises:
-        ExplorerTooLarge: If the images would pass ``max_bytes``; the message says how many fit.
+        ExplorerTooLarge: If the images would pass ``max_bytes`` (with ``subset_note``: if the first does); the
+            message says how many fit.
     """
     payload = explorer_payload(
         model, images, mean=mean, std=std, labels=labels, class_names=class_names, names=names, maps=maps,
         attribution=attribution, faithfulness=faithfulness, title=title, note=note, max_bytes=max_bytes,
-        batch_size=batch_size,
+        batch_size=batch_size, subset_note=subset_note,
     )  # fmt: skip
     return write_bytes(path, render_explorer(payload).encode("utf-8"))

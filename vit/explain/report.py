@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .explorer import DEFAULT_MAX_BYTES, ExplorerTooLarge, explorer_payload, render_explorer
+from .explorer import DEFAULT_MAX_BYTES, explorer_payload, render_explorer
 from .method_benchmark import MethodBenchmark, MethodScore
 from .methods import METHODS
 from .overlay import overlay_heatmap
@@ -150,24 +150,15 @@ def _with_explorer(files, results, title, body, model, pixels, mean, std, max_by
     """The explorer of the images (as many as fit under ``max_bytes``, with a note), the static body below it."""
     explanation = results.explanation
     maps = results.shown_maps()
-    count, note = len(files), None
-    while True:
-        try:
-            payload = explorer_payload(
-                model, pixels[:count], mean=mean, std=std, class_names=explanation.class_names,
-                labels=None if explanation.labels is None else explanation.labels[:count],
-                names=[file_name(f) for f in files[:count]], maps={k: v[:count] for k, v in maps.items()},
-                attribution=False, faithfulness=results.faithfulness, title=title, note=note, max_bytes=max_bytes,
-            )  # fmt: skip
-            break
-        except ExplorerTooLarge as err:
-            if count <= 1:
-                raise
-            count = max(1, min(err.fit, count - 1))
-            note = (
-                f"The explorer holds the first {count} of {len(files)} images (the file size limit); "
-                "the summary below covers all of them."
-            )
+    payload = explorer_payload(
+        model, pixels, mean=mean, std=std, class_names=explanation.class_names, labels=explanation.labels,
+        names=[file_name(f) for f in files], maps=maps, attribution=False, faithfulness=results.faithfulness,
+        title=title, max_bytes=max_bytes,
+        subset_note=lambda count: (
+            f"The explorer holds the first {count} of {len(files)} images (the file size limit); "
+            "the summary below covers all of them."
+        ),
+    )  # fmt: skip
     scoped = re.sub(
         r"([^{}]+)\{", lambda m: ", ".join("#report " + s.strip() for s in m.group(1).split(",")) + " {", STYLE
     )
