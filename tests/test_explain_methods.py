@@ -236,3 +236,17 @@ def test_benchmark_times_each_method_after_an_untimed_warm_up(model, monkeypatch
     bench = benchmark_methods(model, images(6), methods=["fake"], steps=2, bootstrap=10, num_random=1, batch_size=4)
     assert calls == [1, 4, 2]
     assert bench.scores["fake"].seconds_per_image == 1.0
+
+
+def test_methods_on_the_fixed_grid_refuse_other_sizes_and_the_rest_take_them(random_vit):
+    model = random_vit(**SMALL, dynamic_img_size=True).eval()
+    x = torch.randn(2, 3, 24, 24)
+    for name in ("rollout", "attribution", "attention", "gradcam"):
+        message = rf"^method '{name}' needs images of the model's own size 16x16 \(got 24x24\); attnlrp, cp_lrp, ig, "
+        with pytest.raises(ValueError, match=message + "gradxinput take any size$"):
+            explain_map(model, x, name)
+    with pytest.raises(ValueError, match=r"'rollout' needs images of the model's own size 16x16 \(got 24x24\)"):
+        benchmark_methods(model, x, methods=["attnlrp", "rollout"])
+    for name in ("attnlrp", "gradxinput"):
+        result = explain_map(model, x, name, target=0)
+        assert result.patches.shape == (2, 6, 6) and result.pixels.shape == (2, 24, 24)

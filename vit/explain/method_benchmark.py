@@ -25,7 +25,7 @@ from ..atomic import write_bytes
 from ..layers.utils import eval_mode
 from .attribution import resolve_target
 from .faithfulness import RANDOM, Baseline, faithfulness
-from .methods import METHODS, explain_map, get_method, require_extras
+from .methods import METHODS, check_image_size, explain_map, get_method, require_extras
 
 DEFAULT_METHODS: tuple[str, ...] = tuple(METHODS)
 
@@ -204,6 +204,7 @@ def benchmark_methods(
     names = [get_method(name, model).name for name in methods]  # fail before anything runs
     for name in names:
         require_extras(name)
+        check_image_size(name, model, images)
     if len(set(names)) != len(names):
         raise ValueError(f"methods must be distinct, got {list(methods)}")
     if target not in ("prediction", "label"):

@@ -64,6 +64,8 @@ class Method:
         class_specific: Whether the map depends on the target class.
         needs: Module names the method imports (an optional extra), checked before it runs.
         reason_not_applicable: ``f(model) -> str | None``: why the method cannot explain ``model``, or ``None``.
+        fixed_grid: Whether the method reads the model's own patch grid, so that images of another size (on a
+            ``dynamic_img_size`` model) are refused.
     """
 
     name: str
@@ -72,6 +74,7 @@ class Method:
     class_specific: bool
     needs: tuple[str, ...] = ()
     reason_not_applicable: Callable[[nn.Module], str | None] = lambda model: None
+    fixed_grid: bool = False
 
 
 def _require(module: str, method: str) -> Any:
@@ -247,8 +250,14 @@ METHODS: dict[str, Method] = {
     m.name: m
     for m in (
         Method(
-            "rollout", rollout_method, "attention rollout (Abnar & Zuidema 2020)", False, (), _needs_dense_attention
-        ),
+            "rollout",
+            rollout_method,
+            "attention rollout (Abnar & Zuidema 2020)",
+            False,
+            (),
+            _needs_dense_attention,
+            fixed_grid=True,
+        ),  # fmt: skip
         Method(
             "attribution",
             attribution_method,
@@ -256,6 +265,7 @@ METHODS: dict[str, Method] = {
             True,
             (),
             _needs_dense_attention,
+            fixed_grid=True,
         ),  # fmt: skip
         Method("attnlrp", attnlrp_method, "AttnLRP (Achtibat et al. 2024)", True, (), _needs_patch_grid),
         Method("cp_lrp", cp_lrp_method, "CP-LRP (Ali et al. 2022)", True, (), _needs_patch_grid),
@@ -267,9 +277,18 @@ METHODS: dict[str, Method] = {
             True,
             ("pytorch_grad_cam",),
             _needs_vit_tokens,
+            fixed_grid=True,
         ),  # fmt: skip
         Method("gradxinput", gradient_x_input, "plain gradient x input", True, (), _needs_patch_grid),
-        Method("attention", last_block_attention, "the last block's raw attention", False, (), _needs_dense_attention),
+        Method(
+            "attention",
+            last_block_attention,
+            "the last block's raw attention",
+            False,
+            (),
+            _needs_dense_attention,
+            fixed_grid=True,
+        ),  # fmt: skip
     )
 }
 ALIASES = {"cp": "cp_lrp", "chefer": "attribution", "integrated_gradients": "ig", "grad_cam": "gradcam"}
@@ -300,6 +319,25 @@ def get_method(name: str, model: nn.Module | None = None) -> Method:
     return method
 
 
+def check_image_size(name: str, model: nn.Module, images: torch.Tensor) -> None:
+    """Refuse images of another size than the model's own for a method that reads the model's fixed patch grid.
+
+    Raises:
+        ValueError: Naming the size the method needs and the methods that take any size.
+    """
+    method = get_method(name)
+    embed = getattr(model, "patch_embed", None)
+    if not method.fixed_grid or getattr(embed, "grid_size", None) is None:
+        return  # no grid to compare with: the method's own applicability check speaks
+    (ph, pw), (rows, cols) = embed.patch_size, embed.grid_size
+    h, w = int(images.shape[-2]), int(images.shape[-1])
+    if (h // ph, w // pw) != (rows, cols):
+        raise ValueError(
+            f"method {method.name!r} needs images of the model's own size {rows * ph}x{cols * pw} (got {h}x{w}); "
+            f"{', '.join(n for n, m in METHODS.items() if not m.fixed_grid)} take any size"
+        )
+
+
 def require_extras(name: str) -> None:
     """Import what method ``name`` needs from the ``explain`` extra, before anything runs.
 
@@ -327,10 +365,12 @@ def explain_map(model: nn.Module, images: torch.Tensor, method: str, target: Any
         A :class:`MethodMap` with ``(B, grid_h, grid_w)`` patches.
 
     Raises:
-        ValueError: On an unknown method or one that cannot explain ``model`` (naming those that can).
+        ValueError: On an unknown method or one that cannot explain ``model`` (naming those that can), or images of
+            another size than the model's for a method that reads its fixed grid.
         ImportError: If the method needs the ``explain`` extra and it is not installed (naming the install command).
     """
     chosen = get_method(method, model)
+    check_image_size(chosen.name, model, images)
     for module in chosen.needs:
         _require(module, chosen.name)
     return chosen.fn(model, images, target, **options)
