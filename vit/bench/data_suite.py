@@ -88,24 +88,185 @@ def shard_samples(folder: Path, files: Sequence[Path]) -> list[bytes]:
     return [bytes(shards[i]["image"]) for i in range(len(shards))]
 
 
-def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
+# Row labels of the data table (the checks select rows by them).
+CIFAR = "CIFAR preset (pad-crop, flip, normalise)"
+CROP = "JPEG -> RRC 224 -> flip -> normalise"
+DECODE = "JPEG decode only"
+JITTER = "JPEG -> imagenet train preset (+ colour jitter)"
+STRONG = "CIFAR strong preset (+ colour, affine, grey, cutout)"
+SHARD_CROP = "shard -> RRC 224 -> flip"
+MINE, TV, LOADER = "albumentations (ours)", "torchvision v2", "load_rgb (cv2)"
+BATCHED = f"BatchAugment (ours, batch {BATCH})"
+
+# (name, implementation, decoder, where the normalisation runs, fn, input kind)
+Pipeline = tuple[str, str, str, str, Callable[[Any], Any], str]
+
+
+def chw(image: Any) -> torch.Tensor:
+    """An ``(H, W, C)`` array as a ``(C, H, W)`` tensor (a view)."""
+    return torch.from_numpy(image).permute(2, 0, 1)
+
+
+def ours(preset: str, size: int, mean: Any, std: Any, normalize: bool, jitter: bool = True) -> Any:
+    """Our albumentations training preset, without its colour jitter when ``jitter`` is false."""
     import albumentations as A
+
+    from vit.data import build_transforms
+
+    transform = build_transforms(preset, size, True, mean, std, seed=0, normalize=normalize)  # type: ignore[arg-type]
+    if not jitter:
+        transform = A.Compose([t for t in transform.transforms if not isinstance(t, A.ColorJitter)], seed=0)
+    return transform
+
+
+def cifar_pipelines(args: argparse.Namespace, cifar_images: Sequence[Any]) -> tuple[list[Pipeline], torch.Tensor]:
+    """The CIFAR rows (per image, and batched on a whole uint8 batch), and the batch they read."""
+    from torchvision.transforms import v2
+
+    from vit.data import CIFAR10_MEAN, CIFAR10_STD, BatchAugment
+
+    # ImageDataModule's workers stop at uint8 ("device": normalised after the copy to the accelerator);
+    # normalize_on_device=False and torchvision's usual recipe normalise in the worker.
+    cifar_device = ours("cifar", 32, CIFAR10_MEAN, CIFAR10_STD, normalize=False)
+    cifar_worker = ours("cifar", 32, CIFAR10_MEAN, CIFAR10_STD, normalize=True)
+    tv_cifar = v2.Compose(
+        [
+            v2.Resize((32, 32), antialias=True),
+            v2.Pad(4, padding_mode="reflect"),  # = cv2.BORDER_REFLECT_101
+            v2.RandomCrop(32),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(CIFAR10_MEAN, CIFAR10_STD),
+        ]
+    )
+    generator = torch.Generator().manual_seed(args.seed)
+    basic_batch, strong_batch = BatchAugment("cifar", 32, "basic"), BatchAugment("cifar", 32, "strong")
+    batch = torch.stack([chw(cifar_images[i % len(cifar_images)]) for i in range(BATCH)]).contiguous()
+    pipelines: list[Pipeline] = [
+        (CIFAR, MINE, "–", "device", lambda im: cifar_device(image=im)["image"], "cifar"),
+        (CIFAR, MINE, "–", "worker", lambda im: cifar_worker(image=im)["image"], "cifar"),
+        (CIFAR, TV, "–", "worker", lambda im: tv_cifar(chw(im)), "cifar"),
+        (CIFAR, BATCHED, "–", "device", lambda b: basic_batch(b, generator), "batch"),
+        (STRONG, BATCHED, "–", "device", lambda b: strong_batch(b, generator), "batch"),
+    ]
+    return pipelines, batch
+
+
+def jpeg_pipelines() -> list[Pipeline]:
+    """The JPEG-file rows: decoding alone, decode -> crop -> flip -> normalise, and the preset with colour jitter."""
     import cv2
     import numpy as np
     from PIL import Image
     from torchvision.io import decode_jpeg, read_file
     from torchvision.transforms import InterpolationMode, v2
 
-    from vit.data import (
-        CIFAR10_MEAN,
-        CIFAR10_STD,
-        IMAGENET_MEAN,
-        IMAGENET_STD,
-        BatchAugment,
-        build_transforms,
-        load_rgb,
-    )
+    from vit.data import IMAGENET_MEAN, IMAGENET_STD, load_rgb
 
+    def pil_rgb(path: Path) -> Any:  # what load_rgb did before it decoded JPEGs with torchvision
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"))
+
+    def cv2_rgb(path: Path) -> Any:
+        return cv2.cvtColor(cv2.imdecode(np.fromfile(path, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+
+    def tv_decode(path: Path) -> torch.Tensor:
+        return decode_jpeg(read_file(str(path)))
+
+    crop_device = ours("imagenet", 224, IMAGENET_MEAN, IMAGENET_STD, normalize=False, jitter=False)
+    crop_worker = ours("imagenet", 224, IMAGENET_MEAN, IMAGENET_STD, normalize=True, jitter=False)
+    preset_device = ours("imagenet", 224, IMAGENET_MEAN, IMAGENET_STD, normalize=False)
+    tv_ops = [
+        v2.RandomResizedCrop(224, scale=(0.08, 1.0), interpolation=InterpolationMode.BICUBIC, antialias=True),
+        v2.RandomHorizontalFlip(),
+    ]
+    tv_tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    tv_crop_device = v2.Compose(tv_ops)
+    tv_crop_worker = v2.Compose(tv_ops + tv_tail)
+    tv_preset = v2.Compose(tv_ops + [v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4)], p=0.8)] + tv_tail)
+    return [
+        (DECODE, "vit.data", LOADER, "–", load_rgb, "jpeg"),
+        (DECODE, "PIL", "Image.convert('RGB')", "–", pil_rgb, "jpeg"),
+        (DECODE, "OpenCV", "cv2.imdecode", "–", cv2_rgb, "jpeg"),
+        (CROP, MINE, LOADER, "device", lambda p: crop_device(image=load_rgb(p))["image"], "jpeg"),
+        (CROP, MINE, LOADER, "worker", lambda p: crop_worker(image=load_rgb(p))["image"], "jpeg"),
+        (CROP, MINE, "PIL", "worker", lambda p: crop_worker(image=pil_rgb(p))["image"], "jpeg"),
+        (CROP, TV, "decode_jpeg", "device", lambda p: tv_crop_device(tv_decode(p)), "jpeg"),
+        (CROP, TV, "decode_jpeg", "worker", lambda p: tv_crop_worker(tv_decode(p)), "jpeg"),
+        (JITTER, MINE, LOADER, "device", lambda p: preset_device(image=load_rgb(p))["image"], "jpeg"),
+        (JITTER, TV, "decode_jpeg", "worker", lambda p: tv_preset(tv_decode(p)), "jpeg"),
+    ]
+
+
+def shard_pipelines(seed: int) -> list[Pipeline]:
+    """The shard rows: crop -> flip from a shard sample with three decoders, and the preset with colour jitter."""
+    import cv2
+    import numpy as np
+    from PIL import Image
+
+    from vit.data.jpeg import JpegCrop, draw_crop, jpeg_size
+
+    shard_rng = np.random.default_rng(seed)
+    shard_train = JpegCrop(224, train=True)
+    shard_preset = JpegCrop(224, train=True, jitter=True)
+
+    def shard_cv2(data: bytes) -> torch.Tensor:  # full-size OpenCV decode, then the same crop
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR_RGB)
+        c = draw_crop(shard_rng, *image.shape[:2])
+        out = cv2.resize(image[c.top : c.top + c.height, c.left : c.left + c.width], (224, 224))
+        return chw(np.ascontiguousarray(out[:, ::-1]) if c.flip else out)
+
+    def shard_pil_draft(data: bytes) -> torch.Tensor:  # PIL at the reduced scale draft() allows for the crop
+        c = draw_crop(shard_rng, *jpeg_size(data))
+        with Image.open(io.BytesIO(data)) as image:
+            full_w, full_h = image.size
+            f = min(1.0, max(224 / c.height, 224 / c.width))
+            image.draft("RGB", (int(full_w * f), int(full_h * f)))
+            sx, sy = image.size[0] / full_w, image.size[1] / full_h
+            box = (c.left * sx, c.top * sy, (c.left + c.width) * sx, (c.top + c.height) * sy)
+            out = np.asarray(image.convert("RGB").resize((224, 224), Image.BILINEAR, box=box))
+        return chw(np.ascontiguousarray(out[:, ::-1]) if c.flip else out)
+
+    return [
+        (SHARD_CROP, SHARDS, "simplejpeg, reduced DCT", "device", lambda d: shard_train(d, shard_rng), "shard"),
+        (SHARD_CROP, SHARDS, "cv2.imdecode, full", "device", shard_cv2, "shard"),
+        (SHARD_CROP, SHARDS, "PIL draft", "device", shard_pil_draft, "shard"),
+        (JITTER, SHARDS, "simplejpeg, reduced DCT", "device", lambda d: shard_preset(d, shard_rng), "shard"),
+    ]
+
+
+def check_outputs(pipelines: Sequence[Pipeline], inputs: dict[str, Sequence[Any]]) -> None:
+    """The pipelines must produce what the model (after the device step) eats: (3, size, size), uint8 or float32."""
+    for name, family, _, where, fn, kind in pipelines:
+        out = fn(inputs[kind][0])
+        if name != DECODE:
+            size = 224 if kind in ("jpeg", "shard") else 32
+            shape = (BATCH, 3, size, size) if kind == "batch" else (3, size, size)
+            dtype = torch.uint8 if where == "device" else torch.float32
+            if tuple(out.shape) != shape or out.dtype != dtype:
+                raise RuntimeError(f"{family} {name} ({where}): got {tuple(out.shape)} {out.dtype}")
+
+
+def time_pipelines(
+    pipelines: Sequence[Pipeline], inputs: dict[str, Sequence[Any]], args: argparse.Namespace
+) -> list[list[tuple[float, float]]]:
+    """(wall, CPU) images/s of every pipeline in every round, the rounds alternating the order."""
+    rates: list[list[tuple[float, float]]] = [[] for _ in pipelines]  # (wall, CPU) images/s per round
+    for r in range(args.data_rounds):
+        order = range(len(pipelines)) if r % 2 == 0 else reversed(range(len(pipelines)))  # drift hits all alike
+        for i in order:
+            *_, fn, kind = pipelines[i]
+            if kind == "batch":  # as many images as the per-image CIFAR rows, at least two calls
+                calls = max(2, args.data_samples * 4 // BATCH)
+                wall, cpu = per_sample_rate(fn, inputs[kind], calls)
+                rates[i].append((wall * BATCH, cpu * BATCH))
+            else:
+                samples = args.data_samples * (4 if kind == "cifar" else 1)
+                rates[i].append(per_sample_rate(fn, inputs[kind], samples))
+        log(f"data round {r + 1}/{args.data_rounds} done")
+    return rates
+
+
+def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
     with one_worker(), tempfile.TemporaryDirectory(prefix="vit-bench-") as tmp:
         log(f"data: writing {args.data_images} JPEG files of {args.jpeg_size[0]}x{args.jpeg_size[1]}")
         cifar_dir = Path(args.cifar_mini) if args.cifar_mini else None
@@ -116,136 +277,23 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
         source = "random crops of sklearn.datasets.load_sample_images (china.jpg, flower.jpg) rescaled"
         shard_items = shard_samples(Path(tmp), files)
         sizes = [f.stat().st_size for f in files]
-
-        def pil_rgb(path: Path) -> Any:  # what load_rgb did before it decoded JPEGs with torchvision
-            with Image.open(path) as image:
-                return np.asarray(image.convert("RGB"))
-
-        def cv2_rgb(path: Path) -> Any:
-            return cv2.cvtColor(cv2.imdecode(np.fromfile(path, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
-
-        def tv_decode(path: Path) -> torch.Tensor:
-            return decode_jpeg(read_file(str(path)))
-
-        def chw(image: Any) -> torch.Tensor:
-            return torch.from_numpy(image).permute(2, 0, 1)
-
-        def ours(preset: str, size: int, mean: Any, std: Any, normalize: bool, jitter: bool = True) -> A.Compose:
-            transform = build_transforms(preset, size, True, mean, std, seed=0, normalize=normalize)  # type: ignore[arg-type]
-            if not jitter:
-                transform = A.Compose([t for t in transform.transforms if not isinstance(t, A.ColorJitter)], seed=0)
-            return transform
-
-        # ImageDataModule's workers stop at uint8 ("device": normalised after the copy to the accelerator);
-        # normalize_on_device=False and torchvision's usual recipe normalise in the worker.
-        cifar_device = ours("cifar", 32, CIFAR10_MEAN, CIFAR10_STD, normalize=False)
-        cifar_worker = ours("cifar", 32, CIFAR10_MEAN, CIFAR10_STD, normalize=True)
-        crop_device = ours("imagenet", 224, IMAGENET_MEAN, IMAGENET_STD, normalize=False, jitter=False)
-        crop_worker = ours("imagenet", 224, IMAGENET_MEAN, IMAGENET_STD, normalize=True, jitter=False)
-        preset_device = ours("imagenet", 224, IMAGENET_MEAN, IMAGENET_STD, normalize=False)
-        tv_cifar = v2.Compose(
-            [
-                v2.Resize((32, 32), antialias=True),
-                v2.Pad(4, padding_mode="reflect"),  # = cv2.BORDER_REFLECT_101
-                v2.RandomCrop(32),
-                v2.RandomHorizontalFlip(),
-                v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize(CIFAR10_MEAN, CIFAR10_STD),
-            ]
-        )
-        tv_ops = [
-            v2.RandomResizedCrop(224, scale=(0.08, 1.0), interpolation=InterpolationMode.BICUBIC, antialias=True),
-            v2.RandomHorizontalFlip(),
-        ]
-        tv_tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-        tv_crop_device = v2.Compose(tv_ops)
-        tv_crop_worker = v2.Compose(tv_ops + tv_tail)
-        tv_preset = v2.Compose(tv_ops + [v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4)], p=0.8)] + tv_tail)
-
-        cifar, crop, decode = (
-            "CIFAR preset (pad-crop, flip, normalise)",
-            "JPEG -> RRC 224 -> flip -> normalise",
-            "JPEG decode only",
-        )
-        jitter = "JPEG -> imagenet train preset (+ colour jitter)"
-        mine, tv, loader = "albumentations (ours)", "torchvision v2", "load_rgb (cv2)"
-        batched = f"BatchAugment (ours, batch {BATCH})"
-        strong = "CIFAR strong preset (+ colour, affine, grey, cutout)"
-        generator = torch.Generator().manual_seed(args.seed)
-        basic_batch, strong_batch = BatchAugment("cifar", 32, "basic"), BatchAugment("cifar", 32, "strong")
-        batch = torch.stack([chw(cifar_images[i % len(cifar_images)]) for i in range(BATCH)]).contiguous()
-        shard_crop = "shard -> RRC 224 -> flip"
-        shard_rng = np.random.default_rng(args.seed)
-        from vit.data.jpeg import JpegCrop, draw_crop, jpeg_size
-
-        shard_train = JpegCrop(224, train=True)
-        shard_preset = JpegCrop(224, train=True, jitter=True)
-
-        def shard_cv2(data: bytes) -> torch.Tensor:  # full-size OpenCV decode, then the same crop
-            image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR_RGB)
-            c = draw_crop(shard_rng, *image.shape[:2])
-            out = cv2.resize(image[c.top : c.top + c.height, c.left : c.left + c.width], (224, 224))
-            return chw(np.ascontiguousarray(out[:, ::-1]) if c.flip else out)
-
-        def shard_pil_draft(data: bytes) -> torch.Tensor:  # PIL at the reduced scale draft() allows for the crop
-            import io
-
-            c = draw_crop(shard_rng, *jpeg_size(data))
-            with Image.open(io.BytesIO(data)) as image:
-                full_w, full_h = image.size
-                f = min(1.0, max(224 / c.height, 224 / c.width))
-                image.draft("RGB", (int(full_w * f), int(full_h * f)))
-                sx, sy = image.size[0] / full_w, image.size[1] / full_h
-                box = (c.left * sx, c.top * sy, (c.left + c.width) * sx, (c.top + c.height) * sy)
-                out = np.asarray(image.convert("RGB").resize((224, 224), Image.BILINEAR, box=box))
-            return chw(np.ascontiguousarray(out[:, ::-1]) if c.flip else out)
-
-        pipelines: list[tuple[str, str, str, str, Callable[[Any], Any], str]] = [
-            # (name, implementation, decoder, where the normalisation runs, fn, input kind)
-            (cifar, mine, "–", "device", lambda im: cifar_device(image=im)["image"], "cifar"),
-            (cifar, mine, "–", "worker", lambda im: cifar_worker(image=im)["image"], "cifar"),
-            (cifar, tv, "–", "worker", lambda im: tv_cifar(chw(im)), "cifar"),
-            (cifar, batched, "–", "device", lambda b: basic_batch(b, generator), "batch"),
-            (strong, batched, "–", "device", lambda b: strong_batch(b, generator), "batch"),
-            (decode, "vit.data", loader, "–", load_rgb, "jpeg"),
-            (decode, "PIL", "Image.convert('RGB')", "–", pil_rgb, "jpeg"),
-            (decode, "OpenCV", "cv2.imdecode", "–", cv2_rgb, "jpeg"),
-            (crop, mine, loader, "device", lambda p: crop_device(image=load_rgb(p))["image"], "jpeg"),
-            (crop, mine, loader, "worker", lambda p: crop_worker(image=load_rgb(p))["image"], "jpeg"),
-            (crop, mine, "PIL", "worker", lambda p: crop_worker(image=pil_rgb(p))["image"], "jpeg"),
-            (crop, tv, "decode_jpeg", "device", lambda p: tv_crop_device(tv_decode(p)), "jpeg"),
-            (crop, tv, "decode_jpeg", "worker", lambda p: tv_crop_worker(tv_decode(p)), "jpeg"),
-            (jitter, mine, loader, "device", lambda p: preset_device(image=load_rgb(p))["image"], "jpeg"),
-            (jitter, tv, "decode_jpeg", "worker", lambda p: tv_preset(tv_decode(p)), "jpeg"),
-            (shard_crop, SHARDS, "simplejpeg, reduced DCT", "device", lambda d: shard_train(d, shard_rng), "shard"),
-            (shard_crop, SHARDS, "cv2.imdecode, full", "device", shard_cv2, "shard"),
-            (shard_crop, SHARDS, "PIL draft", "device", shard_pil_draft, "shard"),
-            (jitter, SHARDS, "simplejpeg, reduced DCT", "device", lambda d: shard_preset(d, shard_rng), "shard"),
-        ]
-        # The pipelines must produce what the model (after the device step) eats: (3, size, size), uint8 or float32.
+        cifar_rows, batch = cifar_pipelines(args, cifar_images)
+        pipelines = cifar_rows + jpeg_pipelines() + shard_pipelines(args.seed)
         inputs = {"cifar": cifar_images, "jpeg": files, "batch": [batch], "shard": shard_items}
-        for name, family, _, where, fn, kind in pipelines:
-            out = fn(inputs[kind][0])
-            if name != decode:
-                size = 224 if kind in ("jpeg", "shard") else 32
-                shape = (BATCH, 3, size, size) if kind == "batch" else (3, size, size)
-                dtype = torch.uint8 if where == "device" else torch.float32
-                if tuple(out.shape) != shape or out.dtype != dtype:
-                    raise RuntimeError(f"{family} {name} ({where}): got {tuple(out.shape)} {out.dtype}")
-        rates: list[list[tuple[float, float]]] = [[] for _ in pipelines]  # (wall, CPU) images/s per round
-        for r in range(args.data_rounds):
-            order = range(len(pipelines)) if r % 2 == 0 else reversed(range(len(pipelines)))  # drift hits all alike
-            for i in order:
-                *_, fn, kind = pipelines[i]
-                if kind == "batch":  # as many images as the per-image CIFAR rows, at least two calls
-                    calls = max(2, args.data_samples * 4 // BATCH)
-                    wall, cpu = per_sample_rate(fn, inputs[kind], calls)
-                    rates[i].append((wall * BATCH, cpu * BATCH))
-                else:
-                    samples = args.data_samples * (4 if kind == "cifar" else 1)
-                    rates[i].append(per_sample_rate(fn, inputs[kind], samples))
-            log(f"data round {r + 1}/{args.data_rounds} done")
+        check_outputs(pipelines, inputs)
+        rates = time_pipelines(pipelines, inputs, args)
 
+    rows = data_rows(pipelines, rates, args)
+    report["data"] = data_report(rows, sizes, source, args)
+    print_data_table(rows, report["data"]["jpeg"]["mean_kib"], len(sizes), args)
+    report["data"]["checks"] = data_checks(rows)
+    write_report(args, report)
+
+
+def data_rows(
+    pipelines: Sequence[Pipeline], rates: Sequence[Sequence[tuple[float, float]]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """One table row per pipeline: its labels and the medians and spreads of its wall-clock and CPU rates."""
     rows = []
     for (name, family, decoder, where, _, kind), values in zip(pipelines, rates, strict=True):
         spread = summarize([wall for wall, _ in values])
@@ -269,7 +317,14 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
                 "cpu_spread": cpu_spread,
             }
         )
-    report["data"] = {
+    return rows
+
+
+def data_report(
+    rows: list[dict[str, Any]], sizes: Sequence[int], source: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The report's data section (its checks are added later): the rows, the JPEG files and notes."""
+    return {
         "threads": 1,  # torch and OpenCV, whatever the process default in "threads" above
         "results": rows,
         "jpeg": {
@@ -295,6 +350,10 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
             "cv2 INTER_CUBIC",
         ],
     }
+
+
+def print_data_table(rows: list[dict[str, Any]], mean_kib: float, files: int, args: argparse.Namespace) -> None:
+    """Print the data table, the JPEG files' size and what decoding alone allows one worker."""
     print_table(
         f"data (one worker: 1 thread, {device_name(torch.device('cpu'))}, median of {args.data_rounds} rounds)",
         rows,
@@ -308,25 +367,29 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
             ("images_per_cpu_s", "images per CPU s", ".0f"),
         ],
     )
-    mean_kib = report["data"]["jpeg"]["mean_kib"]
-    print(f"\nJPEG files: {len(sizes)} × {args.jpeg_size[0]}x{args.jpeg_size[1]}, quality 90, mean {mean_kib:.0f} KiB")
-    decode_rate = next(r["images_per_s"] for r in rows if r["pipeline"] == decode and r["implementation"] == "vit.data")
+    print(f"\nJPEG files: {files} × {args.jpeg_size[0]}x{args.jpeg_size[1]}, quality 90, mean {mean_kib:.0f} KiB")
+    decode_rate = next(r["images_per_s"] for r in rows if r["pipeline"] == DECODE and r["implementation"] == "vit.data")
     print(f"decoding alone (load_rgb) caps one worker at {decode_rate:.0f} images/s on this core")
+
+
+def data_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The targets: batched CIFAR per core, our device-normalised worker rows, the shard loader and its
+    speed-up over the folder loader."""
     # The targets read images per CPU second: one thread runs, so that is the work a core does, whatever the load.
     checks = []
     for row in rows:  # the decoded-once loader's batched augmentation, on one core
-        if row["implementation"] == batched and row["pipeline"] == cifar:
+        if row["implementation"] == BATCHED and row["pipeline"] == CIFAR:
             checks.append(
                 check(
-                    f"{row['pipeline']} [{batched}, one thread] >= {DATA_BATCH_TARGET:.0f} images/s per core",
+                    f"{row['pipeline']} [{BATCHED}, one thread] >= {DATA_BATCH_TARGET:.0f} images/s per core",
                     row["images_per_cpu_s"] >= DATA_BATCH_TARGET,
                     f"{row['images_per_cpu_s']:.0f} images per CPU second (wall clock {row['images_per_s']:.0f}/s)",
                 )
             )
     for row in rows:  # the targets apply to what ImageDataModule's workers run
-        if row["implementation"] != mine or row["normalise"] != "device" or row["pipeline"] == jitter:
+        if row["implementation"] != MINE or row["normalise"] != "device" or row["pipeline"] == JITTER:
             continue
-        target = DATA_CIFAR_TARGET if row["pipeline"] == cifar else DATA_JPEG_TARGET
+        target = DATA_CIFAR_TARGET if row["pipeline"] == CIFAR else DATA_JPEG_TARGET
         checks.append(
             check(
                 f"{row['pipeline']} [{row['decoder']}, normalised on the device] >= {target:.0f} images/s per worker",
@@ -335,17 +398,17 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
             )
         )
     folder = next(
-        r for r in rows if r["pipeline"] == crop and r["implementation"] == mine and r["normalise"] == "device"
+        r for r in rows if r["pipeline"] == CROP and r["implementation"] == MINE and r["normalise"] == "device"
     )
     for row in rows:  # the shard loader's workers: libjpeg-turbo at a reduced DCT scale
         if (
             row["implementation"] == SHARDS
-            and row["pipeline"] == shard_crop
+            and row["pipeline"] == SHARD_CROP
             and row["decoder"].startswith("simplejpeg")
         ):
             checks.append(
                 check(
-                    f"{shard_crop} [{row['decoder']}] >= {DATA_SHARD_TARGET:.0f} images per CPU second per worker",
+                    f"{SHARD_CROP} [{row['decoder']}] >= {DATA_SHARD_TARGET:.0f} images per CPU second per worker",
                     row["images_per_cpu_s"] >= DATA_SHARD_TARGET,
                     f"{row['images_per_cpu_s']:.0f} images per CPU second (wall clock {row['images_per_s']:.0f}/s)",
                 )
@@ -353,10 +416,9 @@ def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[
             speedup = row["images_per_cpu_s"] / folder["images_per_cpu_s"]
             checks.append(
                 check(
-                    f"{shard_crop} >= {DATA_SHARD_SPEEDUP:.0f}x the folder loader ({crop}, load_rgb), one worker",
+                    f"{SHARD_CROP} >= {DATA_SHARD_SPEEDUP:.0f}x the folder loader ({CROP}, load_rgb), one worker",
                     speedup >= DATA_SHARD_SPEEDUP,
                     f"{speedup:.2f}x ({row['images_per_cpu_s']:.0f} vs {folder['images_per_cpu_s']:.0f} per CPU s)",
                 )
             )
-    report["data"]["checks"] = checks
-    write_report(args, report)
+    return checks
