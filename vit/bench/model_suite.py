@@ -167,7 +167,6 @@ def bench_model(name: str, batch: int, args: argparse.Namespace, device: torch.d
 
         return step
 
-    memory_note = None
     if device.type == "cpu" and args.compile:
         memory_note = "not measured: compiled CPU kernels allocate outside the dispatcher"
     elif device.type == "cpu":
@@ -177,47 +176,62 @@ def bench_model(name: str, batch: int, args: argparse.Namespace, device: torch.d
     result["memory_note"] = memory_note + "; peaks include parameters and AdamW state"
 
     for phase, make in (("train", train_step), ("inference", infer_step)):
-        for model in models.values():
-            model.train(phase == "train")
         steps = {key: make(key) for key in models}
-        log(f"{name} batch {batch}: {phase} warm-up ({args.warmup} steps each{', compiling' if args.compile else ''})")
-        for fn in steps.values():
-            timed(fn, args.warmup, device)
-        speeds = alternate(steps, args.rounds, args.steps, batch, device, phase)
-        phase_result: dict[str, Any] = {}
-        for key, values in speeds.items():
-            phase_result[f"{key}_images_per_s"] = summarize(values["wall"])
-            phase_result[f"{key}_rounds"] = values["wall"]
-        if "timm" in speeds:
-            ratios = [a / b for a, b in zip(speeds["ours"]["wall"], speeds["timm"]["wall"], strict=True)]
-            phase_result["ratios"] = ratios
-            phase_result["median_ratio"] = statistics.median(ratios)
-            phase_result["ratio_spread"] = summarize(ratios)
-            if device.type == "cpu":  # images per CPU second: robust to other processes on a shared machine
-                cpu_ratios = [a / b for a, b in zip(speeds["ours"]["cpu"], speeds["timm"]["cpu"], strict=True)]
-                phase_result["cpu_time_ratios"] = cpu_ratios
-                phase_result["median_cpu_time_ratio"] = statistics.median(cpu_ratios)
-                phase_result["cpu_time_ratio_spread"] = summarize(cpu_ratios)
-        for key, model in models.items():
-            state = tensor_bytes(model.parameters())
-            if phase == "train":
-                state += tensor_bytes(
-                    t for s in optimizers[key].state.values() for t in s.values() if torch.is_tensor(t)
-                )
-            peak = None
-            if memory_note.startswith(("tensor", "torch.cuda")):
-                peak = (peak_bytes(steps[key], device) + state) / 2**20
-            phase_result[f"{key}_peak_memory_mib"] = peak
-        if device.type == "cuda":
-            peak = peak_tflops(device_name(device))
-            per_image = flops["train_gflops_per_image" if phase == "train" else "forward_gflops_per_image"] * 1e9
-            for key in models:
-                speed = phase_result[f"{key}_images_per_s"]["median"]
-                phase_result[f"{key}_tflops"] = per_image * speed / 1e12
-                phase_result[f"{key}_mfu"] = per_image * speed / (peak * 1e12) if peak else None
-            phase_result["peak_bf16_tflops"] = peak
-        result[phase] = phase_result
+        result[phase] = bench_phase(phase, steps, models, optimizers, name, batch, args, device, flops, memory_note)
     return result
+
+
+def bench_phase(
+    phase: str,
+    steps: dict[str, Callable[[], None]],
+    models: dict[str, nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer],
+    name: str,
+    batch: int,
+    args: argparse.Namespace,
+    device: torch.device,
+    flops: dict[str, float],
+    memory_note: str,
+) -> dict[str, Any]:
+    """Throughput, ours/timm ratios, peak memory and (on CUDA) MFU of one phase (``"train"`` or ``"inference"``)
+    of :func:`bench_model`, from the prepared step of each model."""
+    for model in models.values():
+        model.train(phase == "train")
+    log(f"{name} batch {batch}: {phase} warm-up ({args.warmup} steps each{', compiling' if args.compile else ''})")
+    for fn in steps.values():
+        timed(fn, args.warmup, device)
+    speeds = alternate(steps, args.rounds, args.steps, batch, device, phase)
+    phase_result: dict[str, Any] = {}
+    for key, values in speeds.items():
+        phase_result[f"{key}_images_per_s"] = summarize(values["wall"])
+        phase_result[f"{key}_rounds"] = values["wall"]
+    if "timm" in speeds:
+        ratios = [a / b for a, b in zip(speeds["ours"]["wall"], speeds["timm"]["wall"], strict=True)]
+        phase_result["ratios"] = ratios
+        phase_result["median_ratio"] = statistics.median(ratios)
+        phase_result["ratio_spread"] = summarize(ratios)
+        if device.type == "cpu":  # images per CPU second: robust to other processes on a shared machine
+            cpu_ratios = [a / b for a, b in zip(speeds["ours"]["cpu"], speeds["timm"]["cpu"], strict=True)]
+            phase_result["cpu_time_ratios"] = cpu_ratios
+            phase_result["median_cpu_time_ratio"] = statistics.median(cpu_ratios)
+            phase_result["cpu_time_ratio_spread"] = summarize(cpu_ratios)
+    for key, model in models.items():
+        state = tensor_bytes(model.parameters())
+        if phase == "train":
+            state += tensor_bytes(t for s in optimizers[key].state.values() for t in s.values() if torch.is_tensor(t))
+        peak = None
+        if memory_note.startswith(("tensor", "torch.cuda")):
+            peak = (peak_bytes(steps[key], device) + state) / 2**20
+        phase_result[f"{key}_peak_memory_mib"] = peak
+    if device.type == "cuda":
+        peak = peak_tflops(device_name(device))
+        per_image = flops["train_gflops_per_image" if phase == "train" else "forward_gflops_per_image"] * 1e9
+        for key in models:
+            speed = phase_result[f"{key}_images_per_s"]["median"]
+            phase_result[f"{key}_tflops"] = per_image * speed / 1e12
+            phase_result[f"{key}_mfu"] = per_image * speed / (peak * 1e12) if peak else None
+        phase_result["peak_bf16_tflops"] = peak
+    return phase_result
 
 
 def bench_grad_checkpointing(name: str, batch: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -284,8 +298,17 @@ def run_model_suite(args: argparse.Namespace, device: torch.device, report: dict
     ckpt = suite["grad_checkpointing"] = bench_grad_checkpointing(ckpt_name, ckpt_batch, args, device)
     write_report(args, report)
 
+    print_model_tables(suite["results"], ckpt, args, device)
+    suite["checks"] = model_checks(suite["results"], ckpt)
+    write_report(args, report)
+
+
+def print_model_tables(
+    results: list[dict[str, Any]], ckpt: dict[str, Any], args: argparse.Namespace, device: torch.device
+) -> None:
+    """Print the throughput table (one row per model and phase) and the gradient-checkpointing table."""
     rows = []
-    for r in suite["results"]:
+    for r in results:
         for phase in ("train", "inference"):
             p = r[phase]
             spread = p.get("ratio_spread")
@@ -339,6 +362,10 @@ def run_model_suite(args: argparse.Namespace, device: torch.device, report: dict
             ("with_step_s", "step s with", ".1f"),
         ],
     )
+
+
+def model_checks(results: list[dict[str, Any]], ckpt: dict[str, Any]) -> list[dict[str, Any]]:
+    """The gradient-checkpointing memory check, then per model the train ratio and logit parity with timm."""
     checks = [
         check(
             f"{ckpt['model']} batch {ckpt['batch_size']} grad checkpointing peak activation memory <= "
@@ -347,7 +374,7 @@ def run_model_suite(args: argparse.Namespace, device: torch.device, report: dict
             f"{ckpt['with_peak_mib']:.0f} / {ckpt['without_peak_mib']:.0f} MiB = {ckpt['memory_ratio']:.3f}",
         )
     ]
-    for r in suite["results"]:
+    for r in results:
         ratio = r["train"].get("median_ratio")
         if ratio is not None:
             checks.append(
@@ -360,5 +387,4 @@ def run_model_suite(args: argparse.Namespace, device: torch.device, report: dict
         if r["logit_max_abs_diff"] is not None:
             diff = r["logit_max_abs_diff"]
             checks.append(check(f"{r['model']} logits match timm within 1e-5", diff <= 1e-5, f"max |diff| {diff:.2e}"))
-    suite["checks"] = checks
-    write_report(args, report)
+    return checks
