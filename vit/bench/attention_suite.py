@@ -106,6 +106,22 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
         )
         + " during one forward + backward, per token; parameters excluded",
     ]
+    rows, sliding_path = measure_attention(grids, windows, kernels, args, device, suite)
+    print_attention_table(rows, args, device, sliding_path)
+    suite["checks"] = attention_checks(rows, windows, kernels, args, device)
+    write_report(args, report)
+
+
+def measure_attention(
+    grids: list[int],
+    windows: Sequence[int],
+    kernels: Sequence[int],
+    args: argparse.Namespace,
+    device: torch.device,
+    suite: dict[str, Any],
+) -> tuple[list[dict[str, Any]], str]:
+    """Time and measure every attention layer on every grid; fills ``suite["results"]`` and returns its rows and
+    which CPU path the sliding rows measure (``""`` when that does not apply)."""
     cases = [case for grid in grids for case in attention_cases(grid, args, device, windows, kernels)]
     log(f"attention: warm-up of {len(cases)} layers on grids {grids}")
     for case in cases:
@@ -142,6 +158,13 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
         r["speedup_vs_global"] = global_row["us_per_token"] / r["us_per_token"] if global_row else None
         if global_row and "us_per_token_cpu_time" in r:
             r["speedup_vs_global_cpu_time"] = global_row["us_per_token_cpu_time"] / r["us_per_token_cpu_time"]
+    return rows, sliding_path
+
+
+def print_attention_table(
+    rows: list[dict[str, Any]], args: argparse.Namespace, device: torch.device, sliding_path: str
+) -> None:
+    """Print the attention table."""
     threads = torch.get_num_threads()
     print_table(
         f"attention ({device_name(device)}, {args.precision}, {threads} thread{'s' * (threads != 1)}, "
@@ -163,12 +186,23 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
             ("speedup_vs_global_cpu_time", "CPU-time speed-up", ".2f"),
         ],
     )
+
+
+def attention_checks(
+    rows: list[dict[str, Any]],
+    windows: Sequence[int],
+    kernels: Sequence[int],
+    args: argparse.Namespace,
+    device: torch.device,
+) -> list[dict[str, Any]]:
+    """Flatness and speed-up checks of the window, sliding and linear layers."""
     # With one thread on the CPU the process time is the work itself, and does not count waiting for a core that
     # another process holds: the checks read it there, the wall clock elsewhere.
     cpu_time = device.type == "cpu" and torch.get_num_threads() == 1
     measure = "us_per_token_cpu_time" if cpu_time else "us_per_token"
     clock = "CPU time" if cpu_time else "wall clock"
     speedup = "speedup_vs_global_cpu_time" if cpu_time else "speedup_vs_global"
+    by_key = {(r["layer"], r["grid"]): r for r in rows}
     checks = []
     names = [f"window {w}" for w in windows] + [f"sliding {k}" for k in kernels]
     for name in names + [f"linear {feature_map}" for feature_map in linear_maps(args)]:
@@ -194,5 +228,4 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
                     f"{row[speedup]:.2f}x ({clock})",
                 )
             )
-    suite["checks"] = checks
-    write_report(args, report)
+    return checks
