@@ -139,6 +139,11 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         dynamic_img_size: bool = False,
         dynamic_img_pad: bool = False,
     ) -> None:
+        """Build the model from timm's flat argument list (documented on the class).
+
+        This is long on purpose: it assembles the whole architecture from timm's flat argument list, and the
+        parameters must be created in timm's order so that seeded initialisation and state dicts match timm's.
+        """
         super().__init__()
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         if num_heads <= 0 or embed_dim % num_heads:
