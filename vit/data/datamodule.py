@@ -173,8 +173,8 @@ class ImageDataModule(pl.LightningDataModule):
     @classmethod
     def from_checkpoint_metadata(cls, meta: dict[str, Any], like: ImageDataModule) -> ImageDataModule:
         """The data a checkpoint describes by itself (image size, class names, statistics, eval transform: the
-        metadata :mod:`vit.checkpoints.metadata` describes), with no dataset: only ``like.predict_dir``'s images are read. The
-        loader settings (batch size, workers, ``skip_corrupt``, ...) are ``like``'s.
+        metadata of :mod:`vit.checkpoints.metadata`), with no dataset: only ``like.predict_dir``'s images are read.
+        The loader settings (batch size, workers, ``skip_corrupt``, ...) are ``like``'s.
 
         Args:
             meta: The checkpoint's metadata (``img_size``, ``num_classes``, ``class_names``, ``mean``, ``std``,
