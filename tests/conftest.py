@@ -151,3 +151,11 @@ class TinyFit:
 def fit_args() -> TinyFit:
     """:class:`TinyFit`: ``fit_args(root, *extra, dataset=..., epochs=...)`` and its constants."""
     return TinyFit()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium (the system's) under Playwright; skips locally, fails under CI, when either is missing."""
+    from browser import launch_browser
+
+    yield from launch_browser()

@@ -8,114 +8,19 @@ browser tests skip, except under CI (``CI`` set), where they fail.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from browser import Page, chromium_path, expected_index, lut_index
 
 from vit.explain import capture_attention, explorer, rollout_grid
 from vit.explain.explorer import ExplorerTooLarge, block_kind, explorer_payload, quantize_rows, write_explorer
-from vit.explain.overlay import apply_colormap
 from vit.explain.stats import patch_distances, row_entropy
 from vit.normalize import normalize
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
-LAUNCH_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-LUT = apply_colormap(np.arange(256) / 255.0).astype(np.int64)  # (256, 3): the page's colour map
-
-
-def chromium_path() -> str | None:
-    return next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """A headless Chromium (the system's) under Playwright; skips locally, fails under CI, when either is missing."""
-    path = chromium_path()
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        path, why = None, "playwright is not installed (pip install -e '.[dev]')"
-    else:
-        why = "no chromium on this machine (.ci/run installs Debian's chromium)"
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI needs the browser tests: {why}")
-        pytest.skip(why)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=path, args=LAUNCH_ARGS)
-        yield browser
-        browser.close()
-
-
-class Page:
-    """One opened explorer page and the console errors it produced."""
-
-    def __init__(self, browser, path: Path):
-        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
-        self.errors: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.goto(path.as_uri())
-        self.page.wait_for_function("window.explorer && window.explorer.timings.open !== null")
-
-    def js(self, expression: str, arg=None):
-        return self.page.evaluate(expression, arg)
-
-    def settle(self) -> None:
-        """Wait until every queued redraw is done."""
-        self.js("() => window.explorer.select({})")
-
-    def state(self) -> dict:
-        return self.js("() => JSON.parse(JSON.stringify(window.explorer.state))")
-
-    def click_patch(self, r: int, c: int, grid: tuple[int, int]) -> None:
-        box = self.page.locator("#view").bounding_box()
-        self.page.mouse.click(
-            box["x"] + (c + 0.5) * box["width"] / grid[1], box["y"] + (r + 0.5) * box["height"] / grid[0]
-        )
-        self.settle()
-
-    def row(self, b: int, h, t: int) -> np.ndarray:
-        return np.array(self.js("([b, h, t]) => window.explorer.row(b, h, t)", [b, h, t]))
-
-    def cell_pixels(self, b: int, h) -> np.ndarray:
-        """The RGB pixels drawn in the small map of block ``b``, head ``h`` (one pixel per patch)."""
-        data = self.js(
-            """([b, h]) => { const c = document.querySelector(`.cell[data-block="${b}"][data-head="${h}"] canvas.heat`);
-            return Array.from(c.getContext("2d").getImageData(0, 0, c.width, c.height).data); }""",
-            [b, h],
-        )
-        return np.array(data).reshape(-1, 4)[:, :3]
-
-    def cell_stats(self, b: int) -> tuple[float, float | None]:
-        e, d = self.js(
-            '(b) => { const td = document.querySelector(`td.stats[data-block="${b}"]`);'
-            " return [td.dataset.entropy, td.dataset.distance]; }",
-            b,
-        )
-        return float(e), (float(d) if d else None)
-
-
-def lut_index(pixels: np.ndarray) -> np.ndarray:
-    """The colour-map index of each drawn RGB pixel (nearest colour of the LUT)."""
-    return np.argmin(((pixels[:, None, :] - LUT[None]) ** 2).sum(-1), axis=1)
-
-
-def expected_index(values: np.ndarray) -> np.ndarray:
-    """Colour-map index of each value, the map scaled to its maximum (matplotlib's binning, as the page does)."""
-    return np.minimum((values / values.max() * 256).astype(np.int64), 255)
 
 
 def assert_drawn(page: Page, b: int, h, values: np.ndarray, slack: int) -> None:
@@ -438,24 +343,6 @@ def test_report_opens_on_the_explorer_and_keeps_the_summary(browser, tmp_path, c
     assert page.page.locator("#note").inner_text() == (
         f"The explorer holds the first {count} of 3 images (the file size limit); the summary below covers all of them."
     )
-    assert page.errors == []
-
-
-def test_docs_explorer_is_consistent(browser):
-    """The explorer embedded in the docs (scripts/docs_figures.py): rows sum to 1, window rows stay in their window."""
-    path = Path(__file__).resolve().parents[1] / "docs" / "figures" / "explorer_digits.html"
-    page = Page(browser, path)
-    data = page.js("() => ({grid: window.explorer.data.grid, kinds: window.explorer.data.blocks.map(b => b.kind)})")
-    assert data["kinds"] == ["window", "window", "window", "global"]
-    page.click_patch(2, 1, tuple(data["grid"]))
-    t = 2 * data["grid"][1] + 1  # no prefix tokens
-    for b, kind in enumerate(data["kinds"]):
-        allowed = page.js("([b]) => window.explorer.allowed(b)", [b])
-        for h in range(page.js("() => window.explorer.data.heads")):
-            row = page.row(b, h, t)
-            assert row.sum() == pytest.approx(1.0, abs=len(row) / 255 * row.max())
-            if kind == "window":
-                assert sum(allowed) == 4 and np.all(row[np.array(allowed) == 0] == 0)
     assert page.errors == []
 
 
