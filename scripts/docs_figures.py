@@ -1,14 +1,16 @@
 """Draw the pictures of the documentation ("Attention, step by step", "Explanations", the README) into docs/figures/.
 
-    python scripts/docs_figures.py            # about a minute on one CPU thread
-    python scripts/docs_figures.py readme methods --checkpoint runs/quickstart/<run>/checkpoints/last.ckpt
+    python scripts/docs_figures.py            # every picture: a few minutes on one CPU thread
+    python scripts/docs_figures.py readme methods explorer --checkpoint runs/quickstart/<run>/checkpoints/last.ckpt
+    python scripts/docs_figures.py sliding_explorer           # pictures named by their function
 
 Every picture is computed with the functions the page teaches (``vit.layers``, ``vit.explain``) on real images:
 scikit-learn's sample photograph and its handwritten digits. Seeded, so a rerun draws the same pictures. ``readme``
-(the README's picture: the default map of the quickstart model) and ``methods`` (every explanation method on the same
-digits) read the quickstart model's checkpoint (``vit fit --config quickstart``): ``--checkpoint``, else the newest
-``runs/quickstart/*/checkpoints/last.ckpt``; without one they are skipped.
-"""
+(the README's picture: the default map of the quickstart model), ``methods`` (every explanation method on the same
+digits) and ``explorer`` (the attention explorer of the quickstart model with every method and its faithfulness, and,
+where Playwright and a Chromium are installed, its screenshot) read the quickstart model's checkpoint
+(``vit fit --config quickstart``): ``--checkpoint``, else the newest ``runs/quickstart/*/checkpoints/last.ckpt``;
+without one they are skipped. ``sliding_explorer`` trains a small sliding-window model for a few seconds itself."""
 
 from __future__ import annotations
 
@@ -32,14 +34,18 @@ from vit.atomic import write_bytes  # noqa: E402
 from vit.explain import (  # noqa: E402
     DEFAULT_METHOD,
     METHODS,
+    applicable_methods,
     attention_attribution,
     attention_statistics,
     explain_images,
     explain_map,
+    faithfulness,
+    fixed_images,
     overlay_heatmap,
     render_grid,
+    write_explorer,
 )
-from vit.explain.explorer import write_explorer  # noqa: E402
+from vit.explain.methods import require_extras  # noqa: E402
 from vit.layers import (  # noqa: E402
     Attention,
     NeighborhoodAttention,
@@ -204,14 +210,24 @@ def heads() -> None:
     save(figure, "heads.png")
 
 
-def trained_digits_model() -> tuple[torch.nn.Module, vit.ImageDataModule]:
-    """A small windowed ViT trained for a few seconds on scikit-learn's digits (about 90 % validation accuracy)."""
+def trained_digits_model(
+    window_type: str = "block", window_size: int = 2
+) -> tuple[torch.nn.Module, vit.ImageDataModule]:
+    """A small ViT trained for a few seconds (12 epochs, one thread) on scikit-learn's digits: about 90 % validation
+    accuracy. Blocks 0-2 attend within windows of the 4×4 patch grid, block 3 globally.
+
+    Args:
+        window_type: ``"block"``: fixed ``window_size²`` windows; ``"sliding"``: the ``window_size²`` neighbourhood
+            of each patch (odd ``window_size``).
+        window_size: Side of the window, in patches.
+    """
     torch.manual_seed(0)
     dm = vit.ImageDataModule(dataset="digits", img_size=16, batch_size=64, num_workers=0, augment="none")
     dm.setup("fit")
     model = vit.create_model(
         "vit_tiny_patch4_32", img_size=16, num_classes=10, embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0,
-        window_size=2, global_attn_indexes=(3,), class_token=False, global_pool="avg",
+        window_size=window_size, window_type=window_type, global_attn_indexes=(3,), class_token=False,
+        global_pool="avg",
     )  # fmt: skip
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
     model.train()
@@ -258,41 +274,96 @@ def explanations() -> None:
     save(figure, "monitoring.png")
 
 
-def explorer() -> None:
-    """The attention explorer of the digits model on twelve validation digits (embedded in the page), and, where
-    Playwright and a Chromium are installed, its screenshot."""
-    model, dm = trained_digits_model()
-    dm.setup("validate")
-    images, labels = next(iter(dm.val_dataloader()))
+SLIDING_KERNEL = 3
+"""Side of the windows of the sliding-window explorer: odd, below the 4×4 grid, so the border shift shows."""
+
+
+def method_maps(model: torch.nn.Module, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The patch maps ``(B, rows, cols)`` of every registered method that applies to ``model``, the default first;
+    a method whose optional extra is missing is skipped with a printed note."""
+    maps = {}
+    for name in [DEFAULT_METHOD, *(n for n in METHODS if n != DEFAULT_METHOD)]:
+        if name not in applicable_methods(model):
+            print(f"explorer: {name} does not apply to this model, skipped")
+            continue
+        try:
+            require_extras(name)
+        except ImportError as err:
+            print(f"explorer: {name} skipped ({err})")
+            continue
+        maps[name] = explain_map(model, inputs, name).patches
+    return maps
+
+
+def explorer(checkpoint: Path | None = None) -> None:
+    """The attention explorer of the quickstart model on ten validation digits of distinct classes, with every
+    explanation method as an overlay and their deletion / insertion areas on those digits (embedded in "Attention,
+    step by step"), and, where Playwright and a Chromium are installed, its screenshot."""
+    loaded = quickstart_digits(checkpoint, 10)
+    if loaded is None:
+        return
+    explainer, images, labels = loaded
+    model, mean, std = explainer.model, explainer.mean, explainer.std
+    inputs = normalize(images, mean, std)
+    maps = method_maps(model, inputs)
+    scores = faithfulness(model, inputs, maps, steps=16)
     path = write_explorer(
-        OUT / "explorer_digits.html", model, images[:12], mean=dm.mean, std=dm.std, labels=labels[:12],
-        class_names=dm.class_names, names=[f"digit {i}" for i in range(12)],
-        title="Attention explorer: a small windowed ViT trained on digits",
+        OUT / "explorer_quickstart.html", model, images, mean=mean, std=std, labels=labels,
+        class_names=explainer.class_names, names=[f"digit {int(label)}" for label in labels], maps=maps,
+        attribution=False, faithfulness=scores,
+        title="Attention explorer: the quickstart model (vit fit --config quickstart) on validation digits",
     )  # fmt: skip
-    print(f"wrote {path}")
+    print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
+    # Block 1 (shifted 2×2 windows): the cyan outline is the window of patch (1, 1), rows and columns 1-2.
+    screenshot(path, "explorer.png", {"image": 6, "query": {"kind": "token", "index": 5}, "block": 1, "head": "mean"})
+
+
+def sliding_explorer() -> None:
+    """The attention explorer of a small model with 3×3 sliding-window blocks, trained for a few seconds, on six
+    validation digits (embedded in "Attention, step by step": the pattern of a clicked patch)."""
+    model, dm = trained_digits_model("sliding", SLIDING_KERNEL)
+    dm.setup("validate")
+    correct = total = 0
+    with torch.no_grad():
+        for images, labels in dm.val_dataloader():
+            correct += (model(dm.normalize(images)).argmax(1) == labels).sum().item()
+            total += len(labels)
+    print(f"sliding-window digits model: {correct / total:.1%} validation accuracy ({total} digits)")
+    images, labels, _ = fixed_images(dm.val_dataset, 6)
+    path = write_explorer(
+        OUT / "explorer_sliding.html", model, images, mean=dm.mean, std=dm.std, labels=labels,
+        class_names=dm.class_names, names=[f"digit {int(label)}" for label in labels],
+        title=f"Attention explorer: a small ViT with {SLIDING_KERNEL}×{SLIDING_KERNEL} sliding windows, trained for "
+        "a few seconds on digits",
+    )  # fmt: skip
+    print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
+
+
+def screenshot(page_path: Path, name: str, selection: dict) -> None:
+    """A screenshot of the explorer at ``page_path`` after ``window.explorer.select(selection)``, as
+    ``docs/figures/<name>``; left as it is where Playwright or a Chromium is missing."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         chromium = None
     if chromium is None:
-        print("no playwright or chromium: the screenshot docs/figures/explorer.png is left as it is")
+        print(f"no playwright or chromium: the screenshot docs/figures/{name} is left as it is")
         return
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1100, "height": 760}, device_scale_factor=1)
-        page.goto(path.as_uri())
+        page = browser.new_page(viewport={"width": 1100, "height": 800}, device_scale_factor=1)
+        page.goto(page_path.as_uri())
         page.wait_for_function("window.explorer && window.explorer.timings.open !== null")
-        page.evaluate("() => window.explorer.select({image: 3, query: {kind: 'token', index: 5}, block: 0, head: 1})")
-        write_bytes(OUT / "explorer.png", page.screenshot(full_page=False))
+        page.evaluate("(selection) => window.explorer.select(selection)", selection)
+        write_bytes(OUT / name, page.screenshot(full_page=True))  # the faithfulness table too
         browser.close()
-    print(f"wrote {OUT / 'explorer.png'}")
+    print(f"wrote {OUT / name}")
 
 
 def quickstart_digits(checkpoint: Path | None, count: int):
     """The quickstart model and ``count`` validation digits of distinct classes (the training logger's choice)."""
     from vit.explain.command import load_explainer
-    from vit.explain.selection import fixed_images
 
     if checkpoint is None:
         found = sorted(Path("runs/quickstart").glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
@@ -353,9 +424,10 @@ def methods(checkpoint: Path | None = None) -> None:
 
 def main(only: set[str] | None = None, checkpoint: Path | None = None) -> None:
     torch.set_num_threads(1)
-    for draw in (mask_patterns, photo_attention, scaling, heads, explanations, explorer, readme, methods):
+    draws = (mask_patterns, photo_attention, scaling, heads, explanations, sliding_explorer, explorer, readme, methods)
+    for draw in draws:
         if only is None or draw.__name__ in only:
-            draw(checkpoint) if draw in (readme, methods) else draw()
+            draw(checkpoint) if draw in (readme, methods, explorer) else draw()
 
 
 if __name__ == "__main__":
