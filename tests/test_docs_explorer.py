@@ -5,14 +5,17 @@ allowed neighbourhood the page outlines is compared with the pattern written her
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from browser import Page
 
-from vit.explain import DEFAULT_METHOD, METHODS
+import vit
+from vit.explain import DEFAULT_METHOD, METHODS, explain_map
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "figures"
@@ -136,3 +139,19 @@ def test_sliding_explorer_outlines_the_clamped_neighbourhood(browser):
                 check_rows(page, b, P + r * grid[1] + c, allowed)
     assert set(counts) == {kernel * kernel}  # every patch sees exactly k² patches, corners included
     assert page.errors == []
+
+
+def test_method_maps_skip_a_method_whose_extra_is_missing(monkeypatch, capsys):
+    """The docs script's maps: every applicable method, the default first, each equal to its explain_map; a method
+    whose optional package cannot be imported is left out with a printed note."""
+    script = docs_figures_module()
+    monkeypatch.setitem(sys.modules, "captum", None)  # import captum now raises ImportError
+    torch.manual_seed(0)
+    model = vit.create_model("vit_tiny_patch4_32", img_size=16, depth=2, num_classes=10, window_size=2).eval()
+    inputs = torch.randn(2, 3, 16, 16)
+    maps = script.method_maps(model, inputs)
+    expected = [DEFAULT_METHOD, *(n for n in METHODS if n not in (DEFAULT_METHOD, "ig"))]
+    assert list(maps) == expected
+    assert "ig skipped" in capsys.readouterr().out
+    for name in (DEFAULT_METHOD, "rollout"):
+        torch.testing.assert_close(maps[name], explain_map(model, inputs, name).patches)
