@@ -314,8 +314,10 @@ def explorer(checkpoint: Path | None = None) -> None:
         title="Attention explorer: the quickstart model (vit fit --config quickstart) on validation digits",
     )  # fmt: skip
     print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
-    # Block 1 (shifted 2×2 windows): the cyan outline is the window of patch (1, 1), rows and columns 1-2.
-    screenshot(path, "explorer.png", {"image": 6, "query": {"kind": "token", "index": 5}, "block": 1, "head": "mean"})
+    # The 6, block 1 (shifted 2×2 windows): the cyan outline is the window of patch (1, 1), rows and columns 1-2.
+    six = labels.tolist().index(6) if 6 in labels.tolist() else 0
+    query = {"kind": "token", "index": model.num_prefix_tokens + 1 * model.patch_embed.grid_size[1] + 1}
+    screenshot(path, "explorer.png", {"image": six, "query": query, "block": 1, "head": "mean"})
 
 
 def sliding_explorer() -> None:
@@ -422,10 +424,13 @@ def methods(checkpoint: Path | None = None) -> None:
     save(figure, "methods_digits.png")
 
 
+DRAWS = (mask_patterns, photo_attention, scaling, heads, explanations, sliding_explorer, explorer, readme, methods)
+
+
 def main(only: set[str] | None = None, checkpoint: Path | None = None) -> None:
+    """Draw the pictures named in ``only`` (every picture when ``None``); ``checkpoint`` is the quickstart model's."""
     torch.set_num_threads(1)
-    draws = (mask_patterns, photo_attention, scaling, heads, explanations, sliding_explorer, explorer, readme, methods)
-    for draw in draws:
+    for draw in DRAWS:
         if only is None or draw.__name__ in only:
             draw(checkpoint) if draw in (readme, methods, explorer) else draw()
 
@@ -435,5 +440,10 @@ if __name__ == "__main__":
     path = None
     if "--checkpoint" in args:
         at = args.index("--checkpoint")
+        if at + 1 == len(args):
+            sys.exit("--checkpoint needs a path: --checkpoint runs/quickstart/<run>/checkpoints/last.ckpt")
         path, args = Path(args[at + 1]), args[:at] + args[at + 2 :]
+    unknown = sorted(set(args) - {draw.__name__ for draw in DRAWS})
+    if unknown:
+        sys.exit(f"unknown picture {', '.join(unknown)}: choose from {', '.join(d.__name__ for d in DRAWS)}")
     main(set(args) or None, path)
