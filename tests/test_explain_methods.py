@@ -4,6 +4,7 @@ errors for unknown and inapplicable methods and for a missing ``explain`` extra;
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import numpy as np
@@ -250,3 +251,29 @@ def test_methods_on_the_fixed_grid_refuse_other_sizes_and_the_rest_take_them(ran
     for name in ("attnlrp", "gradxinput"):
         result = explain_map(model, x, name, target=0)
         assert result.patches.shape == (2, 6, 6) and result.pixels.shape == (2, 24, 24)
+
+
+def test_benchmark_is_silent_by_default_and_reports_every_phase_when_asked(model, monkeypatch, capsys):
+    """``show_progress``: each method's maps (timed by the benchmark's own clock, here a fake one: 1 s per image),
+    then the curves of each method and of the random order, one line each on stderr; the default prints nothing."""
+    now = [0.0]
+
+    def fake(model, images, target=None):
+        now[0] += len(images)
+        return MethodMap(torch.rand(len(images), 4, 4))
+
+    monkeypatch.setattr(method_benchmark, "perf_counter", lambda: now[0])
+    monkeypatch.setitem(METHODS, "fake", Method("fake", fake, "a clock", True))
+    x, run = images(6), dict(methods=["fake", "rollout"], steps=2, bootstrap=10, num_random=2, batch_size=4)
+    quiet = benchmark_methods(model, x, **run)
+    assert capsys.readouterr() == ("", "")
+    loud = benchmark_methods(model, x, **run, show_progress=True)
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 5
+    assert lines[0] == "fake: maps of 6 images in 6.0 s (1000.0 ms/img)"
+    assert re.fullmatch(r"rollout: maps of 6 images in \d+\.\d s \(\d+\.\d ms/img\)", lines[1])
+    for line, name in zip(lines[2:4], ("fake", "rollout"), strict=True):
+        assert re.fullmatch(rf"{name}: deletion/insertion curves of 6 images \(2 steps\) in \d+\.\d s", line)
+    assert re.fullmatch(r"random: deletion/insertion curves of 6 images x 2 seeds \(2 steps\) in \d+\.\d s", lines[4])
+    assert loud.scores["rollout"].deletion_auc == quiet.scores["rollout"].deletion_auc

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
+import io
 import math
+import re
+import sys
+from functools import partial
 
 import pytest
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from vit.explain.faithfulness import faithfulness, gaussian_blur, removal_counts
 
@@ -146,3 +152,45 @@ def test_chunks_give_the_same_answer():
     for kind in ("deletion_auc", "insertion_auc"):
         for name in ("m", "random"):
             assert chunked["per_image"][kind][name] == pytest.approx(whole["per_image"][kind][name])
+
+
+def test_silent_by_default_and_one_line_per_order_when_asked(capsys):
+    """The default prints nothing (the training callback relies on it); ``show_progress`` writes one plain line per
+    map and one for the random order to stderr when it is not a terminal, and changes no number."""
+    torch.manual_seed(0)
+    images, maps = torch.rand(5, 3, 8, 8), {"a": torch.rand(5, 4, 4), "b": torch.rand(5, 4, 4)}
+    quiet = faithfulness(KeyPatches(), images, maps, steps=4, num_random=3, batch_size=6)
+    assert capsys.readouterr() == ("", "")
+    loud = faithfulness(KeyPatches(), images, maps, steps=4, num_random=3, batch_size=6, show_progress=True)
+    out, err = capsys.readouterr()
+    assert out == "" and "\r" not in err
+    lines = err.splitlines()
+    assert len(lines) == 3
+    assert re.fullmatch(r"a: deletion/insertion curves of 5 images \(4 steps\) in \d+\.\d s", lines[0])
+    assert re.fullmatch(r"b: deletion/insertion curves of 5 images \(4 steps\) in \d+\.\d s", lines[1])
+    assert re.fullmatch(r"random: deletion/insertion curves of 5 images x 3 seeds \(4 steps\) in \d+\.\d s", lines[2])
+    assert loud == quiet
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_on_a_terminal_counts_every_image(monkeypatch):
+    """On a terminal each order gets a bar updated in place up to its images (x seeds), cleared before its line."""
+    stream = Terminal()
+    monkeypatch.setattr(sys, "stderr", stream)
+    module = importlib.import_module("vit.explain.faithfulness")  # the package's name is the function
+    monkeypatch.setattr(module, "tqdm", partial(tqdm, mininterval=0, miniters=1))  # draw every update
+    torch.manual_seed(0)
+    # batch_size 6 over 2 · 3 inner steps: one image per forward chunk, so the bar moves image by image.
+    faithfulness(KeyPatches(), torch.rand(5, 3, 8, 8), {"a": torch.rand(5, 4, 4)}, steps=4, num_random=3,
+                 batch_size=6, show_progress=True)  # fmt: skip
+    text = stream.getvalue()
+    bar_a, line_a, bar_random, line_random = re.split(r"(\w+: deletion/insertion curves of [^\r\n]+)\n", text)[:4]
+    assert [f"{i}/5 " in bar_a for i in range(6)] == [True] * 6 and bar_a.startswith("\r")
+    assert [f"{i}/15 " in bar_random for i in (0, 5, 15)] == [True] * 3 and "16/15" not in bar_random
+    assert re.search(r"\r\s+\r$", bar_a) and re.search(r"\r\s+\r$", bar_random)  # cleared before the line
+    assert re.fullmatch(r"a: deletion/insertion curves of 5 images \(4 steps\) in \d+\.\d s", line_a)
+    assert line_random.startswith("random: deletion/insertion curves of 5 images x 3 seeds (4 steps) in ")

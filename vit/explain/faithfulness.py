@@ -6,23 +6,64 @@ positive perturbation test of Chefer, Gur & Wolf, "Transformer Interpretability 
 baseline and records the softmax probability of the target class; **insertion** starts from the baseline image and
 reveals them. A faithful map makes the deletion curve fall fast (low area) and the insertion curve rise fast (high
 area). A random order, averaged over seeds, is the reference every map should beat.
+
+Long work reports its progress on stderr when asked (``show_progress=True``, as captum's perturbation methods do):
+a tqdm bar updated in place while stderr is a terminal, and one plain line per finished phase either way, so that a
+log file holds no carriage returns.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
+from time import perf_counter
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from tqdm import tqdm
 
 from ..layers.utils import eval_mode
 from .attribution import resolve_target
 
 Baseline = Literal["mean", "blur"]
 RANDOM = "random"
+
+
+class Progress:
+    """One phase of long work on stderr, silent unless ``enabled``: a tqdm bar updated in place while stderr is a
+    terminal, then one plain line ``<label>: <summary>`` when the phase ends (the bar is cleared first).
+
+    Args:
+        label: What the phase works on, e.g. the method's name; it opens the bar and the final line.
+        total: Units of work in the phase (images).
+        enabled: Report at all.
+    """
+
+    def __init__(self, label: str, total: int, enabled: bool = False) -> None:
+        self.label, self.enabled, self.start = label, enabled, perf_counter()
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            self.bar = tqdm(total=total, desc=label, unit="img", file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def update(self, n: int) -> None:
+        """``n`` more units done."""
+        if self.bar is not None:
+            self.bar.update(n)
+
+    @property
+    def seconds(self) -> float:
+        """Wall time since the phase began."""
+        return perf_counter() - self.start
+
+    def close(self, summary: str) -> None:
+        """End the phase: clear the bar and print ``<label>: <summary>``."""
+        if self.bar is not None:
+            self.bar.close()
+        if self.enabled:
+            print(f"{self.label}: {summary}", file=sys.stderr, flush=True)
 
 
 def gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -60,15 +101,19 @@ def _curves(
     target: torch.Tensor,
     counts: list[int],
     batch_size: int,
+    advance: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Deletion and insertion probabilities ``(B, len(counts))``, patches taken in ``order`` ``(B, patches)``.
 
-    The perturbed copies of about ``batch_size / (2 · len(counts))`` images exist at a time.
+    The perturbed copies of about ``batch_size / (2 · len(counts))`` images exist at a time; ``advance(n)`` is
+    called after each such chunk of ``n`` images.
     """
     B, _, H, W = images.shape
     grid_h, grid_w = grid
     steps = len(counts)
     if not steps:
+        if advance is not None:
+            advance(B)
         return images.new_empty(B, 0), images.new_empty(B, 0)
     rank = torch.empty_like(order)  # rank[b, p]: position of patch p in image b's order
     rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
@@ -86,6 +131,8 @@ def _curves(
         probs.append(
             _probabilities(model, stacked.flatten(0, 1), target[part].repeat_interleave(2 * steps), batch_size)
         )
+        if advance is not None:
+            advance(len(stacked))
     probs = torch.cat(probs).view(B, 2 * steps)
     return probs[:, :steps], probs[:, steps:]
 
@@ -99,6 +146,7 @@ def faithfulness(
     baseline: Baseline = "mean",
     num_random: int = 5,
     batch_size: int = 256,
+    show_progress: bool = False,
 ) -> dict[str, Any]:
     """Deletion and insertion curves of each map, and of random patch orders, with their areas.
 
@@ -119,6 +167,7 @@ def faithfulness(
             Gaussian of σ = half a patch.
         num_random: Seeds of the random order; 0 for none.
         batch_size: Images per forward pass.
+        show_progress: Report the curves of each map and of the random order on stderr (:class:`Progress`).
 
     Returns:
         ``{"deletion_auc": {method: float, "random": float}, "insertion_auc": {...}, "deletion_curve":
@@ -174,15 +223,19 @@ def faithfulness(
                 orders[RANDOM].append(perms.to(images.device))
         curves: dict[str, dict[str, torch.Tensor]] = {"deletion": {}, "insertion": {}}
         for name, candidates in orders.items():
+            progress = Progress(name, B * len(candidates), show_progress)
             per_seed_del, per_seed_ins = [], []
             for indices in candidates:
                 inner_del, inner_ins = _curves(
-                    model, images, fill, indices, (grid_h, grid_w), target, counts[1:-1], batch_size
+                    model, images, fill, indices, (grid_h, grid_w), target, counts[1:-1], batch_size, progress.update
                 )
                 per_seed_del.append(torch.cat([ends[0, :, None], inner_del, ends[1, :, None]], dim=1))
                 per_seed_ins.append(torch.cat([ends[1, :, None], inner_ins, ends[0, :, None]], dim=1))
             curves["deletion"][name] = torch.stack(per_seed_del)  # (seeds, B, steps + 1)
             curves["insertion"][name] = torch.stack(per_seed_ins)
+            seeds = f" x {len(candidates)} seed{'s' * (len(candidates) > 1)}" if name == RANDOM else ""
+            done = f"deletion/insertion curves of {B} images{seeds} ({steps} steps)"
+            progress.close(f"{done} in {progress.seconds:.1f} s")
 
     fractions = torch.tensor(counts, dtype=torch.float64) / n
     result: dict[str, Any] = {"per_image": {}}

@@ -24,7 +24,7 @@ from torch import nn
 from ..atomic import write_bytes
 from ..layers.utils import eval_mode
 from .attribution import resolve_target
-from .faithfulness import RANDOM, Baseline, faithfulness
+from .faithfulness import RANDOM, Baseline, Progress, faithfulness
 from .methods import METHODS, check_image_size, explain_map, get_method, require_extras
 
 DEFAULT_METHODS: tuple[str, ...] = tuple(METHODS)
@@ -173,6 +173,7 @@ def benchmark_methods(
     bootstrap: int = 1000,
     batch_size: int = 32,
     options: Mapping[str, Mapping[str, Any]] | None = None,
+    show_progress: bool = False,
 ) -> MethodBenchmark:
     """Measure every method's deletion and insertion on ``images`` beside the random patch order.
 
@@ -193,6 +194,9 @@ def benchmark_methods(
         bootstrap: Bootstrap resamples.
         batch_size: Images per explanation call and per forward pass of the curves.
         options: Per-method options, e.g. ``{"ig": {"n_steps": 32}}``.
+        show_progress: Report on stderr each method's maps, then the curves of each method and of the random order:
+            a bar updated in place on a terminal, one line per finished phase
+            (:class:`~vit.explain.faithfulness.Progress`).
 
     Returns:
         A :class:`MethodBenchmark`.
@@ -225,10 +229,10 @@ def benchmark_methods(
         accuracy = float((logits.argmax(1) == labels).float().mean())
     classes = resolve_target(labels if target == "label" else None, logits)
 
-    maps, seconds = _timed_maps(model, images, classes, names, batch_size, options)
+    maps, seconds = _timed_maps(model, images, classes, names, batch_size, options, show_progress)
     result = faithfulness(
         model, images, maps, target=classes, steps=steps, baseline=baseline, num_random=num_random,
-        batch_size=batch_size,
+        batch_size=batch_size, show_progress=show_progress,
     )  # fmt: skip
     per_image = {
         kind: {n: np.asarray(v) for n, v in result["per_image"][f"{kind}_auc"].items()}
@@ -269,26 +273,31 @@ def _timed_maps(
     names: Sequence[str],
     batch_size: int,
     options: Mapping[str, Mapping[str, Any]],
+    show_progress: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """Each method's patch maps of ``images`` (in chunks of ``batch_size``) and its seconds per image.
 
     One untimed image first per method, so that no method pays for lazy imports, kernel selection or caches; on
-    CUDA the timed region starts and ends synchronised, so it measures the computation, not its launch.
+    CUDA the timed region starts and ends synchronised, so it measures the computation, not its launch. With
+    ``show_progress``, one :class:`~vit.explain.faithfulness.Progress` per method (its bar updated between chunks).
     """
     cuda = images.is_cuda
     maps, seconds = {}, {}
     for name in names:
         kwargs = options.get(name, {})
+        progress = Progress(name, len(images), show_progress)
         explain_map(model, images[:1], name, classes[:1], **kwargs)  # warm-up, not timed
         if cuda:
             torch.cuda.synchronize(images.device)
         start = perf_counter()
-        parts = [
-            explain_map(model, chunk, name, t, **kwargs).patches
-            for chunk, t in zip(images.split(batch_size), classes.split(batch_size), strict=True)
-        ]
+        parts = []
+        for chunk, t in zip(images.split(batch_size), classes.split(batch_size), strict=True):
+            parts.append(explain_map(model, chunk, name, t, **kwargs).patches)
+            progress.update(len(chunk))
         if cuda:
             torch.cuda.synchronize(images.device)
         seconds[name] = (perf_counter() - start) / len(images)
         maps[name] = torch.cat(parts).float()
+        elapsed = seconds[name] * len(images)
+        progress.close(f"maps of {len(images)} images in {elapsed:.1f} s ({1000 * seconds[name]:.1f} ms/img)")
     return maps, seconds
