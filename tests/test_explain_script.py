@@ -8,7 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -386,3 +386,45 @@ def test_faithfulness_tables_in_the_docs_are_generated_from_the_results():
             assert score["deletion_ratio"] == pytest.approx(
                 score["deletion_auc"] / report["scores"]["random"]["deletion_auc"]
             )
+
+
+def test_progress_on_stderr_one_line_per_method_and_phase_stdout_only_the_results(checkpoint, tmp_path, explain):
+    """Not a terminal: one plain line per method and phase on stderr (maps, curves, overlays), no carriage return;
+    stdout holds the predictions and the table only, exactly as the JSON's numbers print."""
+    from vit.explain.command import faithfulness_table
+    from vit.explain.method_benchmark import MethodBenchmark, MethodScore
+
+    out = tmp_path / "o"
+    result = explain(checkpoint, "--split", "val", "--limit", "5", "--methods", "rollout,attnlrp", "--faithfulness",
+                     "--steps", "2", "--batch-size", "2", "--out", out)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    time = r"in \d+\.\d s"
+    expected = [
+        rf"rollout: maps of 5 images {time} \(\d+\.\d ms/img\)",
+        rf"attnlrp: maps of 5 images {time} \(\d+\.\d ms/img\)",
+        rf"rollout: deletion/insertion curves of 5 images \(2 steps\) {time}",
+        rf"attnlrp: deletion/insertion curves of 5 images \(2 steps\) {time}",
+        rf"random: deletion/insertion curves of 5 images x 5 seeds \(2 steps\) {time}",
+        rf"rollout: overlays of 5 images {time}",
+        rf"attnlrp: overlays of 5 images {time}",
+        rf"explained 5 images: overlays of rollout, attnlrp in {re.escape(str(out))}/, JSON .*",
+    ]
+    lines = result.stderr.splitlines()
+    assert len(lines) == len(expected) and "\r" not in result.stderr, result.stderr
+    for line, pattern in zip(lines, expected, strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern)
+    report = json.loads((out / "faithfulness.json").read_text())
+    names = {f.name for f in fields(MethodBenchmark)} - {"scores", "maps"}
+    bench = MethodBenchmark(scores={name: MethodScore(**score) for name, score in report["scores"].items()},
+                            **{name: report[name] for name in names})  # fmt: skip
+    predictions = result.stdout.splitlines()[:5]
+    assert [line.split()[0] for line in predictions] == [f"val/{i:05d}" for i in (0, 90, 180, 269, 359)]
+    assert result.stdout == "\n".join([*predictions, faithfulness_table(bench)]) + "\n"
+
+    # Without --faithfulness: the maps of the methods rollout does not already give, then the overlays.
+    result = explain(checkpoint, "--split", "val", "--limit", "5", "--methods", "rollout,attnlrp", "--out", out / "b")
+    lines = result.stderr.splitlines()
+    assert result.returncode == 0 and len(lines) == 4 and len(result.stdout.splitlines()) == 5, result.stderr
+    assert re.fullmatch(rf"attnlrp: maps of 5 images {time} \(\d+\.\d ms/img\)", lines[0])
+    for line, method in zip(lines[1:3], ("rollout", "attnlrp"), strict=True):
+        assert re.fullmatch(rf"{method}: overlays of 5 images {time}", line)

@@ -14,7 +14,8 @@ insertion beside a random patch order (Petsiuk et al., "RISE", BMVC 2018) with 9
 time per image (:func:`~vit.explain.benchmark_methods`), prints the table and writes it as JSON (``--json``, else
 ``<out>/faithfulness.json``) with the curves as ``<out>/faithfulness_curves.png``. Bad input (an unknown method, one
 that does not apply to the model, a method whose optional extra is missing) is one ``error:`` line and exit status 2,
-before anything is written; every file is written to a temporary name and renamed.
+before anything is written; every file is written to a temporary name and renamed. Results go to stdout, progress to
+stderr: a bar per method and phase (maps, curves, overlays) on a terminal, else one line per finished phase.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from ..atomic import write_bytes
 from ..checkpoints import data_settings, load_checkpoint, load_file, rebuild_datamodule
 from ..errors import ArgumentParser, InputError, UsageError, VitError
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD, normalize
+from .faithfulness import Progress
 from .method_benchmark import MethodBenchmark, benchmark_methods
 from .methods import ALIASES, DEFAULT_METHOD, METHODS, explain_map, get_method, require_extras
 from .panels import png_bytes, render_grid, render_panel
@@ -256,7 +258,7 @@ def compute_for(explainer: Explainer, pixels: torch.Tensor, args: argparse.Names
         bench = benchmark_methods(
             model, inputs, None if target is None else torch.full((len(inputs),), target), args.methods,
             baseline=args.baseline, steps=args.steps, target="prediction" if target is None else "label",
-            batch_size=args.batch_size, options=options,
+            batch_size=args.batch_size, options=options, show_progress=True,
         )  # fmt: skip
         explanation = results.explanation
         if target is not None:  # the benchmark's "labels" were the target class: say so, and score the true labels
@@ -269,8 +271,12 @@ def compute_for(explainer: Explainer, pixels: torch.Tensor, args: argparse.Names
             if name == "rollout":  # already computed, with the same options
                 results.maps[name] = results.explanation.rollout
                 continue
-            parts = [explain_map(model, chunk, name, target, **options.get(name, {})).patches.float().cpu()
-                     for chunk in inputs.split(args.batch_size)]  # fmt: skip
+            progress, parts = Progress(name, len(inputs), enabled=True), []
+            for chunk in inputs.split(args.batch_size):
+                parts.append(explain_map(model, chunk, name, target, **options.get(name, {})).patches.float().cpu())
+                progress.update(len(chunk))
+            ms = 1000 * progress.seconds / len(inputs)
+            progress.close(f"maps of {len(inputs)} images in {progress.seconds:.1f} s ({ms:.1f} ms/img)")
             results.maps[name] = torch.cat(parts)
     results.attribution = results.maps.get("attribution")
     return results
@@ -443,11 +449,14 @@ def write_outputs(args: argparse.Namespace, files: Sequence[Path], results: Resu
         class_specific = METHODS[method].class_specific and results.target is not None
         label = f"{method} of {explanation.class_name(results.target)}" if class_specific else method
         if not args.no_overlays:
+            progress = Progress(method, len(files), enabled=True)
             for stem, image, grid_map, caption in zip(
                 output_stems(files), explanation.images, maps, captions, strict=True
             ):
                 panel = render_panel(image, grid_map, f"{caption} · {label}", alpha=args.alpha, size=224)
                 write_atomic(args.out / f"{stem}_{method}.png", png_bytes(panel))
+                progress.update(1)
+            progress.close(f"overlays of {len(files)} images in {progress.seconds:.1f} s")
         grid = render_grid(first, maps[shown], ncols=min(4, len(files)), title=label, alpha=args.alpha)
         write_atomic(args.out / f"{method}_grid.png", png_bytes(grid))
     if results.benchmark is not None:
