@@ -7,6 +7,8 @@ browser tests skip, except under CI (``CI`` set), where they fail.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import re
 
@@ -14,9 +16,18 @@ import numpy as np
 import pytest
 import torch
 from browser import Page, chromium_path, expected_index, lut_index
+from PIL import Image
 
 from vit.explain import capture_attention, explorer, rollout_grid
-from vit.explain.explorer import ExplorerTooLarge, block_kind, explorer_payload, quantize_rows, write_explorer
+from vit.explain.explorer import (
+    HEAVY,
+    ExplorerTooLarge,
+    block_kind,
+    explorer_payload,
+    quantize_rows,
+    render_explorer,
+    write_explorer,
+)
 from vit.explain.stats import patch_distances, row_entropy
 from vit.normalize import normalize
 
@@ -29,39 +40,119 @@ def assert_drawn(page: Page, b: int, h, values: np.ndarray, slack: int) -> None:
     np.testing.assert_array_less(np.abs(drawn - expected_index(values)), slack + 1)
 
 
+def decode_rows(codes: np.ndarray, share: np.ndarray | None, prefix: int, bits: int) -> np.ndarray:
+    """The rows the page should show, from the stored codes: each group's squared codes scaled to its share."""
+    x = (codes.astype(np.float64) / (2**bits - 1)) ** 2
+    front = share.astype(np.float64)[..., None] if share is not None else np.zeros(x.shape[:-1] + (1,))
+    out = np.empty_like(x)
+    for keys, mass in ((slice(0, prefix), front), (slice(prefix, None), 1 - front)):
+        total = x[..., keys].sum(-1, keepdims=True)
+        out[..., keys] = x[..., keys] * np.where(total > 0, mass / np.where(total > 0, total, 1), 0)
+    return out
+
+
+def decode_bound(truth: np.ndarray, prefix: int, bits: int) -> np.ndarray:
+    """A bound on |decoded - truth| for every entry of rows ``truth`` (``(..., K)``, each row summing to 1).
+
+    In a key group with maximum ``m``, ``x = a / m`` is coded as ``round(L sqrt(x))``, so the decoded ``x'`` is within
+    ``e = sqrt(x) / L + 1 / (4 L^2)``; rescaling the group to its share ``S`` (kept as float16: off by at most
+    ``2^-11 S``) adds the error of the group's sum: ``|a' - a| <= (S (e + x E / X) + dS (x + e)) / (X - E)`` with
+    ``X``, ``E`` the group's sums of ``x`` and ``e``.
+    """
+    levels = 2**bits - 1
+    truth = truth.astype(np.float64)
+    front = truth[..., :prefix].sum(-1, keepdims=True)
+    bound = np.empty_like(truth)
+    for keys, mass in ((slice(0, prefix), front), (slice(prefix, None), 1 - front)):
+        a = truth[..., keys]
+        if not a.shape[-1]:
+            continue
+        top = a.max(-1, keepdims=True)
+        x = a / np.where(top > 0, top, 1)
+        e = np.sqrt(x) / levels + 1 / (4 * levels**2)
+        X, E = x.sum(-1, keepdims=True), e.sum(-1, keepdims=True)
+        slack = 2**-11 * front + 1e-7 if prefix else 0.0
+        with np.errstate(divide="ignore", invalid="ignore"):  # a group of zeros decodes as exact zeros
+            bound[..., keys] = np.where(top > 0, (mass * (e + x * E / X) + slack * (x + e)) / (X - E), 0.0)
+    return bound + 1e-6
+
+
+def stored(page_data_: dict, image: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The codes ``(blocks, heads, N, N)`` and prefix shares an explorer's JSON holds for one image."""
+    entry = page_data_["images"][image]
+    codes = np.asarray(Image.open(io.BytesIO(base64.b64decode(entry["attn"]))))
+    blocks, heads, n = len(page_data_["blocks"]), page_data_["heads"], codes.shape[1]
+    share = None
+    if "share" in entry:
+        share = np.frombuffer(base64.b64decode(entry["share"]), "<f2").reshape(blocks, heads, n)
+    return codes.reshape(blocks, heads, n, n), share
+
+
+def one_image_page(model, pixels: torch.Tensor, maps: dict | None = None, **options) -> int:
+    """Bytes of the explorer page of the first image alone: a size limit just above it holds one image, not two."""
+    first = {name: m[:1] for name, m in (maps or {}).items()}
+    payload = explorer_payload(model, pixels[:1], mean=MEAN, std=STD, max_bytes=None, maps=first, **options)
+    return len(render_explorer(payload).encode())
+
+
 @pytest.fixture
 def pixels():
     torch.manual_seed(1)
     return torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8)
 
 
-def test_quantize_rows_matches_a_loop_and_stays_within_one_step():
+@pytest.mark.parametrize("bits", [6, 8, 3])
+def test_quantize_rows_codes_the_square_root_and_decodes_within_its_bound(bits):
     torch.manual_seed(0)
-    attn = torch.rand(2, 5, 7) ** 4
-    attn[0, 1, :2] = 0.9  # a sink on the prefix keys
+    attn = torch.rand(2, 5, 7) ** 6
+    attn[0, 1, :2] = 5.0  # a sink on the prefix keys
+    attn[1, 2, 2:] = 0.0  # every patch key at zero
     attn = attn / attn.sum(-1, keepdim=True)
-    codes, maxima = quantize_rows(attn, prefix=2)
-    assert codes.dtype == np.uint8 and maxima.shape == (2, 5, 2) and maxima.dtype == np.float16
+    codes, share = quantize_rows(attn, prefix=2, bits=bits)
+    assert codes.dtype == np.uint8 and share.shape == (2, 5) and share.dtype == np.float16
+    levels = 2**bits - 1
     for i in range(2):
         for q in range(5):
-            row = attn[i, q].numpy()
-            for keys, g in ((slice(2, None), 0), (slice(0, 2), 1)):
-                m = np.float32(np.float16(row[keys].max()))
-                np.testing.assert_array_equal(codes[i, q, keys], np.rint(row[keys] / m * 255).clip(0, 255))
-                decoded = codes[i, q, keys] / 255 * maxima[i, q, g].astype(np.float32)
-                np.testing.assert_array_less(np.abs(decoded - row[keys]), row[keys].max() / 255)
+            row = attn[i, q].double().numpy()
+            for keys in (slice(2, None), slice(0, 2)):
+                top = row[keys].max()
+                expected = np.rint(levels * np.sqrt(row[keys] / top)) if top > 0 else np.zeros_like(row[keys])
+                np.testing.assert_array_equal(codes[i, q, keys], expected)
+            assert float(share[i, q]) == pytest.approx(row[:2].sum() / row.sum(), rel=2**-11)
+    decoded = decode_rows(codes, share, 2, bits)
+    truth = attn.double().numpy()
+    np.testing.assert_allclose(decoded.sum(-1), 1.0, atol=1e-12)
+    bound = decode_bound(truth, 2, bits)
+    assert np.all(np.abs(decoded - truth) <= bound)
+    assert np.all(bound <= 4 / levels * truth.max(-1, keepdims=True) + 1e-6)  # a bound that says something
+    assert decoded[1, 2, 2:].max() == 0 and decoded[0, 1, :2].sum() > 0.9
+    assert quantize_rows(attn[..., 2:], prefix=0, bits=bits)[1] is None
+    with pytest.raises(ValueError, match="bits must be an integer from 2 to 8, got 9"):
+        quantize_rows(attn, bits=9)
+
+
+def test_six_bits_keep_entropy_and_distance_of_peaked_rows():
+    """Rows like a trained model's (a few strong keys, a long tail): the statistics the page shows stay close."""
+    torch.manual_seed(0)
+    logits = torch.randn(64, 64) * 3
+    attn = logits.softmax(-1)
+    codes, _ = quantize_rows(attn, bits=6)
+    decoded = torch.from_numpy(decode_rows(codes, None, 0, 6))
+    distances = patch_distances((8, 8), (4, 4)).double()
+    assert (row_entropy(decoded) - row_entropy(attn.double())).abs().max() < 0.05  # nats; log 64 = 4.16
+    assert ((decoded - attn.double()) * distances).sum(-1).abs().max() < 0.2  # pixels, on a 32-pixel image
 
 
 def test_too_many_images_are_refused_with_how_many_fit(tmp_path, random_vit, pixels, monkeypatch):
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
-    one = len(str(explorer_payload(model, pixels[:1], mean=MEAN, std=STD, max_bytes=None)))
+    one = one_image_page(model, pixels)
     with pytest.raises(ExplorerTooLarge, match=r"^3 images are too many .* about \d+ fit") as err:
-        write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, max_bytes=one + 45_000, batch_size=1)
+        write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, max_bytes=one + 1_200, batch_size=1)
     assert "\n" not in str(err.value)
     assert not (tmp_path / "e.html").exists() and not list(tmp_path.iterdir())
     seen, real = [], explorer.explain_images  # with a subset note: the first that fit, each image explained once
     monkeypatch.setattr(explorer, "explain_images", lambda m, x, **kw: seen.append(len(x)) or real(m, x, **kw))
-    data = explorer_payload(model, pixels, mean=MEAN, std=STD, max_bytes=one + 45_000, batch_size=1, subset_note=str)
+    data = explorer_payload(model, pixels, mean=MEAN, std=STD, max_bytes=one + 1_200, batch_size=1, subset_note=str)
     kept = len(data["images"])
     assert 1 <= kept < 3 and data["note"] == str(kept) and sum(seen) == kept + 1
     with pytest.raises(ValueError, match="map 'bad' has shape"):
@@ -71,17 +162,23 @@ def test_too_many_images_are_refused_with_how_many_fit(tmp_path, random_vit, pix
 HOSTILE = ["{{js}}", "{{data}}", "</script><img src=x onerror=window.hacked=1>", "a & b > c"]
 
 
-def data_block(page: str) -> str:
-    return re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', page, re.S).group(1)
+def data_blocks(page: str) -> list[str]:
+    """The text of every JSON script element of a page: the explorer's data, then each image's."""
+    return re.findall(r'<script type="application/json" id="explorer-(?:data|image-\d+)">(.*?)</script>', page, re.S)
 
 
 def page_data(page: str) -> dict:
-    """The explorer's embedded JSON, parsed strictly (``NaN`` / ``Infinity`` are not JSON and fail here)."""
+    """The explorer's embedded JSON with each image's own element merged into its entry, parsed strictly (``NaN`` /
+    ``Infinity`` are not JSON and fail here)."""
 
     def refuse(constant: str):
         raise ValueError(f"{constant} is not JSON")
 
-    return json.loads(data_block(page), parse_constant=refuse)
+    data, *images = (json.loads(block, parse_constant=refuse) for block in data_blocks(page))
+    assert len(images) == len(data["images"])
+    for entry, own in zip(data["images"], images, strict=True):
+        entry.update(own)
+    return data
 
 
 def test_names_and_titles_are_text_never_markup_or_template_fields(tmp_path, random_vit, pixels):
@@ -97,7 +194,18 @@ def test_names_and_titles_are_text_never_markup_or_template_fields(tmp_path, ran
     assert "<title>{{js}}</title>" in outside and '<h1 id="title">{{js}}</h1>' in outside  # shown, not filled
     assert page.count('"use strict"') == 1  # the script once, not pasted where a name said {{js}}
     assert page.count('id="explorer-data"') == 1
-    assert not set("<>&") & set(data_block(page))
+    assert not set("<>&") & set("".join(data_blocks(page)))
+
+
+def test_each_image_is_an_element_of_its_own_the_first_before_the_script(random_vit, pixels):
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
+    payload = explorer_payload(model, pixels, mean=MEAN, std=STD, max_bytes=None)
+    page = render_explorer(payload, extra_html='<section id="extra"></section>')
+    assert page_data(page) == json.loads(json.dumps(payload))  # nothing lost or changed by the split
+    light = json.loads(data_blocks(page)[0])
+    assert all(not set(HEAVY) & set(entry) for entry in light["images"])
+    at = [page.index(m) for m in ('id="explorer-image-0"', '"use strict"', 'id="extra"', 'id="explorer-image-1"')]
+    assert at == sorted(at) and page.index('id="explorer-image-2"') > at[-1]
 
 
 def test_non_finite_numbers_are_null_in_the_page(tmp_path, random_vit, pixels):
@@ -160,47 +268,60 @@ def class_model(random_vit):
 
 def test_clicked_patch_and_tokens_show_the_captured_attention(browser, tmp_path, class_model, pixels):
     model = class_model
-    write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, class_names=list("abcde"))
+    path = write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, class_names=list("abcde"))
     inputs = normalize(pixels, MEAN, STD)
     record = capture_attention(model, inputs)
-    P, grid = model.num_prefix_tokens, model.patch_embed.grid_size
+    P, grid, bits = model.num_prefix_tokens, model.patch_embed.grid_size, 6
+    codes, share = stored(page_data(path.read_text(encoding="utf-8")), 1)
+    shown = decode_rows(codes, share, P, bits)  # (blocks, heads, N, N): what the page must decode
     distances = patch_distances(grid, model.patch_embed.patch_size).numpy()
-    page = Page(browser, tmp_path / "e.html")
+    page = Page(browser, path)
+    page.page.wait_for_function(  # every thumbnail gets its picture once the first image is drawn
+        "Array.from(document.querySelectorAll('#thumbs img')).every(i => i.complete && i.naturalWidth === 32)"
+    )
     page.js("() => window.explorer.select({image: 1})")
     for r, c in ((0, 0), (2, 3), (3, 1)):
         page.click_patch(r, c, grid)
         t = P + r * grid[1] + c
         assert page.state()["query"] == {"kind": "token", "index": t}
         for b, attn in enumerate(record):
+            truth = attn[1, :, t].double().numpy()
+            bound = decode_bound(truth, P, bits)
             for h in (0, 1, "mean"):
-                truth = attn[1, :, t].mean(0) if h == "mean" else attn[1, h, t]
                 row = page.row(b, h, t)
-                groups = (truth[P:].max(), truth[:P].max())  # one quantisation step per key group
-                step = np.array([groups[1]] * P + [groups[0]] * (len(truth) - P)) / 255
-                np.testing.assert_array_less(np.abs(row - truth.numpy()), step + 1e-6)
-                assert_drawn(page, b, h, truth[P:].numpy(), slack=2)
+                expected = shown[b, :, t].mean(0) if h == "mean" else shown[b, h, t]
+                np.testing.assert_allclose(row, expected, rtol=1e-5, atol=1e-7)
+                near = truth.mean(0) if h == "mean" else truth[h]
+                assert np.all(np.abs(row - near) <= (bound.mean(0) if h == "mean" else bound[h]))
+                assert_drawn(page, b, h, expected[P:], slack=1)
             page.js("([b]) => window.explorer.select({block: b, head: 1})", [b])
             entropy, distance = page.cell_stats(b)
-            truth = attn[1, 1, t].double()
-            assert entropy == pytest.approx(float(row_entropy(truth)), abs=0.02)
-            patches = truth[P:].numpy()
+            assert entropy == pytest.approx(float(row_entropy(torch.from_numpy(shown[b, 1, t]))), abs=1e-4)
+            assert entropy == pytest.approx(float(row_entropy(attn[1, 1, t].double())), abs=0.05)
+            patches = truth[1, P:]
             assert distance == pytest.approx(float((patches * distances[t - P]).sum() / patches.sum()), rel=0.02)
     page.page.keyboard.press("ArrowLeft")  # from (3, 1) to (3, 0)
     page.settle()
     assert page.state()["query"]["index"] == P + 3 * grid[1]
     page.page.get_by_role("button", name="class token").click()
     page.settle()
-    assert_drawn(page, 1, 0, record[1][1, 0, 0, P:].numpy(), slack=2)
+    np.testing.assert_allclose(page.row(1, 0, 0), shown[1, 0, 0], rtol=1e-5, atol=1e-7)
+    assert_drawn(page, 1, 0, shown[1, 0, 0, P:], slack=1)
     assert page.cell_stats(1)[1] is None  # a token has no position: no distance
     page.page.get_by_role("button", name="reg 1").click()
     page.settle()
     assert page.state()["query"]["index"] == 2
-    assert_drawn(page, 0, 1, record[0][1, 1, 2, P:].numpy(), slack=2)
+    assert_drawn(page, 0, 1, shown[0, 1, 2, P:], slack=1)
     page.page.get_by_role("button", name="MAP query 0").click()
     page.settle()
     pool = np.array(page.js("() => window.explorer.poolRow(0, 0)"))
-    np.testing.assert_array_less(np.abs(pool - record.pool[1, 0, 0].numpy()), record.pool[1, 0, 0].max() / 255 + 1e-6)
-    assert_drawn(page, -1, "mean", record.pool[1, :, 0].mean(0).numpy(), slack=2)
+    truth = record.pool[1, :, 0].double().numpy()  # (heads, patches)
+    entry = page_data(path.read_text(encoding="utf-8"))["images"][1]
+    pool_codes = np.asarray(Image.open(io.BytesIO(base64.b64decode(entry["pool"])))).reshape(2, 1, -1)
+    pool_shown = decode_rows(pool_codes, None, 0, bits)[:, 0]
+    np.testing.assert_allclose(pool, pool_shown[0], rtol=1e-5, atol=1e-7)
+    assert np.all(np.abs(pool - truth[0]) <= decode_bound(truth, 0, bits)[0])
+    assert_drawn(page, -1, "mean", pool_shown.mean(0), slack=1)
     assert page.page.locator("tr.off").count() == 2  # the blocks have no row for the latent query
     assert page.errors == []
 
@@ -235,21 +356,22 @@ def test_overlays_and_prediction(browser, tmp_path, class_model, pixels):
 
 
 @pytest.mark.parametrize(
-    "config",
+    ("config", "bits"),
     [
-        dict(window_size=2, shift_windows=True, global_attn_indexes=[]),
-        dict(window_size=3, window_type="sliding", global_attn_indexes=[]),
-        dict(linear_attention=True),
+        (dict(window_size=2, shift_windows=True, global_attn_indexes=[]), 6),
+        (dict(window_size=3, window_type="sliding", global_attn_indexes=[]), 8),
+        (dict(linear_attention=True), 4),
     ],
-    ids=["window", "sliding", "linear"],
+    ids=["window", "sliding-8-bits", "linear-4-bits"],
 )
-def test_window_sliding_and_linear_blocks(browser, tmp_path, random_vit, pixels, config):
+def test_window_sliding_and_linear_blocks(browser, tmp_path, random_vit, pixels, config, bits):
     torch.manual_seed(0)
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4, **config).eval()
-    write_explorer(tmp_path / "e.html", model, pixels[:1], mean=MEAN, std=STD, attribution=False)
+    path = write_explorer(tmp_path / "e.html", model, pixels[:1], mean=MEAN, std=STD, attribution=False, bits=bits)
     record = capture_attention(model, normalize(pixels[:1], MEAN, STD))
     P, grid = model.num_prefix_tokens, model.patch_embed.grid_size
-    page = Page(browser, tmp_path / "e.html")
+    shown = decode_rows(*stored(page_data(path.read_text(encoding="utf-8")), 0), P, bits)
+    page = Page(browser, path)
     labels = page.js("() => Array.from(document.querySelectorAll('td.block small'), s => s.textContent)")
     kind = {"window": "window", "sliding": "sliding window", "linear": "linear (implicit)"}
     page.click_patch(1, 2, grid)
@@ -258,7 +380,11 @@ def test_window_sliding_and_linear_blocks(browser, tmp_path, random_vit, pixels,
         module = model.blocks[b].attn
         expected = kind["linear" if config.get("linear_attention") else config.get("window_type", "window")]
         assert labels[b] == expected
-        assert_drawn(page, b, 0, attn[0, 0, t, P:].numpy(), slack=2)
+        truth = attn[0, 0, t].double().numpy()
+        row = page.row(b, 0, t)
+        np.testing.assert_allclose(row, shown[b, 0, t], rtol=1e-5, atol=1e-7)
+        assert np.all(np.abs(row - truth) <= decode_bound(truth, P, bits))
+        assert_drawn(page, b, 0, shown[b, 0, t, P:], slack=1)
         allowed = page.js("([b]) => window.explorer.allowed(b)", [b])
         if expected == "linear (implicit)":
             assert allowed is None
@@ -304,12 +430,15 @@ def test_rollout_logger_writes_the_explorer_and_logs_it_to_wandb(browser, tmp_pa
     grid = model.patch_embed.grid_size
     page.js("() => window.explorer.select({image: 2})")
     page.click_patch(5, 6, grid)
-    t = model.num_prefix_tokens + 5 * grid[1] + 6
+    P = model.num_prefix_tokens
+    t = P + 5 * grid[1] + 6
+    shown = decode_rows(*stored(page_data(last.read_text(encoding="utf-8")), 2), P, 6)
     for b, attn in enumerate(record):
-        truth = attn[2, 1, t]
+        truth = attn[2, 1, t].double().numpy()
         row = page.row(b, 1, t)
-        np.testing.assert_array_less(np.abs(row - truth.numpy()), truth.max().item() / 255 + 1e-6)
-        assert_drawn(page, b, 1, truth[model.num_prefix_tokens :].numpy(), slack=2)
+        np.testing.assert_allclose(row, shown[b, 1, t], rtol=1e-5, atol=1e-7)
+        assert np.all(np.abs(row - truth) <= decode_bound(truth, P, 6))
+        assert_drawn(page, b, 1, shown[b, 1, t, P:], slack=1)
     assert page.errors == []
 
 
@@ -327,15 +456,16 @@ def test_report_opens_on_the_explorer_and_keeps_the_summary(browser, tmp_path, c
     assert page.js("() => document.getElementById('note').hidden")
     names = page.js("() => Array.from(document.querySelectorAll('#thumbs button'), b => b.title)")
     assert names == [f"{tmp_path.name}/img{i}.png" for i in range(3)]
-    maps = page.js("() => window.explorer.data.images[1].maps")
-    np.testing.assert_allclose(maps["attribution"], results.attribution[1].flatten().numpy(), atol=1e-5)
+    attribution = results.attribution[1].flatten().numpy()
+    shown = page.js("() => window.explorer.map('attribution', 1)")  # float16 of the map over its maximum
+    np.testing.assert_allclose(shown, attribution, rtol=2**-11, atol=2**-12 * np.abs(attribution).max())
     assert page.page.locator("#report table#faithfulness").count() == 1  # the static summary follows
     faith = page.js("() => Array.from(document.querySelectorAll('#faith td:first-child'), s => s.textContent)")
     assert faith == list(results.faithfulness["deletion_auc"])
     assert page.errors == []
 
-    one = len(str(explorer_payload(model, pixels[:1], mean=MEAN, std=STD, max_bytes=None)))
-    small = render_report(files, results, "r", model=model, pixels=pixels, mean=MEAN, std=STD, max_bytes=one + 45_000)
+    one = one_image_page(model, pixels, results.shown_maps(), attribution=False, faithfulness=results.faithfulness)
+    small = render_report(files, results, "r", model=model, pixels=pixels, mean=MEAN, std=STD, max_bytes=one + 1_200)
     (tmp_path / "s.html").write_text(small)
     page = Page(browser, tmp_path / "s.html")
     count = page.js("() => window.explorer.data.images.length")
@@ -380,7 +510,7 @@ def test_rollout_logger_keeps_the_images_that_fit(tmp_path):
     module = ImageClassifier(
         "vit_tiny_patch4_32", num_classes=10, img_size=32, model_overrides={"depth": 2, "embed_dim": 32, "num_heads": 2}
     )
-    callback = AttentionRolloutLogger(num_images=4, statistics=False, faithfulness_every_n=0, explorer_max_bytes=70_000)
+    callback = AttentionRolloutLogger(num_images=4, statistics=False, faithfulness_every_n=0, explorer_max_bytes=45_000)
     trainer = pl.Trainer(
         default_root_dir=tmp_path, accelerator="cpu", max_epochs=1, limit_train_batches=1, limit_val_batches=1,
         num_sanity_val_steps=0, callbacks=[callback], logger=False, enable_progress_bar=False,
@@ -388,7 +518,7 @@ def test_rollout_logger_keeps_the_images_that_fit(tmp_path):
     )  # fmt: skip
     trainer.fit(module, ImageDataModule(dataset="digits", img_size=32, batch_size=16, num_workers=0, seed=0))
     page = (tmp_path / "rollout" / "explorer_epoch_000.html").read_text()
-    assert len(page.encode()) <= 70_000
+    assert len(page.encode()) <= 45_000
     data = json.loads(re.search(r'id="explorer-data">(.*?)</script>', page, re.S).group(1))
     count = len(data["images"])
     assert 1 <= count < 4

@@ -9,10 +9,14 @@ and overlays of image-level maps (attention rollout, Abnar & Zuidema, ACL 2020; 
 ICCV 2021; any other map passed in) with their faithfulness areas. The idea is bertviz's (Vig, "A Multiscale
 Visualization of Attention in the Transformer Model", ACL 2019 demo), for the patches of a vision transformer.
 
-Attention is stored compactly: each ``(heads, N, N)`` block is quantised per row to 8 bits (``round(255 a / max a)``,
-the row maxima kept as float16) and written as a grayscale PNG that the browser decodes through a canvas; the file
-needs no network. :func:`explorer_payload` builds the data, :func:`render_explorer` the page and
-:func:`write_explorer` writes it atomically, refusing an image set over ``max_bytes``.
+Attention is stored compactly. Every row is a probability distribution over the keys, so the page keeps only its
+shape: each value ``a`` becomes ``round(L sqrt(a / m))`` with ``m`` the maximum of its key group (the class and
+register tokens, or the patches) and ``L = 2**bits - 1`` (6 bits by default), and the page decodes ``(code / L)**2``
+and rescales each group to its share of the row (the prefix share kept as float16; rows sum to 1). The square root
+spends the codes where a row's long tail is, which is what its entropy and mean distance are made of. The codes of
+an image, every block and head stacked, are one grayscale PNG that the page inflates with the browser's
+``DecompressionStream``; the file needs no network. :func:`explorer_payload` builds the data, :func:`render_explorer`
+the page and :func:`write_explorer` writes it atomically, refusing an image set over ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ from .overlay import apply_colormap
 from .pipeline import Explanation, explain_images
 
 ASSETS = Path(__file__).with_name("explorer_assets")
+HEAVY = ("image", "attn", "share", "pool")
+"""The fields of an image's entry that the page reads only when it shows that image (a script element each)."""
+DEFAULT_BITS = 6
+"""Bits per attention code: decoded values within about ``sqrt(a / m) / 63`` of the row maximum ``m`` (1.6 % at the
+top, finer in the tail)."""
 DEFAULT_MAX_BYTES = 16_000_000
 """Largest explorer written by default (16 MB: 8 images of ``vit_base_patch16_224`` fit)."""
 
@@ -69,30 +78,46 @@ def _png(array: np.ndarray) -> str:
     return _b64(buffer.getvalue())
 
 
-def quantize_rows(attn: torch.Tensor, prefix: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Attention rows as 8-bit codes relative to a maximum per row and key group, and those maxima.
+def quantize_rows(
+    attn: torch.Tensor, prefix: int = 0, bits: int = DEFAULT_BITS
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Attention rows as ``bits``-bit codes of their shape, and the share of each row on the prefix keys.
 
-    The keys of a row fall in two groups, the ``prefix`` class / register tokens and the patches, each quantised
-    against its own maximum (an attention sink on the class token must not flatten the patch map to zeros): a value
-    ``a`` of a group with maximum ``m`` becomes ``round(255 a / m)`` and decodes as ``code / 255 · m`` with ``m`` read
-    back as float16, so the error is below ``m / 255`` (half a step plus float16 rounding).
+    The keys of a row fall in two groups, the ``prefix`` class / register tokens and the patches, each coded against
+    its own maximum (an attention sink on the class token must not flatten the patch map to zeros): a value ``a`` of
+    a group with maximum ``m`` becomes ``round(L sqrt(a / m))``, ``L = 2**bits - 1``. The page decodes
+    ``(code / L)**2`` and scales each group to its share of the row, so a decoded row sums to 1 (softmax rows, window
+    rows and linear attention's normalised weights all do).
 
     Args:
         attn: ``(..., Q, K)`` non-negative weights.
         prefix: How many leading keys form the prefix group (0: one group).
+        bits: Bits per code, 2 to 8.
 
     Returns:
-        ``(codes, maxima)``: ``uint8`` codes of ``attn``'s shape and float16 maxima ``(..., Q, G)``: the patch group's,
-        then (``G = 2`` when ``prefix > 0``) the prefix group's.
+        ``(codes, share)``: ``uint8`` codes of ``attn``'s shape, and (``prefix > 0``) the float16 share of every row
+        on its prefix keys, ``(..., Q)``; ``None`` without prefix keys.
     """
-    attn = attn.detach().float().cpu().clamp_min(0)
-    groups = [attn[..., prefix:], attn[..., :prefix]]
-    maxima = torch.stack([g.amax(dim=-1) if g.shape[-1] else g.new_zeros(g.shape[:-1]) for g in groups], dim=-1)
-    maxima = maxima.half().float()  # quantise against the maxima the page reads back
-    scale = torch.where(maxima > 0, maxima, torch.ones_like(maxima))
-    per_key = torch.cat([scale[..., 1:2].expand(*attn.shape[:-1], prefix), scale[..., 0:1].expand_as(groups[0])], -1)
-    codes = (attn / per_key * 255).round().clamp(0, 255).to(torch.uint8)
-    return codes.numpy(), maxima[..., : 2 if prefix else 1].numpy().astype(np.float16)
+    _check_bits(bits)
+    attn = attn.detach().double().cpu().clamp_min(0)
+    levels = 2**bits - 1
+    codes = torch.empty_like(attn, dtype=torch.uint8)
+    for keys in (slice(prefix, None), slice(0, prefix)):
+        group = attn[..., keys]
+        if group.shape[-1]:
+            top = group.amax(dim=-1, keepdim=True)
+            ratio = group / torch.where(top > 0, top, torch.ones_like(top))
+            codes[..., keys] = (ratio.sqrt() * levels).round().clamp(0, levels).to(torch.uint8)
+    if not prefix:
+        return codes.numpy(), None
+    total = attn.sum(-1)
+    share = attn[..., :prefix].sum(-1) / torch.where(total > 0, total, torch.ones_like(total))
+    return codes.numpy(), share.numpy().astype(np.float16)
+
+
+def _check_bits(bits: int) -> None:
+    if not (isinstance(bits, int) and 2 <= bits <= 8):
+        raise ValueError(f"bits must be an integer from 2 to 8, got {bits!r}")
 
 
 def block_kind(attn: nn.Module) -> str:
@@ -121,7 +146,7 @@ def _block_info(model: nn.Module) -> list[dict[str, Any]]:
 
 
 def _encode_image(
-    explanation: Explanation, i: int, maps: Mapping[str, torch.Tensor], offset: int, prefix: int
+    explanation: Explanation, i: int, maps: Mapping[str, torch.Tensor], offset: int, prefix: int, bits: int
 ) -> dict[str, Any]:
     """Everything the page needs of image ``i`` of one batch (``offset`` = its index among all images)."""
     pixels = (explanation.images[i].clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
@@ -129,26 +154,29 @@ def _encode_image(
         pixels = np.repeat(pixels, 3, axis=2)
     probs = explanation.probs[i]
     top = probs.topk(min(5, probs.numel()))
-    attn_png, maxima = [], []
-    for attn in explanation.attentions:
-        codes, scale = quantize_rows(attn[i], prefix)  # (heads, N, N)
-        attn_png.append(_png(codes.reshape(-1, codes.shape[-1])))  # heads stacked vertically: (heads·N, N)
-        maxima.append(scale)
+    codes, share = quantize_rows(torch.stack([attn[i] for attn in explanation.attentions]), prefix, bits)
     entry: dict[str, Any] = {
         "index": offset + i,
         "image": _png(pixels),
         "label": None if explanation.labels is None else int(explanation.labels[i]),
         "pred": int(explanation.preds[i]),
         "top": [[int(c), round(float(p), 5)] for p, c in zip(top.values, top.indices, strict=True)],
-        "attn": attn_png,
-        "scale": _b64(np.stack(maxima).astype("<f2").tobytes()),  # (blocks, heads, N, G)
-        "maps": {name: [round(float(v), 6) for v in grid[offset + i].flatten()] for name, grid in maps.items()},
+        "attn": _png(codes.reshape(-1, codes.shape[-1])),  # (blocks · heads · N, N): blocks, then heads, stacked
+        "maps": {name: _half_map(grid[offset + i]) for name, grid in maps.items()},
     }
+    if share is not None:
+        entry["share"] = _b64(share.astype("<f2").tobytes())  # (blocks, heads, N)
     if explanation.pool_attention is not None:
-        codes, scale = quantize_rows(explanation.pool_attention[i])  # (heads, latent, patches)
-        entry["pool"] = _png(codes.reshape(-1, codes.shape[-1]))
-        entry["pool_scale"] = _b64(scale.astype("<f2").tobytes())  # (heads, latent, 1)
+        pool, _ = quantize_rows(explanation.pool_attention[i], 0, bits)  # (heads, latent, patches)
+        entry["pool"] = _png(pool.reshape(-1, pool.shape[-1]))
     return entry
+
+
+def _half_map(values: torch.Tensor) -> dict[str, Any]:
+    """A map as float16 (base64) of ``values / max |values|`` and that maximum: 2 bytes a patch, 3 digits."""
+    top = float(values.abs().max())
+    scaled = values.flatten().numpy() / (top if top > 0 else 1.0)
+    return {"max": top, "f16": _b64(scaled.astype("<f2").tobytes())}
 
 
 def explorer_payload(
@@ -168,14 +196,17 @@ def explorer_payload(
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     batch_size: int = 8,
     subset_note: Callable[[int], str] | None = None,
+    bits: int = DEFAULT_BITS,
 ) -> dict[str, Any]:
     """The explorer's data as a JSON-ready dict (see :func:`write_explorer` for the arguments).
 
     Raises:
         ExplorerTooLarge: As soon as the encoded images pass ``max_bytes`` (with ``subset_note``: if not even the
             first image fits).
-        ValueError: If a map is not ``(B, rows, cols)`` on the model's patch grid, or the images are not a batch.
+        ValueError: If a map is not ``(B, rows, cols)`` on the model's patch grid, the images are not a batch, or
+            ``bits`` is not 2 to 8.
     """
+    _check_bits(bits)
     grid = tuple(model.patch_embed.grid_size)
     if images.ndim != 4:
         raise ValueError(f"images must be a (B, C, H, W) batch, got shape {tuple(images.shape)}")
@@ -198,6 +229,7 @@ def explorer_payload(
         "size": [int(images.shape[-2]), int(images.shape[-1])],
         "cls": getattr(model, "cls_token", None) is not None,
         "prefix": int(model.num_prefix_tokens),
+        "bits": bits,
         "heads": None,
         "blocks": _block_info(model),
         "lut": _b64(apply_colormap(np.arange(256) / 255.0).tobytes()),
@@ -207,7 +239,7 @@ def explorer_payload(
     }
     if subset_note is not None:  # sized with the longest note a subset can get (its count has the most digits)
         payload["note"] = subset_note(B)
-    base = len(json.dumps(payload)) + 40_000  # the page's script and style
+    base = len(render_explorer(payload).encode("utf-8")) + 1_000  # the page without images; 1 kB for the map names
     total, computed = base, {}
     for start in range(0, B, batch_size):
         chunk_labels = None if labels is None else labels[start : start + batch_size]
@@ -270,7 +302,7 @@ def _encode_chunk(
     local = {**{k: torch.cat(v) for k, v in computed.items()}, **maps}
     payload["heads"] = int(part.attentions[0].shape[1])
     payload["latent"] = 0 if part.pool_attention is None else int(part.pool_attention.shape[2])
-    return [_encode_image(part, i, local, start, payload["prefix"]) for i in range(len(chunk))]
+    return [_encode_image(part, i, local, start, payload["prefix"], payload["bits"]) for i in range(len(chunk))]
 
 
 def _attribute(model: nn.Module, chunk: torch.Tensor, mean: Sequence[float] | None, std: Sequence[float] | None):
@@ -291,18 +323,30 @@ def _faithfulness(scores: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def render_explorer(payload: Mapping[str, Any], extra_html: str = "") -> str:
-    """The page: the payload as JSON in a script tag, the explorer's CSS and JS inlined, ``extra_html`` below.
+    """The page: the payload as JSON in script tags, the explorer's CSS and JS inlined, ``extra_html`` below.
+
+    Each image's pixels and attention codes are a JSON script element of their own, the first before the page's
+    script and the others after it (and after ``extra_html``): the browser runs the script, and draws the first
+    image, while it still parses the rest of a large file.
 
     Args:
         payload: What :func:`explorer_payload` returns.
         extra_html: HTML appended after the explorer (the static report's sections), or ``""``.
     """
+    light = {**payload, "images": [{k: v for k, v in im.items() if k not in HEAVY} for im in payload["images"]]}
+    heavy = [
+        f'<script type="application/json" id="explorer-image-{i}">'
+        f"{page_json({k: v for k, v in im.items() if k in HEAVY})}</script>"
+        for i, im in enumerate(payload["images"])
+    ]
     parts = {
         "title": html.escape(str(payload.get("title", "attention explorer"))),
         "css": (ASSETS / "explorer.css").read_text(encoding="utf-8"),
         "extra": extra_html,
-        "data": page_json(payload),
+        "data": page_json(light),
+        "first": "\n".join(heavy[:1]),
         "js": (ASSETS / "explorer.js").read_text(encoding="utf-8"),
+        "rest": "\n".join(heavy[1:]),
     }
     template = (ASSETS / "explorer.html").read_text(encoding="utf-8")
     # One pass: a "{{data}}" inside a user's string (a name, the extra HTML) is left as it is, never filled.
@@ -349,6 +393,7 @@ def write_explorer(
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     batch_size: int = 8,
     subset_note: Callable[[int], str] | None = None,
+    bits: int = DEFAULT_BITS,
 ) -> Path:
     """Write the explorer of ``images`` to ``path`` (one HTML file, no network), atomically.
 
@@ -375,6 +420,8 @@ def write_explorer(
         subset_note: Instead of refusing images past ``max_bytes``, keep the first ones that fit (the later ones
             are not explained at all) and show ``subset_note(kept)`` as the note (the images of
             :func:`explorer_payload`'s result are those kept). ``None``: refuse.
+        bits: Bits per attention code (2 to 8; see :func:`quantize_rows`): 6 keeps a decoded value within
+            ``sqrt(a / m) / 63`` of its row maximum ``m``; 8 is finer and about a third larger.
 
     Returns:
         ``path``.
@@ -386,6 +433,6 @@ def write_explorer(
     payload = explorer_payload(
         model, images, mean=mean, std=std, labels=labels, class_names=class_names, names=names, maps=maps,
         attribution=attribution, faithfulness=faithfulness, title=title, note=note, max_bytes=max_bytes,
-        batch_size=batch_size, subset_note=subset_note,
+        batch_size=batch_size, subset_note=subset_note, bits=bits,
     )  # fmt: skip
     return write_bytes(path, render_explorer(payload).encode("utf-8"))

@@ -1,5 +1,6 @@
-// The attention explorer's page logic: decode the 8-bit attention rows (grayscale PNGs) of the shown image, draw the
-// selected query's row in every block and head, the overlays and the statistics. Written by vit.explain.explorer.
+// The attention explorer's page logic: decode the attention codes (one grayscale PNG per image) of the shown image,
+// draw the selected query's row in every block and head, the overlays and the statistics. Written by
+// vit.explain.explorer.
 (() => {
   "use strict";
   const started = performance.now(); // when the page's script starts (after the HTML is parsed)
@@ -11,7 +12,6 @@
   const N = P + NP;
   const H = D.heads;
   const LAT = D.latent || 0;
-  const G = P > 0 ? 2 : 1; // float16 maxima per row: patch keys, then prefix keys
   const VIEW = 320;
   const $ = (id) => document.getElementById(id);
   // A number with `digits` decimals; "–" for a missing or non-finite one (written as null: NaN is not JSON).
@@ -39,38 +39,95 @@
     for (let i = 0; i < out.length; i++) out[i] = halfToFloat(view.getUint16(2 * i, true));
     return out;
   }
-  async function bitmap(b64) {
-    const blob = new Blob([bytes(b64)], { type: "image/png" });
-    return createImageBitmap(blob, { colorSpaceConversion: "none", premultiplyAlpha: "none" });
+  // An 8-bit grayscale or RGB PNG (as vit.explain.explorer writes them) as its bytes, exactly as stored: the zlib
+  // stream is inflated by the browser (DecompressionStream), the row filters of the PNG format undone here. No canvas
+  // is involved, so no colour management or premultiplication can touch a code.
+  async function png(b64) {
+    const raw = bytes(b64);
+    const view = new DataView(raw.buffer);
+    const parts = [];
+    let width = 0, height = 0, channels = 0;
+    for (let p = 8; p < raw.length; ) {
+      const length = view.getUint32(p), type = String.fromCharCode(...raw.subarray(p + 4, p + 8));
+      if (type === "IHDR") {
+        width = view.getUint32(p + 8);
+        height = view.getUint32(p + 12);
+        channels = { 0: 1, 2: 3 }[raw[p + 17]];
+        if (raw[p + 16] !== 8 || !channels || raw[p + 20] !== 0) throw new Error("unsupported PNG layout");
+      } else if (type === "IDAT") {
+        parts.push(raw.subarray(p + 8, p + 8 + length));
+      }
+      p += 12 + length;
+    }
+    // Written straight into the stream: a Blob's stream is read through the browser process, tens of ms later.
+    const inflater = new DecompressionStream("deflate"), writer = inflater.writable.getWriter();
+    const written = Promise.all([...parts.map((part) => writer.write(part)), writer.close()]);
+    const [buffer] = await Promise.all([new Response(inflater.readable).arrayBuffer(), written]);
+    const filtered = new Uint8Array(buffer);
+    const stride = width * channels, out = new Uint8Array(stride * height);
+    for (let y = 0; y < height; y++) {
+      const filter = filtered[y * (stride + 1)], src = y * (stride + 1) + 1, at = y * stride;
+      for (let x = 0; x < stride; x++) {
+        const a = x >= channels ? out[at + x - channels] : 0, b = y > 0 ? out[at - stride + x] : 0;
+        const c = x >= channels && y > 0 ? out[at - stride + x - channels] : 0;
+        let guess = 0;
+        if (filter === 1) guess = a;
+        else if (filter === 2) guess = b;
+        else if (filter === 3) guess = (a + b) >> 1;
+        else if (filter === 4) {
+          const pa = Math.abs(b - c), pb = Math.abs(a - c), pc = Math.abs(a + b - 2 * c);
+          guess = pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
+        }
+        out[at + x] = (filtered[src + x] + guess) & 255;
+      }
+    }
+    return { width, height, channels, data: out };
   }
-  async function gray(b64) { // a grayscale PNG as one byte per pixel, exactly as stored
-    const bmp = await bitmap(b64);
+  async function picture(b64) { // an RGB PNG drawn into a canvas, to be scaled onto the view
+    const { width, height, data } = await png(b64);
     const canvas = document.createElement("canvas");
-    canvas.width = bmp.width;
-    canvas.height = bmp.height;
-    const ctx = canvas.getContext("2d", { willReadFrequently: true });
-    ctx.drawImage(bmp, 0, 0);
-    const rgba = ctx.getImageData(0, 0, bmp.width, bmp.height).data;
-    const out = new Uint8Array(bmp.width * bmp.height);
-    for (let i = 0; i < out.length; i++) out[i] = rgba[4 * i];
-    return out;
+    canvas.width = width;
+    canvas.height = height;
+    const ctx = canvas.getContext("2d");
+    const img = ctx.createImageData(width, height);
+    for (let i = 0; i < width * height; i++) img.data.set([data[3 * i], data[3 * i + 1], data[3 * i + 2], 255], 4 * i);
+    ctx.putImageData(img, 0, 0);
+    return canvas;
   }
 
   const LUT = bytes(D.lut); // 256 RGB colours (inferno)
-  const masks = Promise.all(D.blocks.map((b) => (b.mask ? gray(b.mask) : null)));
+  const LEVELS = 2 ** D.bits - 1;
+  const SQUARE = Float32Array.from({ length: LEVELS + 1 }, (_, c) => (c / LEVELS) ** 2); // a code's share of its max
+  const masks = Promise.all(D.blocks.map(async (b) => (b.mask ? (await png(b.mask)).data : null)));
+  // Each image's pixels and codes are a script element of their own; those after the page's script may still be
+  // parsing when it starts (the first image comes before it).
+  const parsed = new Promise((r) => (document.readyState === "loading"
+    ? document.addEventListener("DOMContentLoaded", () => r()) : r()));
+  const stored = new Map();
+  async function heavy(index) { // {image, attn, share?, pool?} of one image
+    if (!stored.has(index)) {
+      let element = document.getElementById(`explorer-image-${index}`);
+      if (!element) {
+        await parsed;
+        element = document.getElementById(`explorer-image-${index}`);
+      }
+      stored.set(index, JSON.parse(element.textContent));
+    }
+    return stored.get(index);
+  }
   const cache = new Map();
-  function decoded(index) { // every block's codes and maxima of one image, decoded once
+  function decoded(index) { // the codes, prefix shares and picture of one image, decoded once (concurrently)
     if (!cache.has(index)) {
-      const im = D.images[index];
-      cache.set(index, (async () => ({
-        attn: await Promise.all(im.attn.map(gray)),
-        scale: halves(im.scale),
-        pool: im.pool ? await gray(im.pool) : null,
-        poolScale: im.pool ? halves(im.pool_scale) : null,
-        picture: await bitmap(im.image),
-      }))());
+      cache.set(index, heavy(index).then((im) => Promise.all([png(im.attn), im.pool ? png(im.pool) : null,
+        picture(im.image)]).then(([attn, pool, shown]) => ({ attn: attn.data, share: im.share ? halves(im.share) : null,
+        pool: pool ? pool.data : null, picture: shown }))));
     }
     return cache.get(index);
+  }
+  if (D.images.length) decoded(0); // start inflating the first image while the page is laid out
+  function mapValues(index, name) { // an image-level map, decoded from float16
+    const m = D.images[index].maps[name];
+    return halves(m.f16).map((v) => v * m.max);
   }
 
   const state = { image: 0, query: { kind: "token", index: P }, block: D.blocks.length - 1, head: "mean",
@@ -78,17 +135,27 @@
   let current = null; // decoded data of state.image
   let maskRows = [];
 
-  // The decoded attention of query t in block b, head h ("mean": the mean over heads), as N values.
+  // The decoded attention of query t in block b, head h ("mean": the mean over heads), as N values: each key group's
+  // codes squared, scaled to the group's share of the row (the prefix share as stored, the patches the rest).
+  function decode(codes, base, length, prefix, share) {
+    const out = new Float32Array(length);
+    let front = 0, rest = 0;
+    for (let j = 0; j < length; j++) {
+      out[j] = SQUARE[codes[base + j]];
+      if (j < prefix) front += out[j]; else rest += out[j];
+    }
+    const a = front > 0 ? share / front : 0, b = rest > 0 ? (1 - share) / rest : 0;
+    for (let j = 0; j < length; j++) out[j] *= j < prefix ? a : b;
+    return out;
+  }
   function row(b, h, t) {
     if (h === "mean") {
       const out = new Float32Array(N);
       for (let k = 0; k < H; k++) row(b, k, t).forEach((v, j) => { out[j] += v / H; });
       return out;
     }
-    const codes = current.attn[b], base = (h * N + t) * N, s = ((b * H + h) * N + t) * G;
-    const out = new Float32Array(N);
-    for (let j = 0; j < N; j++) out[j] = (codes[base + j] / 255) * current.scale[s + (j < P ? 1 : 0)];
-    return out;
+    const at = (b * H + h) * N + t;
+    return decode(current.attn, at * N, N, P, P > 0 ? current.share[at] : 0);
   }
   function poolRow(h, i) { // the attention-pooling head's latent query i over the patches
     if (h === "mean") {
@@ -96,10 +163,7 @@
       for (let k = 0; k < H; k++) poolRow(k, i).forEach((v, j) => { out[j] += v / H; });
       return out;
     }
-    const base = (h * LAT + i) * NP, s = current.poolScale[h * LAT + i];
-    const out = new Float32Array(NP);
-    for (let j = 0; j < NP; j++) out[j] = (current.pool[base + j] / 255) * s;
-    return out;
+    return decode(current.pool, (h * LAT + i) * NP, NP, 0, 0);
   }
   const isPool = () => state.query.kind === "latent";
   // Rows shown in the grid: [{label, kind, block, values(h)}]; values are over the patches only.
@@ -255,7 +319,7 @@
       const r = gridRows().find((x) => x.block === state.block) || gridRows()[gridRows().length - 1];
       return r.values(state.head);
     }
-    return Float32Array.from(D.images[state.image].maps[state.overlay]);
+    return mapValues(state.image, state.overlay);
   }
   const heatCanvas = document.createElement("canvas"); // the overlay at one pixel per patch, before upscaling
   heatCanvas.id = "overlay-map";
@@ -330,11 +394,12 @@
     pending = pending.then(draw);
     return pending;
   }
+  const nextFrame = () => new Promise((r) => requestAnimationFrame(() => r()));
   const timings = { start: started, parsed: null, open: null, click: [] };
   async function timed(action) {
     const start = performance.now();
     await action();
-    await new Promise((r) => requestAnimationFrame(() => r()));
+    await nextFrame();
     timings.click.push(performance.now() - start);
   }
 
@@ -347,7 +412,7 @@
       const b = document.createElement("button");
       b.dataset.index = i;
       b.title = im.name;
-      b.innerHTML = `<img alt="${esc(im.name)}" src="data:image/png;base64,${im.image}">`;
+      b.innerHTML = `<img alt="${esc(im.name)}">`; // its picture comes once the page is drawn
       b.addEventListener("click", () => timed(() => update({ image: i })));
       $("thumbs").append(b);
     });
@@ -406,7 +471,10 @@
   setup();
   $("stage").append(heatCanvas);
   timings.setup = performance.now();
-  const ready = update({}).then(() => { timings.open = performance.now(); });
+  const ready = update({}).then(nextFrame).then(() => { timings.open = performance.now(); });
+  ready.then(() => parsed).then(() => D.images.forEach(async (_, i) => {
+    $("thumbs").children[i].querySelector("img").src = `data:image/png;base64,${(await heavy(i)).image}`;
+  }));
   // For tests and benchmarks: the state, the decoded rows of the shown image, and a way to select.
   window.explorer = {
     data: D, state, errors, timings, ready,
@@ -414,6 +482,7 @@
     row: (b, h, t) => Array.from(row(b, h, t)),
     poolRow: (h, i) => Array.from(poolRow(h, i)),
     stats: (full) => stats(Float32Array.from(full)),
+    map: (name, index = state.image) => Array.from(mapValues(index, name)),
     allowed: (b) => { const a = allowedPatches(b); return a ? Array.from(a, (v) => (v ? 1 : 0)) : null; },
   };
 })();
