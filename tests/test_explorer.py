@@ -483,18 +483,21 @@ def test_benchmark_suite_measures_the_budget_case(browser, tmp_path):
 
     # In a process of its own: this one already runs Playwright's event loop (the browser fixture).
     command = [sys.executable, "-m", "vit.bench", "--suite", "explorer", "--device", "cpu", "--explorer-cases",
-               "cifar10_cpu", "--explorer-browser", chromium_path(), "--json", tmp_path / "bench.json"]  # fmt: skip
+               "cifar10_cpu", "--explorer-browser", chromium_path(), "--explorer-bits", "5",
+               "--json", tmp_path / "bench.json"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "bench.json").read_text())
     (row,) = report["explorer"]["rows"]
-    assert row["case"] == "cifar10_cpu" and row["images"] == 16 and row["weights"] == "initialised"
+    assert row["case"] == "cifar10_cpu" and row["images"] == 16 and row["weights"] == "initialised" and row["bits"] == 5
     assert 300_000 < row["bytes"] < 2_000_000 and row["write_s"] > 0
-    assert 0 < row["click_ms"] <= row["click_max_ms"] and row["open_ms"] > 0 and row["switch_ms"] > 0
+    assert (
+        0 < row["click_ms"] <= row["click_max_ms"] and 0 < row["open_ms"] <= row["open_max_ms"] and row["switch_ms"] > 0
+    )
     budget, speed = report["explorer"]["checks"]
     assert budget["passed"] == (row["bytes"] <= 1_000_000) and f"{row['bytes']:,} bytes" in budget["detail"]
     assert speed["passed"] == (max(row["open_ms"], row["click_max_ms"]) < 200)
-    assert "| cifar10_cpu | 16 | initialised |" in result.stdout
+    assert "| cifar10_cpu | 16 | initialised | 5 |" in result.stdout
 
 
 def test_rollout_logger_keeps_the_images_that_fit(tmp_path):
