@@ -49,10 +49,11 @@ ASSETS = Path(__file__).with_name("explorer_assets")
 HEAVY = ("image", "attn", "share", "pool")
 """The fields of an image's entry that the page reads only when it shows that image (a script element each)."""
 DEFAULT_BITS = 6
-"""Bits per attention code: decoded values within about ``sqrt(a / m) / 63`` of the row maximum ``m`` (1.6 % at the
-top, finer in the tail)."""
+"""Bits per attention code: a value ``a`` comes back within about ``m sqrt(a / m) / 63`` (``m``: the maximum of its key
+group), 1.6 % of ``m`` at the top of a row and finer in its tail."""
 DEFAULT_MAX_BYTES = 16_000_000
-"""Largest explorer written by default (16 MB: 8 images of ``vit_base_patch16_224`` fit)."""
+"""Largest explorer written by default, 16 MB: about 9 images of a newly initialised ``vit_small_patch16_224`` at 6 bits
+(1.6 MB each) or 3 of ``vit_base_patch16_224`` (4.2 MB each)."""
 
 
 class ExplorerTooLarge(ValueError):
@@ -420,8 +421,8 @@ def write_explorer(
         subset_note: Instead of refusing images past ``max_bytes``, keep the first ones that fit (the later ones
             are not explained at all) and show ``subset_note(kept)`` as the note (the images of
             :func:`explorer_payload`'s result are those kept). ``None``: refuse.
-        bits: Bits per attention code (2 to 8; see :func:`quantize_rows`): 6 keeps a decoded value within
-            ``sqrt(a / m) / 63`` of its row maximum ``m``; 8 is finer and about a third larger.
+        bits: Bits per attention code (2 to 8; see :func:`quantize_rows` and :data:`DEFAULT_BITS`); 8 is finer and
+            about 1.5 times as large, 4 about 40 % smaller.
 
     Returns:
         ``path``.
