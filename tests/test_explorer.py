@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import torch
 from browser import Page, chromium_path, expected_index, lut_index
+from explorer_data import data_blocks, decode_bound, decode_rows, page_data, stored
 from PIL import Image
 
 from vit.explain import capture_attention, explorer, rollout_grid
 from vit.explain.explorer import (
-    HEAVY,
+    CODES,
     ExplorerTooLarge,
     block_kind,
     explorer_payload,
@@ -38,54 +39,6 @@ def assert_drawn(page: Page, b: int, h, values: np.ndarray, slack: int) -> None:
     """The small map of (block b, head h) shows ``values`` (the patch keys), within ``slack`` colour-map steps."""
     drawn = lut_index(page.cell_pixels(b, h))
     np.testing.assert_array_less(np.abs(drawn - expected_index(values)), slack + 1)
-
-
-def decode_rows(codes: np.ndarray, share: np.ndarray | None, prefix: int, bits: int) -> np.ndarray:
-    """The rows the page should show, from the stored codes: each group's squared codes scaled to its share."""
-    x = (codes.astype(np.float64) / (2**bits - 1)) ** 2
-    front = share.astype(np.float64)[..., None] if share is not None else np.zeros(x.shape[:-1] + (1,))
-    out = np.empty_like(x)
-    for keys, mass in ((slice(0, prefix), front), (slice(prefix, None), 1 - front)):
-        total = x[..., keys].sum(-1, keepdims=True)
-        out[..., keys] = x[..., keys] * np.where(total > 0, mass / np.where(total > 0, total, 1), 0)
-    return out
-
-
-def decode_bound(truth: np.ndarray, prefix: int, bits: int) -> np.ndarray:
-    """A bound on |decoded - truth| for every entry of rows ``truth`` (``(..., K)``, each row summing to 1).
-
-    In a key group with maximum ``m``, ``x = a / m`` is coded as ``round(L sqrt(x))``, so the decoded ``x'`` is within
-    ``e = sqrt(x) / L + 1 / (4 L^2)``; rescaling the group to its share ``S`` (kept as float16: off by at most
-    ``2^-11 S``) adds the error of the group's sum: ``|a' - a| <= (S (e + x E / X) + dS (x + e)) / (X - E)`` with
-    ``X``, ``E`` the group's sums of ``x`` and ``e``.
-    """
-    levels = 2**bits - 1
-    truth = truth.astype(np.float64)
-    front = truth[..., :prefix].sum(-1, keepdims=True)
-    bound = np.empty_like(truth)
-    for keys, mass in ((slice(0, prefix), front), (slice(prefix, None), 1 - front)):
-        a = truth[..., keys]
-        if not a.shape[-1]:
-            continue
-        top = a.max(-1, keepdims=True)
-        x = a / np.where(top > 0, top, 1)
-        e = np.sqrt(x) / levels + 1 / (4 * levels**2)
-        X, E = x.sum(-1, keepdims=True), e.sum(-1, keepdims=True)
-        slack = 2**-11 * front + 1e-7 if prefix else 0.0
-        with np.errstate(divide="ignore", invalid="ignore"):  # a group of zeros decodes as exact zeros
-            bound[..., keys] = np.where(top > 0, (mass * (e + x * E / X) + slack * (x + e)) / (X - E), 0.0)
-    return bound + 1e-6
-
-
-def stored(page_data_: dict, image: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The codes ``(blocks, heads, N, N)`` and prefix shares an explorer's JSON holds for one image."""
-    entry = page_data_["images"][image]
-    codes = np.asarray(Image.open(io.BytesIO(base64.b64decode(entry["attn"]))))
-    blocks, heads, n = len(page_data_["blocks"]), page_data_["heads"], codes.shape[1]
-    share = None
-    if "share" in entry:
-        share = np.frombuffer(base64.b64decode(entry["share"]), "<f2").reshape(blocks, heads, n)
-    return codes.reshape(blocks, heads, n, n), share
 
 
 def one_image_page(model, pixels: torch.Tensor, maps: dict | None = None, **options) -> int:
@@ -107,9 +60,10 @@ def test_quantize_rows_codes_the_square_root_and_decodes_within_its_bound(bits):
     attn = torch.rand(2, 5, 7) ** 6
     attn[0, 1, :2] = 5.0  # a sink on the prefix keys
     attn[1, 2, 2:] = 0.0  # every patch key at zero
+    attn[1, 3, :2] = 2e4 * attn[1, 3, 2:].sum()  # a sink: 0.99995 on the prefix, float16 would round 1 - it to 0
     attn = attn / attn.sum(-1, keepdim=True)
     codes, share = quantize_rows(attn, prefix=2, bits=bits)
-    assert codes.dtype == np.uint8 and share.shape == (2, 5) and share.dtype == np.float16
+    assert codes.dtype == np.uint8 and share.shape == (2, 5, 2) and share.dtype == np.float16
     levels = 2**bits - 1
     for i in range(2):
         for q in range(5):
@@ -118,14 +72,17 @@ def test_quantize_rows_codes_the_square_root_and_decodes_within_its_bound(bits):
                 top = row[keys].max()
                 expected = np.rint(levels * np.sqrt(row[keys] / top)) if top > 0 else np.zeros_like(row[keys])
                 np.testing.assert_array_equal(codes[i, q, keys], expected)
-            assert float(share[i, q]) == pytest.approx(row[:2].sum() / row.sum(), rel=2**-11)
+            for g, keys in enumerate((slice(0, 2), slice(2, None))):  # float16: 11 bits, subnormal below 2^-14
+                assert float(share[i, q, g]) == pytest.approx(row[keys].sum() / row.sum(), rel=2**-11, abs=2**-25)
     decoded = decode_rows(codes, share, 2, bits)
     truth = attn.double().numpy()
     np.testing.assert_allclose(decoded.sum(-1), 1.0, atol=1e-12)
     bound = decode_bound(truth, 2, bits)
     assert np.all(np.abs(decoded - truth) <= bound)
-    assert np.all(bound <= 4 / levels * truth.max(-1, keepdims=True) + 1e-6)  # a bound that says something
+    for keys in (slice(0, 2), slice(2, None)):  # within a few steps of each key group's own maximum
+        assert np.all(bound[..., keys] <= 4 / levels * truth[..., keys].max(-1, keepdims=True) + 1e-6)
     assert decoded[1, 2, 2:].max() == 0 and decoded[0, 1, :2].sum() > 0.9
+    np.testing.assert_allclose(decoded[1, 3, 2:].sum(), truth[1, 3, 2:].sum(), rtol=2**-10, atol=2**-24)  # sink
     assert quantize_rows(attn[..., 2:], prefix=0, bits=bits)[1] is None
     with pytest.raises(ValueError, match="bits must be an integer from 2 to 8, got 9"):
         quantize_rows(attn, bits=9)
@@ -162,25 +119,6 @@ def test_too_many_images_are_refused_with_how_many_fit(tmp_path, random_vit, pix
 HOSTILE = ["{{js}}", "{{data}}", "</script><img src=x onerror=window.hacked=1>", "a & b > c"]
 
 
-def data_blocks(page: str) -> list[str]:
-    """The text of every JSON script element of a page: the explorer's data, then each image's."""
-    return re.findall(r'<script type="application/json" id="explorer-(?:data|image-\d+)">(.*?)</script>', page, re.S)
-
-
-def page_data(page: str) -> dict:
-    """The explorer's embedded JSON with each image's own element merged into its entry, parsed strictly (``NaN`` /
-    ``Infinity`` are not JSON and fail here)."""
-
-    def refuse(constant: str):
-        raise ValueError(f"{constant} is not JSON")
-
-    data, *images = (json.loads(block, parse_constant=refuse) for block in data_blocks(page))
-    assert len(images) == len(data["images"])
-    for entry, own in zip(data["images"], images, strict=True):
-        entry.update(own)
-    return data
-
-
 def test_names_and_titles_are_text_never_markup_or_template_fields(tmp_path, random_vit, pixels):
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
     path = write_explorer(tmp_path / "e.html", model, pixels[:1], mean=MEAN, std=STD, attribution=False,
@@ -203,9 +141,11 @@ def test_each_image_is_an_element_of_its_own_the_first_before_the_script(random_
     page = render_explorer(payload, extra_html='<section id="extra"></section>')
     assert page_data(page) == json.loads(json.dumps(payload))  # nothing lost or changed by the split
     light = json.loads(data_blocks(page)[0])
-    assert all(not set(HEAVY) & set(entry) for entry in light["images"])
-    at = [page.index(m) for m in ('id="explorer-image-0"', '"use strict"', 'id="extra"', 'id="explorer-image-1"')]
-    assert at == sorted(at) and page.index('id="explorer-image-2"') > at[-1]
+    assert all(not {*CODES, "image"} & set(entry) for entry in light["images"])
+    marks = ("explorer-picture-0", "explorer-codes-0", '"use strict"', 'id="extra"', "explorer-picture-1",
+             "explorer-codes-1", "explorer-picture-2", "explorer-codes-2")  # fmt: skip
+    at = [page.index(m) for m in marks]
+    assert at == sorted(at)
 
 
 def test_non_finite_numbers_are_null_in_the_page(tmp_path, random_vit, pixels):

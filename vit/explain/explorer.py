@@ -12,7 +12,7 @@ Visualization of Attention in the Transformer Model", ACL 2019 demo), for the pa
 Attention is stored compactly. Every row is a probability distribution over the keys, so the page keeps only its
 shape: each value ``a`` becomes ``round(L sqrt(a / m))`` with ``m`` the maximum of its key group (the class and
 register tokens, or the patches) and ``L = 2**bits - 1`` (6 bits by default), and the page decodes ``(code / L)**2``
-and rescales each group to its share of the row (the prefix share kept as float16; rows sum to 1). The square root
+and rescales each group to its share of the row (both shares kept as float16; rows sum to 1). The square root
 spends the codes where a row's long tail is, which is what its entropy and mean distance are made of. The codes of
 an image, every block and head stacked, are one grayscale PNG that the page inflates with the browser's
 ``DecompressionStream``; the file needs no network. :func:`explorer_payload` builds the data, :func:`render_explorer`
@@ -46,14 +46,14 @@ from .overlay import apply_colormap
 from .pipeline import Explanation, explain_images
 
 ASSETS = Path(__file__).with_name("explorer_assets")
-HEAVY = ("image", "attn", "share", "pool")
-"""The fields of an image's entry that the page reads only when it shows that image (a script element each)."""
+CODES = ("attn", "share", "pool")
+"""The fields of an image's entry that the page reads only when it shows that image: a script element per image
+(``explorer-codes-<i>``), as is its picture (``explorer-picture-<i>``)."""
 DEFAULT_BITS = 6
 """Bits per attention code: a value ``a`` comes back within about ``m sqrt(a / m) / 63`` (``m``: the maximum of its key
 group), 1.6 % of ``m`` at the top of a row and finer in its tail."""
 DEFAULT_MAX_BYTES = 16_000_000
-"""Largest explorer written by default, 16 MB: about 9 images of a newly initialised ``vit_small_patch16_224`` at 6 bits
-(1.6 MB each) or 3 of ``vit_base_patch16_224`` (4.2 MB each)."""
+"""Largest explorer written by default (16 MB; the docs' Explorer section has the size per image of several models)."""
 
 
 class ExplorerTooLarge(ValueError):
@@ -82,13 +82,14 @@ def _png(array: np.ndarray) -> str:
 def quantize_rows(
     attn: torch.Tensor, prefix: int = 0, bits: int = DEFAULT_BITS
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Attention rows as ``bits``-bit codes of their shape, and the share of each row on the prefix keys.
+    """Attention rows as ``bits``-bit codes of their shape, and the share of each row on each key group.
 
     The keys of a row fall in two groups, the ``prefix`` class / register tokens and the patches, each coded against
     its own maximum (an attention sink on the class token must not flatten the patch map to zeros): a value ``a`` of
     a group with maximum ``m`` becomes ``round(L sqrt(a / m))``, ``L = 2**bits - 1``. The page decodes
     ``(code / L)**2`` and scales each group to its share of the row, so a decoded row sums to 1 (softmax rows, window
-    rows and linear attention's normalised weights all do).
+    rows and linear attention's normalised weights all do). Both shares are kept, each as float16: the patches' share
+    is not ``1 -`` the prefix share, which float16 rounds to 1 above 0.99976 and would zero a sink row's patch map.
 
     Args:
         attn: ``(..., Q, K)`` non-negative weights.
@@ -97,7 +98,7 @@ def quantize_rows(
 
     Returns:
         ``(codes, share)``: ``uint8`` codes of ``attn``'s shape, and (``prefix > 0``) the float16 share of every row
-        on its prefix keys, ``(..., Q)``; ``None`` without prefix keys.
+        on its prefix keys and on its patches, ``(..., Q, 2)``; ``None`` without prefix keys.
     """
     _check_bits(bits)
     attn = attn.detach().double().cpu().clamp_min(0)
@@ -111,9 +112,9 @@ def quantize_rows(
             codes[..., keys] = (ratio.sqrt() * levels).round().clamp(0, levels).to(torch.uint8)
     if not prefix:
         return codes.numpy(), None
-    total = attn.sum(-1)
-    share = attn[..., :prefix].sum(-1) / torch.where(total > 0, total, torch.ones_like(total))
-    return codes.numpy(), share.numpy().astype(np.float16)
+    total = attn.sum(-1, keepdim=True)
+    share = torch.stack([attn[..., :prefix].sum(-1), attn[..., prefix:].sum(-1)], -1)
+    return codes.numpy(), (share / torch.where(total > 0, total, torch.ones_like(total))).numpy().astype(np.float16)
 
 
 def _check_bits(bits: int) -> None:
@@ -166,7 +167,7 @@ def _encode_image(
         "maps": {name: _half_map(grid[offset + i]) for name, grid in maps.items()},
     }
     if share is not None:
-        entry["share"] = _b64(share.astype("<f2").tobytes())  # (blocks, heads, N)
+        entry["share"] = _b64(share.astype("<f2").tobytes())  # (blocks, heads, N, 2)
     if explanation.pool_attention is not None:
         pool, _ = quantize_rows(explanation.pool_attention[i], 0, bits)  # (heads, latent, patches)
         entry["pool"] = _png(pool.reshape(-1, pool.shape[-1]))
@@ -175,6 +176,7 @@ def _encode_image(
 
 def _half_map(values: torch.Tensor) -> dict[str, Any]:
     """A map as float16 (base64) of ``values / max |values|`` and that maximum: 2 bytes a patch, 3 digits."""
+    values = values.nan_to_num(0.0, 0.0, 0.0)  # one NaN patch must not blank the whole map
     top = float(values.abs().max())
     scaled = values.flatten().numpy() / (top if top > 0 else 1.0)
     return {"max": top, "f16": _b64(scaled.astype("<f2").tobytes())}
@@ -204,13 +206,13 @@ def explorer_payload(
     Raises:
         ExplorerTooLarge: As soon as the encoded images pass ``max_bytes`` (with ``subset_note``: if not even the
             first image fits).
-        ValueError: If a map is not ``(B, rows, cols)`` on the model's patch grid, the images are not a batch, or
-            ``bits`` is not 2 to 8.
+        ValueError: If a map is not ``(B, rows, cols)`` on the model's patch grid, the images are not a batch of at
+            least one, or ``bits`` is not 2 to 8.
     """
     _check_bits(bits)
     grid = tuple(model.patch_embed.grid_size)
-    if images.ndim != 4:
-        raise ValueError(f"images must be a (B, C, H, W) batch, got shape {tuple(images.shape)}")
+    if images.ndim != 4 or not len(images):
+        raise ValueError(f"images must be a (B, C, H, W) batch of at least one image, got shape {tuple(images.shape)}")
     B = len(images)
     # Non-finite values would make the page's JSON invalid; a signed map is shown by its positive part.
     maps = {
@@ -326,18 +328,24 @@ def _faithfulness(scores: Mapping[str, Any] | None) -> dict[str, Any] | None:
 def render_explorer(payload: Mapping[str, Any], extra_html: str = "") -> str:
     """The page: the payload as JSON in script tags, the explorer's CSS and JS inlined, ``extra_html`` below.
 
-    Each image's pixels and attention codes are a JSON script element of their own, the first before the page's
-    script and the others after it (and after ``extra_html``): the browser runs the script, and draws the first
-    image, while it still parses the rest of a large file.
+    Each image's picture and attention codes are JSON script elements of their own, the first image's before the
+    page's script and the others after it (and after ``extra_html``): the browser runs the script, and draws the
+    first image, while it still parses the rest of a large file.
 
     Args:
         payload: What :func:`explorer_payload` returns.
         extra_html: HTML appended after the explorer (the static report's sections), or ``""``.
     """
-    light = {**payload, "images": [{k: v for k, v in im.items() if k not in HEAVY} for im in payload["images"]]}
+    light = {
+        **payload,
+        "images": [{k: v for k, v in im.items() if k not in (*CODES, "image")} for im in payload["images"]],
+    }
+
+    def element(kind: str, i: int, value: Any) -> str:
+        return f'<script type="application/json" id="explorer-{kind}-{i}">{page_json(value)}</script>'
+
     heavy = [
-        f'<script type="application/json" id="explorer-image-{i}">'
-        f"{page_json({k: v for k, v in im.items() if k in HEAVY})}</script>"
+        element("picture", i, im["image"]) + element("codes", i, {k: im[k] for k in CODES if k in im})
         for i, im in enumerate(payload["images"])
     ]
     parts = {
@@ -421,8 +429,8 @@ def write_explorer(
         subset_note: Instead of refusing images past ``max_bytes``, keep the first ones that fit (the later ones
             are not explained at all) and show ``subset_note(kept)`` as the note (the images of
             :func:`explorer_payload`'s result are those kept). ``None``: refuse.
-        bits: Bits per attention code (2 to 8; see :func:`quantize_rows` and :data:`DEFAULT_BITS`); 8 is finer and
-            about 1.5 times as large, 4 about 40 % smaller.
+        bits: Bits per attention code (2 to 8; see :func:`quantize_rows` and :data:`DEFAULT_BITS`): fewer make a
+            smaller file and coarser maps.
 
     Returns:
         ``path``.
@@ -430,6 +438,7 @@ def write_explorer(
     Raises:
         ExplorerTooLarge: If the images would pass ``max_bytes`` (with ``subset_note``: if the first does); the
             message says how many fit.
+        ValueError: If a map is not on the model's patch grid, ``images`` holds no image, or ``bits`` is not 2 to 8.
     """
     payload = explorer_payload(
         model, images, mean=mean, std=std, labels=labels, class_names=class_names, names=names, maps=maps,

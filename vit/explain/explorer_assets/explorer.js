@@ -3,7 +3,6 @@
 // vit.explain.explorer.
 (() => {
   "use strict";
-  const started = performance.now(); // when the page's script starts (after the HTML is parsed)
   const D = JSON.parse(document.getElementById("explorer-data").textContent);
   const [GH, GW] = D.grid;
   const [PH, PW] = D.patch;
@@ -18,7 +17,14 @@
   const fixed = (v, digits) => (typeof v === "number" && Number.isFinite(v) ? v.toFixed(digits) : "–");
   const esc = (text) => String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`); // names into HTML
   const errors = [];
-  window.addEventListener("error", (e) => errors.push(String(e.message)));
+  function fail(error) { // an error is recorded (for tests), logged and shown above the explorer, never swallowed
+    errors.push(String(error && error.message ? error.message : error));
+    console.error(error);
+    $("note").textContent = `The explorer failed: ${errors[errors.length - 1]}`;
+    $("note").hidden = false;
+  }
+  window.addEventListener("error", (e) => fail(e.error || e.message));
+  window.addEventListener("unhandledrejection", (e) => fail(e.reason));
 
   function bytes(b64) {
     const bin = atob(b64);
@@ -43,6 +49,9 @@
   // stream is inflated by the browser (DecompressionStream), the row filters of the PNG format undone here. No canvas
   // is involved, so no colour management or premultiplication can touch a code.
   async function png(b64) {
+    if (typeof DecompressionStream === "undefined") {
+      throw new Error("this browser cannot inflate the data (DecompressionStream: Chrome 80, Firefox 113, Safari 16.4)");
+    }
     const raw = bytes(b64);
     const view = new DataView(raw.buffer);
     const parts = [];
@@ -71,6 +80,7 @@
         const a = x >= channels ? out[at + x - channels] : 0, b = y > 0 ? out[at - stride + x] : 0;
         const c = x >= channels && y > 0 ? out[at - stride + x - channels] : 0;
         let guess = 0;
+        if (filter > 4) throw new Error(`PNG row ${y} has an unknown filter ${filter}`);
         if (filter === 1) guess = a;
         else if (filter === 2) guess = b;
         else if (filter === 3) guess = (a + b) >> 1;
@@ -99,29 +109,24 @@
   const LEVELS = 2 ** D.bits - 1;
   const SQUARE = Float32Array.from({ length: LEVELS + 1 }, (_, c) => (c / LEVELS) ** 2); // a code's share of its max
   const masks = Promise.all(D.blocks.map(async (b) => (b.mask ? (await png(b.mask)).data : null)));
-  // Each image's pixels and codes are a script element of their own; those after the page's script may still be
-  // parsing when it starts (the first image comes before it).
+  // Each image's picture and codes are script elements of their own; those of the images after the first come after
+  // this script, so they are read only once the document is parsed (an element being parsed is incomplete).
   const parsed = new Promise((r) => (document.readyState === "loading"
     ? document.addEventListener("DOMContentLoaded", () => r()) : r()));
-  const stored = new Map();
-  async function heavy(index) { // {image, attn, share?, pool?} of one image
-    if (!stored.has(index)) {
-      let element = document.getElementById(`explorer-image-${index}`);
-      if (!element) {
-        await parsed;
-        element = document.getElementById(`explorer-image-${index}`);
-      }
-      stored.set(index, JSON.parse(element.textContent));
-    }
-    return stored.get(index);
+  async function element(kind, index) {
+    if (index > 0) await parsed;
+    return JSON.parse(document.getElementById(`explorer-${kind}-${index}`).textContent);
+  }
+  async function decode(index) {
+    const codes = await element("codes", index);
+    const [attn, pool, shown] = await Promise.all([png(codes.attn), codes.pool ? png(codes.pool) : null,
+      element("picture", index).then(picture)]);
+    return { attn: attn.data, share: codes.share ? halves(codes.share) : null, pool: pool ? pool.data : null,
+      picture: shown };
   }
   const cache = new Map();
-  function decoded(index) { // the codes, prefix shares and picture of one image, decoded once (concurrently)
-    if (!cache.has(index)) {
-      cache.set(index, heavy(index).then((im) => Promise.all([png(im.attn), im.pool ? png(im.pool) : null,
-        picture(im.image)]).then(([attn, pool, shown]) => ({ attn: attn.data, share: im.share ? halves(im.share) : null,
-        pool: pool ? pool.data : null, picture: shown }))));
-    }
+  function decoded(index) { // one image's codes, shares and picture, decoded once (a failure is retried next time)
+    if (!cache.has(index)) cache.set(index, decode(index).catch((error) => { cache.delete(index); throw error; }));
     return cache.get(index);
   }
   if (D.images.length) decoded(0); // start inflating the first image while the page is laid out
@@ -136,15 +141,16 @@
   let maskRows = [];
 
   // The decoded attention of query t in block b, head h ("mean": the mean over heads), as N values: each key group's
-  // codes squared, scaled to the group's share of the row (the prefix share as stored, the patches the rest).
-  function decode(codes, base, length, prefix, share) {
+  // codes squared, scaled to the group's share of the row (both stored, as float16).
+  function rescale(codes, base, length, prefix, frontShare, backShare) {
     const out = new Float32Array(length);
     let front = 0, rest = 0;
     for (let j = 0; j < length; j++) {
       out[j] = SQUARE[codes[base + j]];
       if (j < prefix) front += out[j]; else rest += out[j];
     }
-    const a = front > 0 ? share / front : 0, b = rest > 0 ? (1 - share) / rest : 0;
+    const total = frontShare + backShare; // 1 up to float16's rounding: the row then sums to exactly 1
+    const a = front > 0 ? frontShare / total / front : 0, b = rest > 0 ? backShare / total / rest : 0;
     for (let j = 0; j < length; j++) out[j] *= j < prefix ? a : b;
     return out;
   }
@@ -155,7 +161,8 @@
       return out;
     }
     const at = (b * H + h) * N + t;
-    return decode(current.attn, at * N, N, P, P > 0 ? current.share[at] : 0);
+    return P > 0 ? rescale(current.attn, at * N, N, P, current.share[2 * at], current.share[2 * at + 1])
+      : rescale(current.attn, at * N, N, 0, 0, 1);
   }
   function poolRow(h, i) { // the attention-pooling head's latent query i over the patches
     if (h === "mean") {
@@ -163,7 +170,7 @@
       for (let k = 0; k < H; k++) poolRow(k, i).forEach((v, j) => { out[j] += v / H; });
       return out;
     }
-    return decode(current.pool, (h * LAT + i) * NP, NP, 0, 0);
+    return rescale(current.pool, (h * LAT + i) * NP, NP, 0, 0, 1);
   }
   const isPool = () => state.query.kind === "latent";
   // Rows shown in the grid: [{label, kind, block, values(h)}]; values are over the patches only.
@@ -391,11 +398,11 @@
   let pending = Promise.resolve();
   function update(change) {
     Object.assign(state, change);
-    pending = pending.then(draw);
+    pending = pending.then(draw).catch(fail); // a failed draw is shown; the next change draws again
     return pending;
   }
   const nextFrame = () => new Promise((r) => requestAnimationFrame(() => r()));
-  const timings = { start: started, parsed: null, open: null, click: [] };
+  const timings = { open: null, click: [] }; // ms: navigation start to the first drawn frame; each answered click
   async function timed(action) {
     const start = performance.now();
     await action();
@@ -467,14 +474,12 @@
     });
   }
 
-  timings.parsed = performance.now();
   setup();
   $("stage").append(heatCanvas);
-  timings.setup = performance.now();
   const ready = update({}).then(nextFrame).then(() => { timings.open = performance.now(); });
-  ready.then(() => parsed).then(() => D.images.forEach(async (_, i) => {
-    $("thumbs").children[i].querySelector("img").src = `data:image/png;base64,${(await heavy(i)).image}`;
-  }));
+  ready.then(() => Promise.all(D.images.map(async (_, i) => { // the thumbnails, once the first image is drawn
+    $("thumbs").children[i].querySelector("img").src = `data:image/png;base64,${await element("picture", i)}`;
+  }))).catch(fail);
   // For tests and benchmarks: the state, the decoded rows of the shown image, and a way to select.
   window.explorer = {
     data: D, state, errors, timings, ready,
@@ -483,6 +488,7 @@
     poolRow: (h, i) => Array.from(poolRow(h, i)),
     stats: (full) => stats(Float32Array.from(full)),
     map: (name, index = state.image) => Array.from(mapValues(index, name)),
+    png: async (b64) => { const p = await png(b64); return { ...p, data: Array.from(p.data) }; },
     allowed: (b) => { const a = allowedPatches(b); return a ? Array.from(a, (v) => (v ? 1 : 0)) : null; },
   };
 })();

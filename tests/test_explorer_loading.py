@@ -1,0 +1,176 @@
+"""How the attention explorer reads its data in a real browser: the PNG decoder against PNGs written here by hand
+(every row filter, split data chunks), a page served in two parts (an image clicked while the rest still loads),
+a failure shown on the page, and the input refused before a page is written."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import re
+import struct
+import threading
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from browser import Page
+from explorer_data import decode_rows, page_data, stored
+
+from vit.explain.explorer import explorer_payload, write_explorer
+
+MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+
+
+def chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def paeth(a: int, b: int, c: int) -> int:
+    p = a + b - c
+    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+    return a if pa <= pb and pa <= pc else b if pb <= pc else c
+
+
+def encode_png(pixels: np.ndarray, filters: list[int], split: int, extra: bytes = b"") -> str:
+    """An 8-bit gray ``(H, W)`` or RGB ``(H, W, 3)`` PNG (base64), row ``y`` filtered with ``filters[y % len]``
+    as the PNG specification defines them, its zlib stream cut into IDAT chunks of ``split`` bytes."""
+    height, width = pixels.shape[:2]
+    channels = 1 if pixels.ndim == 2 else 3
+    flat = pixels.reshape(height, width * channels).astype(int)
+    raw = bytearray()
+    for y in range(height):
+        kind = filters[y % len(filters)]
+        raw.append(kind)
+        for x in range(width * channels):
+            a = flat[y, x - channels] if x >= channels else 0
+            b = flat[y - 1, x] if y else 0
+            c = flat[y - 1, x - channels] if y and x >= channels else 0
+            raw.append((flat[y, x] - [0, a, b, (a + b) // 2, paeth(a, b, c)][kind]) % 256)
+    stream = zlib.compress(bytes(raw), 9)
+    header = struct.pack(">IIBBBBB", width, height, 8, 0 if channels == 1 else 2, 0, 0, 0)
+    idat = b"".join(chunk(b"IDAT", stream[i : i + split]) for i in range(0, len(stream), split))
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + extra + idat + chunk(b"IEND", b"")
+    return base64.b64encode(png).decode()
+
+
+@pytest.fixture
+def pixels():
+    torch.manual_seed(1)
+    return torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8)
+
+
+@pytest.fixture
+def page(browser, tmp_path, random_vit, pixels):
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
+    return Page(browser, write_explorer(tmp_path / "e.html", model, pixels[:1], mean=MEAN, std=STD))
+
+
+def test_png_decoder_undoes_every_filter_across_split_chunks(page):
+    rng = np.random.default_rng(0)
+    decode = "(b64) => window.explorer.png(b64)"
+    refuse = "(b64) => window.explorer.png(b64).then(() => 'accepted', (e) => e.message)"
+    for shape in ((7, 5), (6, 4, 3), (1, 9), (9, 1, 3)):
+        pixels = rng.integers(0, 256, shape, dtype=np.uint8)
+        for filters in ([0], [1], [2], [3], [4], [0, 1, 2, 3, 4], [4, 3, 2, 1, 0]):
+            b64 = encode_png(pixels, filters, split=int(rng.integers(1, 40)), extra=chunk(b"tEXt", b"k\x00v"))
+            got = page.js(decode, b64)
+            assert (got["height"], got["width"], got["channels"]) == (*shape[:2], 1 if len(shape) == 2 else 3)
+            assert got["data"] == pixels.flatten().tolist(), (shape, filters)
+    for depth, colour, interlace in ((16, 0, 0), (8, 3, 0), (8, 0, 1), (8, 6, 0)):  # 16-bit, palette, Adam7, RGBA
+        header = struct.pack(">IIBBBBB", 2, 2, depth, colour, 0, 0, interlace)
+        png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 20))
+        refused = page.js(refuse, base64.b64encode(png).decode())
+        assert refused == "unsupported PNG layout"
+    header = struct.pack(">IIBBBBB", 2, 2, 8, 0, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes([5, 1, 2, 0, 3, 4])))
+    refused = page.js(refuse, base64.b64encode(png).decode())
+    assert refused == "PNG row 0 has an unknown filter 5"
+    assert page.errors == []
+
+
+def test_an_image_clicked_while_the_page_still_loads_is_shown_once_it_has_arrived(
+    browser, tmp_path, random_vit, pixels
+):
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4).eval()
+    path = write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD)
+    body = path.read_bytes()
+    cut = body.index(b'id="explorer-codes-2"') + 40  # inside the codes of the third image
+    release = threading.Event()
+
+    class TwoParts(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[:cut])
+            self.wfile.flush()
+            release.wait(30)
+            self.wfile.write(body[cut:])
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), TwoParts)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tab = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors = []
+        tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        tab.goto(f"http://127.0.0.1:{server.server_address[1]}/", wait_until="commit")
+        tab.wait_for_function("window.explorer && window.explorer.timings.open !== null")  # drawn before the rest
+        assert tab.evaluate("document.readyState") == "loading"
+        tab.locator("#thumbs button").nth(2).click()  # its codes are only half there
+        tab.wait_for_timeout(200)
+        release.set()
+        tab.wait_for_function("document.readyState !== 'loading'")
+        tab.evaluate("() => window.explorer.select({})")
+        assert tab.evaluate("window.explorer.state.image") == 2
+        P, t = model.num_prefix_tokens, model.num_prefix_tokens + 5
+        shown = decode_rows(*stored(page_data(body.decode()), 2), P, 6)
+        row = tab.evaluate("([b, h, t]) => window.explorer.row(b, h, t)", [1, 0, t])
+        np.testing.assert_allclose(row, shown[1, 0, t], rtol=1e-5, atol=1e-7)
+        assert tab.evaluate("window.explorer.errors") == [] and errors == []
+        assert tab.evaluate("document.getElementById('note').hidden")
+    finally:
+        release.set()
+        server.shutdown()
+
+
+def test_a_failure_is_shown_on_the_page_and_the_other_images_still_work(browser, tmp_path, random_vit, pixels):
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
+    path = write_explorer(tmp_path / "e.html", model, pixels[:2], mean=MEAN, std=STD)
+    codes = re.search(r'id="explorer-codes-1">\{"attn":"([^"]+)"', path.read_text()).group(1)
+    middle = len(codes) // 2 // 4 * 4
+    path.write_text(path.read_text().replace(codes, codes[:middle] + "AAAAAAAA" + codes[middle + 8 :]))  # bad zlib
+    page = Page(browser, path)
+    page.page.locator("#thumbs button").nth(1).click()
+    page.settle()
+    assert page.js("window.explorer.errors") and not page.js("document.getElementById('note').hidden")
+    assert page.page.locator("#note").inner_text().startswith("The explorer failed: ")
+    page.page.locator("#thumbs button").nth(0).click()  # the explorer still answers
+    page.settle()
+    assert page.state()["image"] == 0 and page.js("document.getElementById('caption').textContent").startswith(
+        "image 0"
+    )
+
+
+def test_no_image_or_bad_bits_are_refused_before_a_page_is_written(tmp_path, random_vit, pixels):
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
+    with pytest.raises(ValueError, match=r"at least one image, got shape \(0, 3, 32, 32\)"):
+        write_explorer(tmp_path / "e.html", model, pixels[:0], mean=MEAN, std=STD)
+    with pytest.raises(ValueError, match="bits must be an integer from 2 to 8, got 1"):
+        write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, bits=1)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_nan_patch_leaves_the_rest_of_its_map(random_vit, pixels):
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
+    custom = torch.rand(1, 4, 4)
+    custom[0, 1, 2] = float("nan")
+    entry = explorer_payload(model, pixels[:1], mean=MEAN, std=STD, maps={"custom": custom}, attribution=False)
+    saved = entry["images"][0]["maps"]["custom"]
+    values = np.frombuffer(base64.b64decode(saved["f16"]), "<f2").astype(float) * saved["max"]
+    expected = custom[0].nan_to_num(0.0).flatten().numpy()
+    np.testing.assert_allclose(values, expected, rtol=2**-11, atol=2**-12 * expected.max())
