@@ -4,27 +4,18 @@ attention explorer page, shared by the explorer's and the docs' tests. The ``bro
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from vit.bench.explorer_suite import LAUNCH_ARGS, find_chromium
 from vit.explain.overlay import apply_colormap
 
-LAUNCH_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 LUT = apply_colormap(np.arange(256) / 255.0).astype(np.int64)  # (256, 3): the page's colour map
 
 
-def chromium_path() -> str | None:
-    return next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
+chromium_path = find_chromium
 
 
 def launch_browser():

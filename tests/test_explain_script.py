@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import fields, replace
@@ -18,6 +17,7 @@ import torch
 from PIL import Image
 
 from vit import ImageClassifier, ImageDataModule
+from vit.bench.explorer_suite import find_chromium
 from vit.data import build_transforms, load_rgb
 from vit.explain import METHODS, benchmark_methods
 from vit.explain.command import main
@@ -308,10 +308,6 @@ def test_report_shows_every_method_side_by_side_and_opens_on_the_explorer(checkp
     assert table.count("<tr>") == 1 + len(methods) + 1 and "ms / image" in table
 
 
-def browser() -> str | None:
-    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-
-
 @pytest.mark.slow
 def test_html_report_renders_in_a_browser(checkpoint, tmp_path, explain):
     files = image_files(tmp_path)
@@ -326,7 +322,7 @@ def test_html_report_renders_in_a_browser(checkpoint, tmp_path, explain):
     images = summary.count("<img ")
     assert images == summary.count('<img src="data:image/png;base64,') and images >= 3 * 3 + 2 + 3 * 2 + 1
 
-    chromium = browser()
+    chromium = find_chromium()
     if chromium is None:
         pytest.skip("no chromium on this machine (.ci/run installs Debian's chromium)")
     flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]

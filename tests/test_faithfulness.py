@@ -181,7 +181,7 @@ def test_progress_bar_on_a_terminal_counts_every_image(monkeypatch):
     """On a terminal each order gets a bar updated in place up to its images (x seeds), cleared before its line."""
     stream = Terminal()
     monkeypatch.setattr(sys, "stderr", stream)
-    module = importlib.import_module("vit.explain.faithfulness")  # the package's name is the function
+    module = importlib.import_module("vit.explain.progress")
     monkeypatch.setattr(module, "tqdm", partial(tqdm, mininterval=0, miniters=1))  # draw every update
     torch.manual_seed(0)
     # batch_size 6 over 2 · 3 inner steps: one image per forward chunk, so the bar moves image by image.

@@ -41,6 +41,11 @@ LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking
 MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 
 
+def find_chromium() -> str | None:
+    """The Chromium on ``PATH`` (Debian's ``chromium``, or ``chromium-browser``), or ``None``."""
+    return next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The suite's options."""
     group = parser.add_argument_group("explorer suite")
@@ -89,11 +94,13 @@ def browser_times(path: Path, executable: str, grid: tuple[int, int], opens: int
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=executable, args=LAUNCH_ARGS)
         open_ms = []
-        for _ in range(opens):
+        for tab in range(opens):  # each in a new tab, the previous one closed
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(path.as_uri())
             page.wait_for_function("window.explorer && window.explorer.timings.open !== null")
             open_ms.append(page.evaluate("window.explorer.timings.open"))
+            if tab < opens - 1:
+                page.close()
         box = page.locator("#view").bounding_box()
         for r, c in ((1, 1), (grid[0] // 2, grid[1] // 2), (grid[0] - 1, 0), (0, grid[1] - 1), (2, 3)):
             page.mouse.click(
@@ -114,7 +121,7 @@ def run_explorer_suite(args: argparse.Namespace, device: torch.device, report: d
     from vit.explain.explorer import write_explorer
     from vit.models import create_model
 
-    executable = args.explorer_browser or shutil.which("chromium") or shutil.which("chromium-browser")
+    executable = args.explorer_browser or find_chromium()
     try:
         import playwright  # noqa: F401
     except ImportError:

@@ -39,10 +39,10 @@ from ..atomic import write_bytes
 from ..checkpoints import data_settings, load_checkpoint, load_file, rebuild_datamodule
 from ..errors import ArgumentParser, InputError, UsageError, VitError
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD, normalize
-from .faithfulness import Progress
 from .method_benchmark import MethodBenchmark, benchmark_methods
 from .methods import ALIASES, DEFAULT_METHOD, METHODS, explain_map, get_method, require_extras
 from .panels import png_bytes, render_grid, render_panel
+from .progress import Progress
 from .report import render_report
 from .results import Results, benchmark_scores, block_index, compute
 from .rollout import HeadFusion

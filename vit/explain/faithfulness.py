@@ -7,63 +7,26 @@ baseline and records the softmax probability of the target class; **insertion** 
 reveals them. A faithful map makes the deletion curve fall fast (low area) and the insertion curve rise fast (high
 area). A random order, averaged over seeds, is the reference every map should beat.
 
-Long work reports its progress on stderr when asked (``show_progress=True``, as captum's perturbation methods do):
-a tqdm bar updated in place while stderr is a terminal, and one plain line per finished phase either way, so that a
-log file holds no carriage returns.
+Long work reports its progress on stderr when asked (``show_progress=True``, as captum's perturbation methods do;
+:mod:`vit.explain.progress`).
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Mapping
-from time import perf_counter
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 from ..layers.utils import eval_mode
 from .attribution import resolve_target
+from .progress import Progress
 
 Baseline = Literal["mean", "blur"]
 RANDOM = "random"
-
-
-class Progress:
-    """One phase of long work on stderr, silent unless ``enabled``: a tqdm bar updated in place while stderr is a
-    terminal, then one plain line ``<label>: <summary>`` when the phase ends (the bar is cleared first).
-
-    Args:
-        label: What the phase works on, e.g. the method's name; it opens the bar and the final line.
-        total: Units of work in the phase (images).
-        enabled: Report at all.
-    """
-
-    def __init__(self, label: str, total: int, enabled: bool = False) -> None:
-        self.label, self.enabled, self.start = label, enabled, perf_counter()
-        self.bar = None
-        if enabled and sys.stderr.isatty():
-            self.bar = tqdm(total=total, desc=label, unit="img", file=sys.stderr, leave=False, dynamic_ncols=True)
-
-    def update(self, n: int) -> None:
-        """``n`` more units done."""
-        if self.bar is not None:
-            self.bar.update(n)
-
-    @property
-    def seconds(self) -> float:
-        """Wall time since the phase began."""
-        return perf_counter() - self.start
-
-    def close(self, summary: str) -> None:
-        """End the phase: clear the bar and print ``<label>: <summary>``."""
-        if self.bar is not None:
-            self.bar.close()
-        if self.enabled:
-            print(f"{self.label}: {summary}", file=sys.stderr, flush=True)
 
 
 def gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:

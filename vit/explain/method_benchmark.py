@@ -24,8 +24,9 @@ from torch import nn
 from ..atomic import write_bytes
 from ..layers.utils import eval_mode
 from .attribution import resolve_target
-from .faithfulness import RANDOM, Baseline, Progress, faithfulness
+from .faithfulness import RANDOM, Baseline, faithfulness
 from .methods import METHODS, check_image_size, explain_map, get_method, require_extras
+from .progress import Progress
 
 DEFAULT_METHODS: tuple[str, ...] = tuple(METHODS)
 
@@ -196,7 +197,7 @@ def benchmark_methods(
         options: Per-method options, e.g. ``{"ig": {"n_steps": 32}}``.
         show_progress: Report on stderr each method's maps, then the curves of each method and of the random order:
             a bar updated in place on a terminal, one line per finished phase
-            (:class:`~vit.explain.faithfulness.Progress`).
+            (:class:`~vit.explain.progress.Progress`).
 
     Returns:
         A :class:`MethodBenchmark`.
@@ -279,7 +280,7 @@ def _timed_maps(
 
     One untimed image first per method, so that no method pays for lazy imports, kernel selection or caches; on
     CUDA the timed region starts and ends synchronised, so it measures the computation, not its launch. With
-    ``show_progress``, one :class:`~vit.explain.faithfulness.Progress` per method (its bar updated between chunks).
+    ``show_progress``, one :class:`~vit.explain.progress.Progress` per method (its bar updated between chunks).
     """
     cuda = images.is_cuda
     maps, seconds = {}, {}
