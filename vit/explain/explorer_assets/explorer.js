@@ -129,7 +129,7 @@
     if (!cache.has(index)) cache.set(index, decode(index).catch((error) => { cache.delete(index); throw error; }));
     return cache.get(index);
   }
-  if (D.images.length) decoded(0); // start inflating the first image while the page is laid out
+  if (D.images.length) decoded(0).catch(() => {}); // inflate while the page is laid out (the draw reports errors)
   function mapValues(index, name) { // an image-level map, decoded from float16
     const m = D.images[index].maps[name];
     return halves(m.f16).map((v) => v * m.max);
