@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import math
-import shutil
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from PIL import Image  # noqa: E402
 
 import vit  # noqa: E402
 from vit.atomic import write_bytes  # noqa: E402
+from vit.bench.explorer_suite import LAUNCH_ARGS, find_chromium  # noqa: E402
 from vit.explain import (  # noqa: E402
     DEFAULT_METHOD,
     METHODS,
@@ -344,7 +344,7 @@ def sliding_explorer() -> None:
 def screenshot(page_path: Path, name: str, selection: dict) -> None:
     """A screenshot of the explorer at ``page_path`` after ``window.explorer.select(selection)``, as
     ``docs/figures/<name>``; left as it is where Playwright or a Chromium is missing."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    chromium = find_chromium()
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -353,7 +353,7 @@ def screenshot(page_path: Path, name: str, selection: dict) -> None:
         print(f"no playwright or chromium: the screenshot docs/figures/{name} is left as it is")
         return
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        browser = p.chromium.launch(executable_path=chromium, args=LAUNCH_ARGS)
         page = browser.new_page(viewport={"width": 1100, "height": 800}, device_scale_factor=1)
         page.goto(page_path.as_uri())
         page.wait_for_function("window.explorer && window.explorer.timings.open !== null")
