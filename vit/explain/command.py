@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from ..atomic import write_bytes
+from ..bench.harness import device_name
 from ..checkpoints import data_settings, load_checkpoint, load_file, rebuild_datamodule
 from ..errors import ArgumentParser, InputError, UsageError, VitError
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD, normalize
@@ -296,19 +297,6 @@ def faithfulness_table(bench: MethodBenchmark) -> str:
     )
 
 
-def machine() -> str:
-    """The CPU model (as ``lscpu`` names it) and the number of cores."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores"
-
-
 def benchmark_report(bench: MethodBenchmark, explainer: Explainer, args: argparse.Namespace, command: str) -> dict:
     """The JSON of ``--faithfulness``: :meth:`MethodBenchmark.to_dict` with where and how it was measured."""
     import vit
@@ -321,7 +309,7 @@ def benchmark_report(bench: MethodBenchmark, explainer: Explainer, args: argpars
         "methods": list(args.methods),
         "command": command,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": machine(),
+        "machine": f"{device_name(torch.device('cpu'))}, {os.cpu_count()} cores",
         "versions": {"torch": torch.__version__, "vit": vit.__version__, "python": platform.python_version()},
         "threads": torch.get_num_threads(),
         "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
