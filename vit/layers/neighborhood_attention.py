@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ..kernels import neighborhood as neighborhood_kernel
 from .attention import Attention
-from .utils import to_2tuple
+from .utils import lru_get, to_2tuple
 from .window_attention import LAYOUT_CACHE_SIZE
 
 try:
@@ -279,16 +279,14 @@ class NeighborhoodAttention(Attention):
         if grid_size is None or tuple(grid_size) == self.grid_size:
             buffers = (self.query_index, self.key_index, self.tile_mask, self.owner, self.neighbour_index)
             return NeighborhoodTables(self.grid_size, *buffers, self.tile_grid)
-        key = (*grid_size, str(device))
-        if key in self._tables:
-            self._tables.move_to_end(key)
-        else:
-            self._tables[key] = neighborhood_tables(
+        return lru_get(
+            self._tables,
+            (*grid_size, str(device)),
+            lambda: neighborhood_tables(
                 grid_size, self.kernel_size, self.dilation, self.num_prefix_tokens, self.tile_size, device
-            )
-            if len(self._tables) > LAYOUT_CACHE_SIZE:
-                self._tables.popitem(last=False)
-        return self._tables[key]
+            ),
+            LAYOUT_CACHE_SIZE,
+        )
 
     def forward(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, grid_size: tuple[int, int] | None = None
@@ -374,15 +372,13 @@ class NeighborhoodAttention(Attention):
         grid), built once and shared across blocks."""
         rows, cols = grid = grid_size or self.grid_size
         key = (rows, cols, self.kernel_size, self.dilation, self.num_prefix_tokens, str(device))
-        if key in _BLOCK_MASKS:
-            _BLOCK_MASKS.move_to_end(key)
-        else:
+
+        def build() -> BlockMask:
             n = self.num_prefix_tokens + rows * cols
             mask_mod = neighborhood_mask_mod(grid, self.kernel_size, self.dilation, self.num_prefix_tokens)
-            _BLOCK_MASKS[key] = create_block_mask(mask_mod, None, None, n, n, device=device)
-            if len(_BLOCK_MASKS) > BLOCK_MASK_CACHE_SIZE:
-                _BLOCK_MASKS.popitem(last=False)
-        return _BLOCK_MASKS[key]
+            return create_block_mask(mask_mod, None, None, n, n, device=device)
+
+        return lru_get(_BLOCK_MASKS, key, build, BLOCK_MASK_CACHE_SIZE)
 
     def forward_flex(self, x: torch.Tensor, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
         """The FlexAttention path (CUDA; on the CPU it runs for tests, forward only)."""

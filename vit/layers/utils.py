@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from typing import TypeVar
 
 from torch import nn
+
+T = TypeVar("T")
+
+
+def lru_get(cache: OrderedDict, key: Hashable, build: Callable[[], T], size: int) -> T:
+    """``cache[key]``, made by ``build()`` when missing; only the ``size`` most recently used entries are kept."""
+    if key in cache:
+        cache.move_to_end(key)
+    else:
+        cache[key] = build()
+        if len(cache) > size:
+            cache.popitem(last=False)
+    return cache[key]
 
 
 def to_2tuple(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:

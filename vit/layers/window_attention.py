@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 
 from .attention import Attention
-from .utils import to_2tuple
+from .utils import lru_get, to_2tuple
 
 
 def window_band_labels(grid_size: int | tuple[int, int], window_size: int, shift: int = 0) -> torch.Tensor:
@@ -175,15 +175,12 @@ class WindowAttention(Attention):
         if grid_size is None or tuple(grid_size) == self.grid_size:
             buffers = (self.gather_index, self.group_start, self.group_size, self.group_pos)
             return WindowLayout(self.groups, *buffers)
-        key = (*grid_size, str(device))
-        if key in self._layouts:
-            self._layouts.move_to_end(key)
-        else:
-            grid = to_2tuple(grid_size)
-            self._layouts[key] = window_layout(grid, self.window_size, self.shift, self.num_prefix_tokens, device)
-            if len(self._layouts) > LAYOUT_CACHE_SIZE:
-                self._layouts.popitem(last=False)
-        return self._layouts[key]
+        return lru_get(
+            self._layouts,
+            (*grid_size, str(device)),
+            lambda: window_layout(to_2tuple(grid_size), self.window_size, self.shift, self.num_prefix_tokens, device),
+            LAYOUT_CACHE_SIZE,
+        )
 
     def forward(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, grid_size: tuple[int, int] | None = None
