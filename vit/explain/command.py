@@ -40,8 +40,8 @@ from ..bench.harness import device_name
 from ..checkpoints import data_settings, load_checkpoint, load_file, rebuild_datamodule
 from ..errors import ArgumentParser, InputError, UsageError, VitError
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD, normalize
-from .method_benchmark import MethodBenchmark, benchmark_methods
-from .methods import ALIASES, DEFAULT_METHOD, METHODS, explain_map, get_method, require_extras
+from .method_benchmark import MethodBenchmark, benchmark_methods, timed_maps
+from .methods import ALIASES, DEFAULT_METHOD, METHODS, get_method, require_extras
 from .panels import png_bytes, render_grid, render_panel
 from .progress import Progress
 from .report import render_report
@@ -268,17 +268,11 @@ def compute_for(explainer: Explainer, pixels: torch.Tensor, args: argparse.Names
         results.maps, results.benchmark = {name: bench.maps[name] for name in args.methods}, bench
         results.faithfulness = benchmark_scores(bench)
     else:
-        for name in args.methods:
-            if name == "rollout":  # already computed, with the same options
-                results.maps[name] = results.explanation.rollout
-                continue
-            progress, parts = Progress(name, len(inputs), enabled=True), []
-            for chunk in inputs.split(args.batch_size):
-                parts.append(explain_map(model, chunk, name, target, **options.get(name, {})).patches.float().cpu())
-                progress.update(len(chunk))
-            ms = 1000 * progress.seconds / len(inputs)
-            progress.close(f"maps of {len(inputs)} images in {progress.seconds:.1f} s ({ms:.1f} ms/img)")
-            results.maps[name] = torch.cat(parts)
+        others = [name for name in args.methods if name != "rollout"]  # rollout: computed, with the same options
+        classes = None if target is None else torch.full((len(inputs),), target)
+        maps, _ = timed_maps(model, inputs, classes, others, args.batch_size, options, show_progress=True)
+        results.maps = {name: results.explanation.rollout if name == "rollout" else maps[name].cpu()
+                        for name in args.methods}  # fmt: skip
     results.attribution = results.maps.get("attribution")
     return results
 

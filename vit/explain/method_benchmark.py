@@ -230,7 +230,7 @@ def benchmark_methods(
         accuracy = float((logits.argmax(1) == labels).float().mean())
     classes = resolve_target(labels if target == "label" else None, logits)
 
-    maps, seconds = _timed_maps(model, images, classes, names, batch_size, options, show_progress)
+    maps, seconds = timed_maps(model, images, classes, names, batch_size, options, show_progress)
     result = faithfulness(
         model, images, maps, target=classes, steps=steps, baseline=baseline, num_random=num_random,
         batch_size=batch_size, show_progress=show_progress,
@@ -267,10 +267,10 @@ def benchmark_methods(
     )
 
 
-def _timed_maps(
+def timed_maps(
     model: nn.Module,
     images: torch.Tensor,
-    classes: torch.Tensor,
+    classes: torch.Tensor | None,
     names: Sequence[str],
     batch_size: int,
     options: Mapping[str, Mapping[str, Any]],
@@ -278,21 +278,24 @@ def _timed_maps(
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """Each method's patch maps of ``images`` (in chunks of ``batch_size``) and its seconds per image.
 
-    One untimed image first per method, so that no method pays for lazy imports, kernel selection or caches; on
-    CUDA the timed region starts and ends synchronised, so it measures the computation, not its launch. With
-    ``show_progress``, one :class:`~vit.explain.progress.Progress` per method (its bar updated between chunks).
+    ``classes`` are the ``(B,)`` classes explained, or ``None`` for each image's prediction. One untimed image first
+    per method, so that no method pays for lazy imports, kernel selection or caches; on CUDA the timed region starts
+    and ends synchronised, so it measures the computation, not its launch. With ``show_progress``, one
+    :class:`~vit.explain.progress.Progress` per method (its bar updated between chunks).
     """
     cuda = images.is_cuda
+    chunks = images.split(batch_size)
+    targets = [None] * len(chunks) if classes is None else classes.split(batch_size)
     maps, seconds = {}, {}
     for name in names:
         kwargs = options.get(name, {})
         progress = Progress(name, len(images), show_progress)
-        explain_map(model, images[:1], name, classes[:1], **kwargs)  # warm-up, not timed
+        explain_map(model, images[:1], name, None if classes is None else classes[:1], **kwargs)  # warm-up
         if cuda:
             torch.cuda.synchronize(images.device)
         start = perf_counter()
         parts = []
-        for chunk, t in zip(images.split(batch_size), classes.split(batch_size), strict=True):
+        for chunk, t in zip(chunks, targets, strict=True):
             parts.append(explain_map(model, chunk, name, t, **kwargs).patches)
             progress.update(len(chunk))
         if cuda:
