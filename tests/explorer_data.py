@@ -35,8 +35,9 @@ def page_data(page: str) -> dict:
 def decode_rows(codes: np.ndarray, share: np.ndarray | None, prefix: int, bits: int) -> np.ndarray:
     """The rows the page should show, from the stored codes: each group's squared codes scaled to its share."""
     x = (codes.astype(np.float64) / (2**bits - 1)) ** 2
-    share = np.stack([np.zeros(x.shape[:-1]), np.ones(x.shape[:-1])], -1) if share is None else share.astype(float)
-    share = share / share.sum(-1, keepdims=True)
+    small = np.zeros(x.shape[:-1]) if share is None else share.astype(np.float64)  # the smaller share; < 0: patches
+    patches = np.signbit(small)
+    share = np.stack([np.where(patches, 1 + small, small), np.where(patches, -small, 1 - small)], -1)
     out = np.empty_like(x)
     for keys, mass in ((slice(0, prefix), share[..., :1]), (slice(prefix, None), share[..., 1:])):
         total = x[..., keys].sum(-1, keepdims=True)
@@ -48,8 +49,9 @@ def decode_bound(truth: np.ndarray, prefix: int, bits: int) -> np.ndarray:
     """A bound on |decoded - truth| for every entry of rows ``truth`` (``(..., K)``, each row summing to 1).
 
     In a key group with maximum ``m``, ``x = a / m`` is coded as ``round(L sqrt(x))``, so the decoded ``x'`` is within
-    ``e = sqrt(x) / L + 1 / (4 L^2)``. The group is rescaled to its share ``S`` of the row: both shares are kept as
-    float16 (each off by at most ``2^-11 S + 2^-25``) and divided by their sum, so ``dS <= 2^-10 S + 2^-24``. With
+    ``e = sqrt(x) / L + 1 / (4 L^2)``. The group is rescaled to its share ``S`` of the row: the smaller of the two
+    shares is kept as float16 and the larger is 1 minus it, so both are off by ``dS <= 2^-11 min(S, 1 - S) + 2^-25``
+    (float16's rounding, subnormals included; ``S`` itself is a sum of doubles, ``2^-40`` more covers it). With
     ``X``, ``E`` the group's sums of ``x`` and ``e``: ``|a' - a| <= (S (e + x E / X) + dS (x + e)) / (X - E)``
     (no bound unless ``X > E``: too few bits for too many keys).
     """
@@ -65,7 +67,7 @@ def decode_bound(truth: np.ndarray, prefix: int, bits: int) -> np.ndarray:
         e = np.sqrt(x) / levels + 1 / (4 * levels**2)
         X, E, mass = x.sum(-1, keepdims=True), e.sum(-1, keepdims=True), a.sum(-1, keepdims=True)
         assert np.all((X > E) | (top == 0)), "no error bound: too few bits for this many keys"
-        slack = 2**-10 * mass + 2**-24 if prefix else 0.0  # float16's rounding of both shares, subnormals included
+        slack = 2**-11 * np.minimum(mass, 1 - mass) + 2**-25 + 2**-40 if prefix else 0.0  # float16's rounding
         with np.errstate(divide="ignore", invalid="ignore"):  # a group of zeros decodes as exact zeros
             bound[..., keys] = np.where(top > 0, (mass * (e + x * E / X) + slack * (x + e)) / (X - E), 0.0)
     return bound + 1e-6
@@ -78,5 +80,5 @@ def stored(page_data_: dict, image: int) -> tuple[np.ndarray, np.ndarray | None]
     blocks, heads, n = len(page_data_["blocks"]), page_data_["heads"], codes.shape[1]
     share = None
     if "share" in entry:
-        share = np.frombuffer(base64.b64decode(entry["share"]), "<f2").reshape(blocks, heads, n, 2)
+        share = np.frombuffer(base64.b64decode(entry["share"]), "<f2").reshape(blocks, heads, n)
     return codes.reshape(blocks, heads, n, n), share

@@ -174,3 +174,47 @@ def test_a_nan_patch_leaves_the_rest_of_its_map(random_vit, pixels):
     values = np.frombuffer(base64.b64decode(saved["f16"]), "<f2").astype(float) * saved["max"]
     expected = custom[0].nan_to_num(0.0).flatten().numpy()
     np.testing.assert_allclose(values, expected, rtol=2**-11, atol=2**-12 * expected.max())
+
+
+def test_a_photograph_is_stored_as_jpeg_and_coarse_codes_unfiltered_and_both_read_back(browser, tmp_path, random_vit):
+    """Above 64 pixels a side the picture is a JPEG (a photograph: a sixth of its PNG); codes of 3 bits or fewer are a
+    PNG without row filters (deflate alone does better on them). The page shows the one and decodes the other."""
+    torch.manual_seed(0)
+    model = random_vit(img_size=96, patch_size=16, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
+    y, x = torch.meshgrid(torch.arange(96), torch.arange(96), indexing="ij")
+    photo = torch.stack([y * 2, x * 2, 255 - y - x // 2]).clamp(0, 255).to(torch.uint8)[None]  # a smooth gradient
+    path = write_explorer(tmp_path / "e.html", model, photo, mean=MEAN, std=STD, attribution=False, bits=3)
+    data = page_data(path.read_text(encoding="utf-8"))
+    picture = base64.b64decode(data["images"][0]["image"])
+    assert picture[:3] == b"\xff\xd8\xff"  # JPEG
+    attn = base64.b64decode(data["images"][0]["attn"])
+    stream = b"".join(  # the IDAT chunks, by the chunk layout
+        attn[p + 8 : p + 8 + struct.unpack(">I", attn[p : p + 4])[0]]
+        for p in _chunk_offsets(attn)
+        if attn[p + 4 : p + 8] == b"IDAT"
+    )
+    raw = np.frombuffer(zlib.decompress(stream), np.uint8).reshape(-1, 1 + 37)  # (2 heads · 37 tokens, 1 + 37)
+    assert not raw[:, 0].any()  # filter 0 on every row
+    codes, share = stored(data, 0)
+    assert codes.max() <= 7
+    page = Page(browser, path)
+    page.js("() => window.explorer.select({overlay: 'none'})")
+    shown = decode_rows(codes, share, model.num_prefix_tokens, 3)
+    np.testing.assert_allclose(page.row(0, 1, 5), shown[0, 1, 5], rtol=1e-5, atol=1e-7)
+    assert page.js("document.querySelector('#thumbs img').naturalWidth") == 96
+    view = np.array(
+        page.js("""() => { const c = document.getElementById('view');
+        return Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data); }""")
+    ).reshape(320, 320, 4)
+    for r, c in ((20, 20), (150, 90), (300, 250)):  # away from the patch grid's lines
+        expected = photo[0, :, r * 96 // 320, c * 96 // 320].int().numpy()
+        assert np.abs(view[r, c, :3] - expected).max() <= 8, (r, c)
+    assert page.errors == []
+
+
+def _chunk_offsets(png: bytes) -> list[int]:
+    offsets, p = [], 8
+    while p < len(png):
+        offsets.append(p)
+        p += 12 + struct.unpack(">I", png[p : p + 4])[0]
+    return offsets

@@ -27,6 +27,7 @@
   window.addEventListener("unhandledrejection", (e) => fail(e.reason));
 
   function bytes(b64) {
+    if (Uint8Array.fromBase64) return Uint8Array.fromBase64(b64); // native where the browser has it (Chrome 140)
     const bin = atob(b64);
     const out = new Uint8Array(bin.length);
     for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
@@ -74,35 +75,38 @@
     const [buffer] = await Promise.all([new Response(inflater.readable).arrayBuffer(), written]);
     const filtered = new Uint8Array(buffer);
     const stride = width * channels, out = new Uint8Array(stride * height);
-    for (let y = 0; y < height; y++) {
-      const filter = filtered[y * (stride + 1)], src = y * (stride + 1) + 1, at = y * stride;
-      for (let x = 0; x < stride; x++) {
-        const a = x >= channels ? out[at + x - channels] : 0, b = y > 0 ? out[at - stride + x] : 0;
-        const c = x >= channels && y > 0 ? out[at - stride + x - channels] : 0;
-        let guess = 0;
-        if (filter > 4) throw new Error(`PNG row ${y} has an unknown filter ${filter}`);
-        if (filter === 1) guess = a;
-        else if (filter === 2) guess = b;
-        else if (filter === 3) guess = (a + b) >> 1;
-        else if (filter === 4) {
-          const pa = Math.abs(b - c), pb = Math.abs(a - c), pc = Math.abs(a + b - 2 * c);
-          guess = pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
+    for (let y = 0; y < height; y++) { // one loop per filter: the 2.8 million codes of a ViT-S/16 image are many
+      const filter = filtered[y * (stride + 1)], src = y * (stride + 1) + 1, at = y * stride, up = at - stride;
+      if (filter > 4) throw new Error(`PNG row ${y} has an unknown filter ${filter}`);
+      if (filter === 0 || (filter === 2 && y === 0)) {
+        out.set(filtered.subarray(src, src + stride), at);
+      } else if (filter === 1 || (filter === 4 && y === 0)) { // Paeth without a row above predicts from the left
+        for (let x = 0; x < stride; x++) out[at + x] = filtered[src + x] + (x >= channels ? out[at + x - channels] : 0);
+      } else if (filter === 2) {
+        for (let x = 0; x < stride; x++) out[at + x] = filtered[src + x] + out[up + x];
+      } else if (filter === 3) {
+        for (let x = 0; x < stride; x++) {
+          const a = x >= channels ? out[at + x - channels] : 0, b = y > 0 ? out[up + x] : 0;
+          out[at + x] = filtered[src + x] + ((a + b) >> 1);
         }
-        out[at + x] = (filtered[src + x] + guess) & 255;
+      } else {
+        for (let x = 0; x < stride; x++) {
+          const a = x >= channels ? out[at + x - channels] : 0, b = out[up + x];
+          const c = x >= channels ? out[up + x - channels] : 0;
+          const pa = Math.abs(b - c), pb = Math.abs(a - c), pc = Math.abs(a + b - 2 * c);
+          out[at + x] = filtered[src + x] + (pa <= pb && pa <= pc ? a : pb <= pc ? b : c);
+        }
       }
     }
     return { width, height, channels, data: out };
   }
-  async function picture(b64) { // an RGB PNG drawn into a canvas, to be scaled onto the view
-    const { width, height, data } = await png(b64);
-    const canvas = document.createElement("canvas");
-    canvas.width = width;
-    canvas.height = height;
-    const ctx = canvas.getContext("2d");
-    const img = ctx.createImageData(width, height);
-    for (let i = 0; i < width * height; i++) img.data.set([data[3 * i], data[3 * i + 1], data[3 * i + 2], 255], 4 * i);
-    ctx.putImageData(img, 0, 0);
-    return canvas;
+  // An image's picture: a PNG, or a JPEG for a photograph-sized one (its base64 starts "/9j/"), decoded by the browser.
+  const pictureUrl = (b64) => `data:image/${b64.startsWith("/9j/") ? "jpeg" : "png"};base64,${b64}`;
+  async function picture(b64) {
+    const img = new Image();
+    img.src = pictureUrl(b64);
+    await img.decode();
+    return img;
   }
 
   const LUT = bytes(D.lut); // 256 RGB colours (inferno)
@@ -141,7 +145,7 @@
   let maskRows = [];
 
   // The decoded attention of query t in block b, head h ("mean": the mean over heads), as N values: each key group's
-  // codes squared, scaled to the group's share of the row (both stored, as float16).
+  // codes squared, scaled to the group's share of the row (the smaller share is stored, as float16).
   function rescale(codes, base, length, prefix, frontShare, backShare) {
     const out = new Float32Array(length);
     let front = 0, rest = 0;
@@ -149,8 +153,7 @@
       out[j] = SQUARE[codes[base + j]];
       if (j < prefix) front += out[j]; else rest += out[j];
     }
-    const total = frontShare + backShare; // 1 up to float16's rounding: the row then sums to exactly 1
-    const a = front > 0 ? frontShare / total / front : 0, b = rest > 0 ? backShare / total / rest : 0;
+    const a = front > 0 ? frontShare / front : 0, b = rest > 0 ? backShare / rest : 0;
     for (let j = 0; j < length; j++) out[j] *= j < prefix ? a : b;
     return out;
   }
@@ -161,8 +164,10 @@
       return out;
     }
     const at = (b * H + h) * N + t;
-    return P > 0 ? rescale(current.attn, at * N, N, P, current.share[2 * at], current.share[2 * at + 1])
-      : rescale(current.attn, at * N, N, 0, 0, 1);
+    if (!P) return rescale(current.attn, at * N, N, 0, 0, 1);
+    const small = current.share[at], patches = small < 0 || Object.is(small, -0); // the smaller share: see quantize_rows
+    return patches ? rescale(current.attn, at * N, N, P, 1 + small, -small)
+      : rescale(current.attn, at * N, N, P, small, 1 - small);
   }
   function poolRow(h, i) { // the attention-pooling head's latent query i over the patches
     if (h === "mean") {
@@ -186,16 +191,19 @@
   function codesOf(values) { // colour-map indices, each map scaled to its own maximum (matplotlib's binning)
     let max = 0;
     for (const v of values) max = Math.max(max, v);
-    return Array.from(values, (v) => (max > 0 ? Math.min(255, Math.floor((v / max) * 256)) : 0));
+    return Uint8Array.from(values, (v) => (max > 0 ? Math.min(255, Math.floor((v / max) * 256)) : 0));
   }
   function paint(canvas, values, ramp = false) { // ramp: transparent where low, so the image shows through
-    canvas.width = GW;
-    canvas.height = GH;
+    if (canvas.width !== GW || canvas.height !== GH) [canvas.width, canvas.height] = [GW, GH];
     const ctx = canvas.getContext("2d");
-    const img = ctx.createImageData(GW, GH);
-    codesOf(values).forEach((c, i) => {
-      img.data.set([LUT[3 * c], LUT[3 * c + 1], LUT[3 * c + 2], ramp ? 40 + (c * 175) / 255 : 255], 4 * i);
-    });
+    const img = ctx.createImageData(GW, GH), data = img.data, codes = codesOf(values);
+    for (let i = 0; i < codes.length; i++) {
+      const c = codes[i];
+      data[4 * i] = LUT[3 * c];
+      data[4 * i + 1] = LUT[3 * c + 1];
+      data[4 * i + 2] = LUT[3 * c + 2];
+      data[4 * i + 3] = ramp ? 40 + (c * 175) / 255 : 255;
+    }
     ctx.putImageData(img, 0, 0);
   }
   function outline(ctx, allowed, size, color) { // the border of the allowed patches
@@ -478,7 +486,7 @@
   $("stage").append(heatCanvas);
   const ready = update({}).then(nextFrame).then(() => { timings.open = performance.now(); });
   ready.then(() => Promise.all(D.images.map(async (_, i) => { // the thumbnails, once the first image is drawn
-    $("thumbs").children[i].querySelector("img").src = `data:image/png;base64,${await element("picture", i)}`;
+    $("thumbs").children[i].querySelector("img").src = pictureUrl(await element("picture", i));
   }))).catch(fail);
   // For tests and benchmarks: the state, the decoded rows of the shown image, and a way to select.
   window.explorer = {
