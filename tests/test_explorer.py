@@ -250,6 +250,7 @@ def test_clicked_patch_and_tokens_show_the_captured_attention(browser, tmp_path,
     np.testing.assert_allclose(page.row(1, 0, 0), shown[1, 0, 0], rtol=1e-5, atol=1e-7)
     assert_drawn(page, 1, 0, shown[1, 0, 0, P:], slack=1)
     assert page.cell_stats(1)[1] is None  # a token has no position: no distance
+    assert page.js("() => Array.from(document.querySelectorAll('.cell div.query'), q => q.hidden)") == [True] * 3 * 3
     page.page.get_by_role("button", name="reg 1").click()
     page.settle()
     assert page.state()["query"]["index"] == 2
@@ -318,6 +319,11 @@ def test_window_sliding_and_linear_blocks(browser, tmp_path, random_vit, pixels,
     kind = {"window": "window", "sliding": "sliding window", "linear": "linear (implicit)"}
     page.click_patch(1, 2, grid)
     t = P + 1 * grid[1] + 2
+    square = page.js("""() => Array.from(document.querySelectorAll('.cell div.query'),
+        q => [q.hidden, q.style.left, q.style.top, q.style.width, q.style.height])""")
+    assert grid == (4, 4) and square == [[False, "50%", "25%", "25%", "25%"]] * 2 * 3  # every map: row 1, column 2
+    outlines = page.js("() => document.querySelectorAll('canvas.marks').length")  # window / sliding blocks only
+    assert outlines == (0 if config.get("linear_attention") else 2 * 3)
     for b, attn in enumerate(record):
         module = model.blocks[b].attn
         expected = kind["linear" if config.get("linear_attention") else config.get("window_type", "window")]

@@ -226,6 +226,13 @@
     if (isPool() || b < 0 || !maskRows[b] || state.query.index < P) return null;
     return maskRows[b].subarray(state.query.index * N + P, state.query.index * N + N);
   }
+  function placeQuery(square) { // a small map's query square, in percent of the map
+    square.hidden = isPool() || state.query.index < P;
+    if (square.hidden) return;
+    const p = state.query.index - P;
+    Object.assign(square.style, { left: `${(100 * (p % GW)) / GW}%`, top: `${(100 * Math.floor(p / GW)) / GH}%`,
+      width: `${100 / GW}%`, height: `${100 / GH}%` });
+  }
   function markQuery(ctx, size) {
     if (isPool() || state.query.index < P) return;
     const p = state.query.index - P, cw = size / GW, ch = size / GH;
@@ -285,10 +292,15 @@
         cell.title = `${b >= 0 ? "block " + b : "MAP head"}, ${h === "mean" ? "mean of the heads" : "head " + h}`;
         const heat = document.createElement("canvas");
         heat.className = "heat";
-        const marks = document.createElement("canvas");
-        marks.className = "marks";
-        marks.width = marks.height = 2 * size;
-        cell.append(heat, marks);
+        const query = document.createElement("div"); // the query's square: an element, not a canvas to redraw
+        query.className = "query";
+        cell.append(heat, query);
+        if (b >= 0 && D.blocks[b].mask) { // only window and sliding blocks outline a neighbourhood
+          const marks = document.createElement("canvas");
+          marks.className = "marks";
+          marks.width = marks.height = 2 * size;
+          cell.append(marks);
+        }
         cell.addEventListener("click", () => {
           if (isPool() !== (b === -1)) return; // a greyed-out row: it has no map for this query
           timed(() => update({ block: b, head: h, overlay: "attention" }));
@@ -304,7 +316,9 @@
   function drawGrid() {
     const shown = new Set(gridRows().map((r) => r.block));
     for (const tr of $("heads").querySelectorAll("tr[data-block]")) {
-      tr.classList.toggle("off", !shown.has(Number(tr.dataset.block)));
+      const off = !shown.has(Number(tr.dataset.block));
+      tr.classList.toggle("off", off);
+      if (off) for (const square of tr.querySelectorAll("div.query")) square.hidden = true; // not this query's row
     }
     for (const r of gridRows()) {
       const allowed = allowedPatches(r.block);
@@ -312,10 +326,12 @@
         const h = cell.dataset.head === "mean" ? "mean" : Number(cell.dataset.head);
         paint(cell.querySelector("canvas.heat"), r.values(h));
         const marks = cell.querySelector("canvas.marks");
-        const ctx = marks.getContext("2d");
-        ctx.clearRect(0, 0, marks.width, marks.height);
-        if (allowed) outline(ctx, allowed, marks.width, "#00e5ff");
-        markQuery(ctx, marks.width);
+        if (marks) {
+          const ctx = marks.getContext("2d");
+          ctx.clearRect(0, 0, marks.width, marks.height);
+          if (allowed) outline(ctx, allowed, marks.width, "#00e5ff");
+        }
+        placeQuery(cell.querySelector("div.query"));
         cell.classList.toggle("on", r.block === state.block && h === state.head);
       }
       const s = stats(r.full(state.head));
