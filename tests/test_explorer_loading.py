@@ -201,7 +201,7 @@ def test_a_photograph_is_stored_as_jpeg_and_coarse_codes_unfiltered_and_both_rea
     page.js("() => window.explorer.select({overlay: 'none'})")
     shown = decode_rows(codes, share, model.num_prefix_tokens, 3)
     np.testing.assert_allclose(page.row(0, 1, 5), shown[0, 1, 5], rtol=1e-5, atol=1e-7)
-    assert page.js("document.querySelector('#thumbs img').naturalWidth") == 96
+    page.page.wait_for_function("document.querySelector('#thumbs img').naturalWidth === 96")  # filled once drawn
     view = np.array(
         page.js("""() => { const c = document.getElementById('view');
         return Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data); }""")
