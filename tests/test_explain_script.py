@@ -291,8 +291,8 @@ def test_report_shows_every_method_side_by_side_and_opens_on_the_explorer(checkp
     files = image_files(tmp_path)[:2]
     report = tmp_path / "report.html"
     methods = ["attnlrp", "rollout", "gradxinput"]
-    result = explain(checkpoint, *files, "--out", tmp_path / "o", "--no-overlays", "--html", report,
-                     "--methods", ",".join(methods), "--faithfulness", "--steps", "2")  # fmt: skip
+    result = explain(checkpoint, *files, "--out", tmp_path / "o", "--no-overlays", "--html", report, "--methods",
+                     ",".join(methods), "--faithfulness", "--steps", "2", "--explorer-bits", "4")  # fmt: skip
     assert result.returncode == 0, result.stderr
     text = report.read_text()
     panels = re.findall(r'<div class="panel">(.*?)</figure></div>', text.split('<section id="report">', 1)[1], re.S)
@@ -301,7 +301,7 @@ def test_report_shows_every_method_side_by_side_and_opens_on_the_explorer(checkp
         assert re.findall(r'alt="([^"]+)"', panel) == [f"image {file.name}"] + [f"{m} of {file.name}" for m in methods]
     data = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', text, re.S)
     payload = json.loads(data.group(1))
-    assert set(payload["map_names"]) == set(methods) and len(payload["images"]) == 2
+    assert set(payload["map_names"]) == set(methods) and len(payload["images"]) == 2 and payload["bits"] == 4
     assert set(payload["faithfulness"]["deletion_auc"]) == {*methods, "random"}
     table = text.split('<table id="faithfulness">', 1)[1].split("</table>", 1)[0]
     assert [re.sub("<.*?>", "", row) for row in re.findall(r"<tr><td>(.*?)</td>", table)] == [*methods, "random"]

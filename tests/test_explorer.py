@@ -106,16 +106,50 @@ def test_too_many_images_are_refused_with_how_many_fit(tmp_path, random_vit, pix
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
     one = one_image_page(model, pixels)
     with pytest.raises(ExplorerTooLarge, match=r"^3 images are too many .* about \d+ fit") as err:
-        write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, max_bytes=one + 1_200, batch_size=1)
+        write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, max_bytes=one + 1_200, batch_size=1,
+                       bits=6)  # fmt: skip
     assert "\n" not in str(err.value)
     assert not (tmp_path / "e.html").exists() and not list(tmp_path.iterdir())
     seen, real = [], explorer.explain_images  # with a subset note: the first that fit, each image explained once
     monkeypatch.setattr(explorer, "explain_images", lambda m, x, **kw: seen.append(len(x)) or real(m, x, **kw))
-    data = explorer_payload(model, pixels, mean=MEAN, std=STD, max_bytes=one + 1_200, batch_size=1, subset_note=str)
+    data = explorer_payload(model, pixels, mean=MEAN, std=STD, max_bytes=one + 1_200, batch_size=1, subset_note=str,
+                            bits=6)  # fmt: skip
     kept = len(data["images"])
     assert 1 <= kept < 3 and data["note"] == str(kept) and sum(seen) == kept + 1
     with pytest.raises(ValueError, match="map 'bad' has shape"):
         write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, maps={"bad": torch.zeros(3, 2, 2)})
+
+
+def test_auto_bits_are_the_finest_that_fit_and_the_page_says_so(tmp_path, random_vit, pixels):
+    model = random_vit(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=4).eval()
+    same = pixels[:1].repeat(4, 1, 1, 1)  # four equal images: the first one's size is every one's
+
+    def page(bits, max_bytes=None):
+        data = explorer_payload(model, same, mean=MEAN, std=STD, max_bytes=max_bytes, bits=bits, attribution=False)
+        return data, len(render_explorer(data).encode())
+
+    size = {bits: page(bits)[1] for bits in (6, 5, 4, 3)}
+    assert size[6] > size[5] > size[4] > size[3]
+    data, _ = page("auto")  # no limit: the finest
+    assert data["bits"] == 6 and data["note"] is None
+    for bits in (6, 5, 4, 3):
+        limit = size[bits] + 1_200  # this one fits (the estimate keeps 1 kB for map names and the note)
+        data, written = page("auto", limit)
+        assert data["bits"] == bits and written <= limit
+        if bits < 6:
+            assert size[bits + 1] > limit  # the next finer one would not have fit
+            assert data["note"] == (f"The attention is stored at {bits} bits per value instead of 6 to keep this file "
+                                    f"under {limit / 1e6:.1f} MB: the small maps are coarser.")  # fmt: skip
+    one = one_image_page(model, same, bits=3, attribution=False)
+    with pytest.raises(ExplorerTooLarge, match=r"^4 images are too many .* about [12] fit"):
+        page("auto", (one + size[3]) // 2)  # not even 3 bits fit all four: refused as without auto
+    codes, _ = stored(page("auto", size[4] + 1_200)[0], 0)
+    assert codes.max() <= 15  # 4-bit codes
+    from vit.callbacks import AttentionRolloutLogger
+
+    callback_args = dict(num_images=1, statistics=False, faithfulness_every_n=0)
+    with pytest.raises(ValueError, match='explorer_bits must be "auto" or an integer from 2 to 8, got 9'):
+        AttentionRolloutLogger(**callback_args, explorer_bits=9)
 
 
 HOSTILE = ["{{js}}", "{{data}}", "</script><img src=x onerror=window.hacked=1>", "a & b > c"]
@@ -413,7 +447,8 @@ def test_report_opens_on_the_explorer_and_keeps_the_summary(browser, tmp_path, c
     assert page.errors == []
 
     one = one_image_page(model, pixels, results.shown_maps(), attribution=False, faithfulness=results.faithfulness)
-    small = render_report(files, results, "r", model=model, pixels=pixels, mean=MEAN, std=STD, max_bytes=one + 1_200)
+    small = render_report(files, results, "r", model=model, pixels=pixels, mean=MEAN, std=STD, max_bytes=one + 1_200,
+                          bits=6)  # fmt: skip
     (tmp_path / "s.html").write_text(small)
     page = Page(browser, tmp_path / "s.html")
     count = page.js("() => window.explorer.data.images.length")
@@ -461,7 +496,8 @@ def test_rollout_logger_keeps_the_images_that_fit(tmp_path):
     module = ImageClassifier(
         "vit_tiny_patch4_32", num_classes=10, img_size=32, model_overrides={"depth": 2, "embed_dim": 32, "num_heads": 2}
     )
-    callback = AttentionRolloutLogger(num_images=4, statistics=False, faithfulness_every_n=0, explorer_max_bytes=45_000)
+    callback = AttentionRolloutLogger(num_images=4, statistics=False, faithfulness_every_n=0, explorer_max_bytes=45_000,
+                                      explorer_bits=6)  # fmt: skip
     trainer = pl.Trainer(
         default_root_dir=tmp_path, accelerator="cpu", max_epochs=1, limit_train_batches=1, limit_val_batches=1,
         num_sanity_val_steps=0, callbacks=[callback], logger=False, enable_progress_bar=False,

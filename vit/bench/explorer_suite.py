@@ -6,12 +6,14 @@ page (navigation start to the frame after the first drawn query; median and slow
 click on a patch (click to the next frame) and a switch to another image. Weights are the model's initialisation
 unless ``--explorer-weights`` gives a state dict for the ``cifar10_cpu`` model: trained attention is peaked and
 compresses differently from the near-uniform attention of a new model, so the report says which was measured.
-``--explorer-bits`` sets the bits per attention code (:data:`vit.explain.explorer.DEFAULT_BITS` by default).
+``--explorer-bits`` sets the bits per attention code; by default (``auto``) the explorer picks the finest of 6 to 3
+bits at which the case's images fit its budget, as ``vit explain`` and the training callback do.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import tempfile
 import time
@@ -23,7 +25,6 @@ import torch
 
 from vit.bench.harness import BenchError, check, log, print_table, write_report
 from vit.bench.photos import photo_like
-from vit.explain.explorer import DEFAULT_BITS
 
 CASES = {  # name: (preset, overrides, images, size budget in bytes)
     "cifar10_cpu": (
@@ -53,11 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--explorer-browser", default=None, help="Chromium executable (default: chromium on PATH)")
     group.add_argument(
         "--explorer-bits",
-        type=int,
-        choices=range(2, 9),
-        metavar="{2..8}",
-        default=DEFAULT_BITS,
-        help=f"bits per attention code (default: {DEFAULT_BITS})",
+        type=lambda value: value if value == "auto" else int(value),
+        choices=("auto", *range(2, 9)),
+        metavar="{auto,2..8}",
+        default="auto",
+        help="bits per attention code (default: auto, the finest of 6 to 3 that fits the case's budget)",
     )
     group.add_argument(
         "--explorer-cases",
@@ -118,7 +119,7 @@ def browser_times(path: Path, executable: str, grid: tuple[int, int], opens: int
 
 def run_explorer_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
     """Measure every case of :data:`CASES`; the checks are the size budgets and the browser's 200 ms."""
-    from vit.explain.explorer import write_explorer
+    from vit.explain.explorer import AUTO_BITS, ExplorerTooLarge, write_explorer
     from vit.models import create_model
 
     executable = args.explorer_browser or find_chromium()
@@ -144,9 +145,15 @@ def run_explorer_suite(args: argparse.Namespace, device: torch.device, report: d
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / f"{name}.html"
             start = time.perf_counter()
-            write_explorer(path, model, images, mean=MEAN, std=STD, max_bytes=None, bits=args.explorer_bits)
+            limit = budget if args.explorer_bits == "auto" else None  # auto: the bits that fit the budget
+            try:
+                write_explorer(path, model, images, mean=MEAN, std=STD, max_bytes=limit, bits=args.explorer_bits)
+            except ExplorerTooLarge:  # not even auto's coarsest fits: measured at it, and the budget check fails
+                start = time.perf_counter()
+                write_explorer(path, model, images, mean=MEAN, std=STD, max_bytes=None, bits=AUTO_BITS[-1])
             seconds = time.perf_counter() - start
-            row = {"case": name, "images": count, "weights": weights, "bits": args.explorer_bits,
+            bits = int(re.search(r'"bits":(\d)', path.read_text(encoding="utf-8"))[1])  # what auto chose
+            row = {"case": name, "images": count, "weights": weights, "bits": bits,
                    "bytes": path.stat().st_size, "write_s": seconds, "budget": budget}  # fmt: skip
             if executable is not None:
                 row.update(browser_times(path, executable, tuple(model.patch_embed.grid_size)))

@@ -169,6 +169,8 @@ class AttentionRolloutLogger(Callback):
             about 60 kB per image for a 64-patch model) and log it to W&B.
         explorer_max_bytes: Size limit of that file: past it, the explorer holds the first images that fit, and
             says so on the page.
+        explorer_bits: Bits per attention code in that file, 2 to 8, or ``"auto"``: the finest of 6 to 3 at which
+            the images fit ``explorer_max_bytes`` (:func:`~vit.explain.write_explorer`).
         method: The main map, a name of :data:`~vit.explain.METHODS` (default: AttnLRP, the most faithful map a
             plain install has, measured in ``docs/results/faithfulness.json``); ``"rollout"`` or ``"attribution"``
             draws no further grid.
@@ -192,6 +194,7 @@ class AttentionRolloutLogger(Callback):
         faithfulness_steps: int = 10,
         explorer: bool = True,
         explorer_max_bytes: int = DEFAULT_MAX_BYTES,
+        explorer_bits: int | str = "auto",
         method: str = DEFAULT_METHOD,
     ) -> None:
         super().__init__()
@@ -224,7 +227,9 @@ class AttentionRolloutLogger(Callback):
         self.panel_kwargs = dict(alpha=alpha, cmap=cmap, size=display_size)
         self.attribution, self.faithfulness_every_n = attribution, faithfulness_every_n
         self.faithfulness_steps = faithfulness_steps
-        self.explorer, self.explorer_max_bytes = explorer, explorer_max_bytes
+        if explorer_bits != "auto" and explorer_bits not in range(2, 9):
+            raise ValueError(f'explorer_bits must be "auto" or an integer from 2 to 8, got {explorer_bits!r}')
+        self.explorer, self.explorer_max_bytes, self.explorer_bits = explorer, explorer_max_bytes, explorer_bits
         self.images: torch.Tensor | None = None  # (B, C, H, W) as the data gives them: uint8, or normalised float
         self.labels: torch.Tensor | None = None
         self.indices: list[int] = []
@@ -411,7 +416,7 @@ class AttentionRolloutLogger(Callback):
             labels=self.labels, class_names=self.class_names,
             names=[f"validation image {i}" for i in self.indices] if self.indices else None, maps=maps,
             attribution=False, faithfulness=scores, title=f"epoch {epoch}: attention of the validation images",
-            max_bytes=self.explorer_max_bytes,
+            max_bytes=self.explorer_max_bytes, bits=self.explorer_bits,
             subset_note=subset_note,
         )  # fmt: skip
         for logger in loggers.wandb_loggers(trainer):

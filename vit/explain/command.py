@@ -341,12 +341,25 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--html", type=Path, default=None, help="write a self-contained HTML report here")
     parser.add_argument("--report-block", type=int, default=-1, help="block whose per-head maps the report shows")
+    parser.add_argument(
+        "--explorer-bits",
+        type=explorer_bits,
+        choices=("auto", *range(2, 9)),
+        metavar="{auto,2..8}",
+        default="auto",
+        help="bits per attention code in the report's explorer (default: auto, the finest of 6 to 3 that fits 4 MB)",
+    )
     parser.add_argument("--head-fusion", choices=get_args(HeadFusion), default="mean", help="rollout: fuse heads by")
     parser.add_argument("--discard-ratio", type=float, default=0.0, help="rollout: drop this fraction of weak links")
     parser.add_argument("--alpha", type=float, default=0.6, help="heatmap opacity in [0, 1]")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default: 64)")
     parser.add_argument("--no-overlays", action="store_true", help="write no per-image PNGs (grids and report only)")
     return parser
+
+
+def explorer_bits(value: str) -> int | str:
+    """``--explorer-bits``: ``"auto"`` or a number of bits (argparse checks it against the choices)."""
+    return value if value == "auto" else int(value)
 
 
 def new_folder(path: Path) -> Path:
@@ -448,6 +461,6 @@ def write_outputs(args: argparse.Namespace, files: Sequence[Path], results: Resu
     if args.html is not None:
         html = render_report(
             files, results, title=f"{args.checkpoint.name}: {len(files)} images", alpha=args.alpha,
-            model=explainer.model, pixels=pixels, mean=explainer.mean, std=explainer.std,
+            model=explainer.model, pixels=pixels, mean=explainer.mean, std=explainer.std, bits=args.explorer_bits,
         )  # fmt: skip
         write_atomic(args.html, html.encode())

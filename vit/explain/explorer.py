@@ -54,8 +54,12 @@ CODES = ("attn", "share", "pool")
 DEFAULT_BITS = 6
 """Bits per attention code: a value ``a`` comes back within about ``m sqrt(a / m) / 63`` (``m``: the maximum of its key
 group), 1.6 % of ``m`` at the top of a row and finer in its tail."""
-DEFAULT_MAX_BYTES = 16_000_000
-"""Largest explorer written by default (16 MB; the docs' Explorer section has the size per image of several models)."""
+AUTO_BITS = (6, 5, 4, 3)
+"""The bits ``bits="auto"`` tries, finest first: the first whose file fits ``max_bytes``, else the last (then images
+are refused or left out as without it). Below 3 bits a map has 4 shades: too coarse to choose without being asked."""
+DEFAULT_MAX_BYTES = 4_000_000
+"""Largest explorer written by default: 4 MB, which 16 images of the CIFAR-10 recipe's model take a quarter of at
+6 bits, and 8 of ViT-S/16 fill at 3 (the docs' Explorer section has the sizes)."""
 
 
 class ExplorerTooLarge(ValueError):
@@ -234,7 +238,7 @@ def explorer_payload(
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     batch_size: int = 8,
     subset_note: Callable[[int], str] | None = None,
-    bits: int = DEFAULT_BITS,
+    bits: int | str = "auto",
 ) -> dict[str, Any]:
     """The explorer's data as a JSON-ready dict (see :func:`write_explorer` for the arguments).
 
@@ -242,9 +246,11 @@ def explorer_payload(
         ExplorerTooLarge: As soon as the encoded images pass ``max_bytes`` (with ``subset_note``: if not even the
             first image fits).
         ValueError: If a map is not ``(B, rows, cols)`` on the model's patch grid, the images are not a batch of at
-            least one, or ``bits`` is not 2 to 8.
+            least one, or ``bits`` is not ``"auto"`` or 2 to 8.
     """
-    _check_bits(bits)
+    auto = bits == "auto"
+    if not auto:
+        _check_bits(bits)
     grid = tuple(model.patch_embed.grid_size)
     if images.ndim != 4 or not len(images):
         raise ValueError(f"images must be a (B, C, H, W) batch of at least one image, got shape {tuple(images.shape)}")
@@ -267,7 +273,7 @@ def explorer_payload(
         "size": [int(images.shape[-2]), int(images.shape[-1])],
         "cls": getattr(model, "cls_token", None) is not None,
         "prefix": int(model.num_prefix_tokens),
-        "bits": bits,
+        "bits": AUTO_BITS[0] if auto else bits,
         "heads": None,
         "blocks": _block_info(model),
         "lut": _b64(apply_colormap(np.arange(256) / 255.0).tobytes()),
@@ -277,12 +283,16 @@ def explorer_payload(
     }
     if subset_note is not None:  # sized with the longest note a subset can get (its count has the most digits)
         payload["note"] = subset_note(B)
-    base = len(render_explorer(payload).encode("utf-8")) + 1_000  # the page without images; 1 kB for the map names
+    base = len(render_explorer(payload).encode("utf-8")) + 1_000  # the page without images; 1 kB: map names, bits note
     total, computed = base, {}
     for start in range(0, B, batch_size):
         chunk_labels = None if labels is None else labels[start : start + batch_size]
-        entries = _encode_chunk(model, images[start : start + batch_size], start, chunk_labels, payload, computed,
-                                maps, mean=mean, std=std, class_names=class_names, attribution=attribution)  # fmt: skip
+        part, local = _explain_chunk(model, images[start : start + batch_size], chunk_labels, payload, computed, maps,
+                                     mean=mean, std=std, class_names=class_names, attribution=attribution)  # fmt: skip
+        if auto and start == 0 and max_bytes is not None:
+            payload["bits"] = _fitting_bits(part, local, payload["prefix"], B, max_bytes - base)
+        prefix, chosen = payload["prefix"], payload["bits"]
+        entries = [_encode_image(part, i, local, start, prefix, chosen) for i in range(len(part.probs))]
         for entry in entries:
             entry["name"] = names[entry["index"]] if names is not None else f"image {entry['index']}"
             payload["images"].append(entry)
@@ -306,16 +316,28 @@ def explorer_payload(
             )
     if subset_note is not None:
         payload["note"] = subset_note(len(payload["images"])) if len(payload["images"]) < B else note
+    if payload["bits"] < AUTO_BITS[0] and auto:
+        coarser = (f"The attention is stored at {payload['bits']} bits per value instead of {AUTO_BITS[0]} to keep "
+                   f"this file under {max_bytes / 1e6:.1f} MB: the small maps are coarser.")  # fmt: skip
+        payload["note"] = " ".join(filter(None, (payload["note"], coarser)))
     order = list(maps) + [name for name in computed if name not in maps]
     first = (DEFAULT_METHOD, "rollout", "attribution")  # the page opens on the first: the default map
     payload["map_names"] = sorted(order, key=lambda n: first.index(n) if n in first else len(first))
     return payload
 
 
-def _encode_chunk(
+def _fitting_bits(part: Explanation, maps: Mapping[str, torch.Tensor], prefix: int, count: int, room: int) -> int:
+    """The finest of :data:`AUTO_BITS` at which ``count`` images, each the size of the batch's first, take at most
+    ``room`` bytes; the coarsest if none does (the caller then refuses or leaves images out)."""
+    for bits in AUTO_BITS:
+        if count * len(json.dumps(_encode_image(part, 0, maps, 0, prefix, bits))) <= room:
+            return bits
+    return AUTO_BITS[-1]
+
+
+def _explain_chunk(
     model: nn.Module,
     chunk: torch.Tensor,
-    start: int,
     labels: torch.Tensor | None,
     payload: dict[str, Any],
     computed: dict[str, list[torch.Tensor]],
@@ -325,8 +347,8 @@ def _encode_chunk(
     std: Sequence[float] | None,
     class_names: Sequence[str] | None,
     attribution: bool,
-) -> list[dict[str, Any]]:
-    """Explain one batch of images (``start`` = the index of its first) and encode each for the page.
+) -> tuple[Explanation, dict[str, torch.Tensor]]:
+    """Explain one batch of images: its explanation, and every image-level map of the images so far.
 
     The rollout (and the attribution, when asked and not in ``maps``) of the batch is appended to ``computed``, and
     ``payload``'s head and latent-query counts are set from what the model returned.
@@ -340,7 +362,7 @@ def _encode_chunk(
     local = {**{k: torch.cat(v) for k, v in computed.items()}, **maps}
     payload["heads"] = int(part.attentions[0].shape[1])
     payload["latent"] = 0 if part.pool_attention is None else int(part.pool_attention.shape[2])
-    return [_encode_image(part, i, local, start, payload["prefix"], payload["bits"]) for i in range(len(chunk))]
+    return part, local
 
 
 def _attribute(model: nn.Module, chunk: torch.Tensor, mean: Sequence[float] | None, std: Sequence[float] | None):
@@ -437,7 +459,7 @@ def write_explorer(
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     batch_size: int = 8,
     subset_note: Callable[[int], str] | None = None,
-    bits: int = DEFAULT_BITS,
+    bits: int | str = "auto",
 ) -> Path:
     """Write the explorer of ``images`` to ``path`` (one HTML file, no network), atomically.
 
@@ -464,8 +486,9 @@ def write_explorer(
         subset_note: Instead of refusing images past ``max_bytes``, keep the first ones that fit (the later ones
             are not explained at all) and show ``subset_note(kept)`` as the note (the images of
             :func:`explorer_payload`'s result are those kept). ``None``: refuse.
-        bits: Bits per attention code (2 to 8; see :func:`quantize_rows` and :data:`DEFAULT_BITS`): fewer make a
-            smaller file and coarser maps.
+        bits: Bits per attention code, 2 to 8 (see :func:`quantize_rows`): fewer make a smaller file and coarser
+            maps. ``"auto"``: the finest of :data:`AUTO_BITS` (6 to 3) at which the images, sized by the first,
+            fit ``max_bytes``, said in the page's note when below 6 (6 without a limit).
 
     Returns:
         ``path``.
@@ -473,7 +496,8 @@ def write_explorer(
     Raises:
         ExplorerTooLarge: If the images would pass ``max_bytes`` (with ``subset_note``: if the first does); the
             message says how many fit.
-        ValueError: If a map is not on the model's patch grid, ``images`` holds no image, or ``bits`` is not 2 to 8.
+        ValueError: If a map is not on the model's patch grid, ``images`` holds no image, or ``bits`` is not
+            ``"auto"`` or 2 to 8.
     """
     payload = explorer_payload(
         model, images, mean=mean, std=std, labels=labels, class_names=class_names, names=names, maps=maps,

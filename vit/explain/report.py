@@ -123,6 +123,7 @@ def render_report(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    bits: int | str = "auto",
 ) -> str:
     """The whole report as one HTML string (see the module docstring).
 
@@ -136,6 +137,8 @@ def render_report(
         mean: Per-channel mean of the normalisation.
         std: Per-channel standard deviation.
         max_bytes: Size limit of the explorer: beyond it, the explorer holds the first images that fit, and says so.
+        bits: Bits per attention code of the explorer, 2 to 8, or ``"auto"`` (see
+            :func:`~vit.explain.write_explorer`).
     """
     body = _static_body(files, results, title, alpha)
     if model is None or pixels is None:
@@ -143,17 +146,17 @@ def render_report(
             f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n"
         )
-    return _with_explorer(files, results, title, body, model, pixels, mean, std, max_bytes)
+    return _with_explorer(files, results, title, body, model, pixels, mean, std, max_bytes, bits)
 
 
-def _with_explorer(files, results, title, body, model, pixels, mean, std, max_bytes) -> str:
+def _with_explorer(files, results, title, body, model, pixels, mean, std, max_bytes, bits) -> str:
     """The explorer of the images (as many as fit under ``max_bytes``, with a note), the static body below it."""
     explanation = results.explanation
     maps = results.shown_maps()
     payload = explorer_payload(
         model, pixels, mean=mean, std=std, class_names=explanation.class_names, labels=explanation.labels,
         names=[file_name(f) for f in files], maps=maps, attribution=False, faithfulness=results.faithfulness,
-        title=title, max_bytes=max_bytes,
+        title=title, max_bytes=max_bytes, bits=bits,
         subset_note=lambda count: (
             f"The explorer holds the first {count} of {len(files)} images (the file size limit); "
             "the summary below covers all of them."
