@@ -120,36 +120,39 @@ def test_too_many_images_are_refused_with_how_many_fit(tmp_path, random_vit, pix
         write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, maps={"bad": torch.zeros(3, 2, 2)})
 
 
-def test_auto_bits_are_the_finest_that_fit_and_the_page_says_so(tmp_path, random_vit, pixels):
+def test_auto_bits_are_the_finest_that_fit_and_the_page_says_so(tmp_path, random_vit):
+    torch.manual_seed(0)
     model = random_vit(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=4).eval()
-    same = pixels[:1].repeat(4, 1, 1, 1)  # four equal images: the first one's size is every one's
+    images = torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8)
+    long_names = ["first", *(f"{i}: " + "a long file name " * 1_000 for i in range(1, 6))]  # the first undersizes
 
-    def page(bits, max_bytes=None):
-        data = explorer_payload(model, same, mean=MEAN, std=STD, max_bytes=max_bytes, bits=bits, attribution=False)
+    def page(pixels, bits, max_bytes=None, names=long_names):
+        data = explorer_payload(model, pixels, mean=MEAN, std=STD, max_bytes=max_bytes, bits=bits, attribution=False,
+                                names=names)  # fmt: skip
         return data, len(render_explorer(data).encode())
 
-    size = {bits: page(bits)[1] for bits in (6, 5, 4, 3)}
+    size = {bits: page(images, bits)[1] for bits in (6, 5, 4, 3)}
     assert size[6] > size[5] > size[4] > size[3]
-    data, _ = page("auto")  # no limit: the finest
+    data, _ = page(images, "auto")  # no limit: the finest
     assert data["bits"] == 6 and data["note"] is None
-    for bits in (6, 5, 4, 3):
-        limit = size[bits] + 1_200  # this one fits (the estimate keeps 1 kB for map names and the note)
-        data, written = page("auto", limit)
-        assert data["bits"] == bits and written <= limit
-        if bits < 6:
-            assert size[bits + 1] > limit  # the next finer one would not have fit
-            assert data["note"] == (f"The attention is stored at {bits} bits per value instead of 6 to keep this file "
-                                    f"under {limit / 1e6:.1f} MB: the small maps are coarser.")  # fmt: skip
-    one = one_image_page(model, same, bits=3, attribution=False)
-    with pytest.raises(ExplorerTooLarge, match=r"^4 images are too many .* about [12] fit"):
-        page("auto", (one + size[3]) // 2)  # not even 3 bits fit all four: refused as without auto
-    codes, _ = stored(page("auto", size[4] + 1_200)[0], 0)
-    assert codes.max() <= 15  # 4-bit codes
+    for bits in (5, 4, 3):
+        limit = size[bits] + 200  # room for the page's note on the bits
+        assert page(images[:1].repeat(6, 1, 1, 1), 6, names=["first"] * 6)[1] < limit  # as the first sizes them
+        data, written = page(images, "auto", limit)
+        assert data["bits"] == bits and written <= limit < size[bits + 1]  # the finest that fits, one step at a time
+        assert data["note"] == (f"The attention is stored at {bits} bits per value instead of 6 to keep the explorer "
+                                f"under {limit / 1e3:.0f} kB: the small maps are coarser.")  # fmt: skip
+        assert stored(data, 1)[0].max() <= 2**bits - 1
+    with pytest.raises(ExplorerTooLarge, match=r"^6 images are too many .* over the \d+ kB limit; about [1-5] fit"):
+        page(images, "auto", size[3] // 2)  # not even 3 bits fit: refused as without "auto"
+    _, written = page(images, 6, size[6] + 50)  # the limit holds to the byte: the page is counted as it is written
+    assert written <= size[6] + 50
+    with pytest.raises(ExplorerTooLarge):
+        page(images, 6, size[6] - 1)
     from vit.callbacks import AttentionRolloutLogger
 
-    callback_args = dict(num_images=1, statistics=False, faithfulness_every_n=0)
-    with pytest.raises(ValueError, match='explorer_bits must be "auto" or an integer from 2 to 8, got 9'):
-        AttentionRolloutLogger(**callback_args, explorer_bits=9)
+    with pytest.raises(ValueError, match='explorer_bits must be "auto" or an integer from 2 to 8, got 6.0'):
+        AttentionRolloutLogger(num_images=1, statistics=False, faithfulness_every_n=0, explorer_bits=6.0)
 
 
 HOSTILE = ["{{js}}", "{{data}}", "</script><img src=x onerror=window.hacked=1>", "a & b > c"]

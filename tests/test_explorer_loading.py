@@ -160,7 +160,7 @@ def test_no_image_or_bad_bits_are_refused_before_a_page_is_written(tmp_path, ran
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
     with pytest.raises(ValueError, match=r"at least one image, got shape \(0, 3, 32, 32\)"):
         write_explorer(tmp_path / "e.html", model, pixels[:0], mean=MEAN, std=STD)
-    with pytest.raises(ValueError, match="bits must be an integer from 2 to 8, got 1"):
+    with pytest.raises(ValueError, match='bits must be "auto" or an integer from 2 to 8, got 1'):
         write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, bits=1)
     assert not list(tmp_path.iterdir())
 
@@ -218,3 +218,22 @@ def _chunk_offsets(png: bytes) -> list[int]:
         offsets.append(p)
         p += 12 + struct.unpack(">I", png[p : p + 4])[0]
     return offsets
+
+
+def test_a_negative_zero_share_puts_the_whole_row_on_the_prefix(browser, tmp_path, random_vit, pixels):
+    """The stored share is the smaller one, negative for the patches': -0.0 means the patches hold nothing."""
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4, reg_tokens=1)
+    path = write_explorer(tmp_path / "e.html", model.eval(), pixels[:1], mean=MEAN, std=STD, attribution=False)
+    text = path.read_text()
+    share = re.search(r'"share":"([^"]+)"', text).group(1)
+    values = np.frombuffer(base64.b64decode(share), "<f2").copy()
+    P = model.num_prefix_tokens
+    values[P] = -0.0  # block 0, head 0, the first patch's row: the patches' share, 0
+    path.write_text(text.replace(share, base64.b64encode(values.astype("<f2").tobytes()).decode()))
+    codes, stored_share = stored(page_data(path.read_text()), 0)
+    assert np.signbit(stored_share[0, 0, P]) and stored_share[0, 0, P] == 0
+    page = Page(browser, path)
+    row = page.row(0, 0, P)
+    np.testing.assert_allclose(row, decode_rows(codes, stored_share, P, 6)[0, 0, P], rtol=1e-6, atol=1e-7)
+    assert sum(row[:P]) == pytest.approx(1.0, abs=1e-6) and not any(row[P:])
+    assert page.errors == []

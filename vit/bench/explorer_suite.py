@@ -13,7 +13,6 @@ bits at which the case's images fit its budget, as ``vit explain`` and the train
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import tempfile
 import time
@@ -25,6 +24,7 @@ import torch
 
 from vit.bench.harness import BenchError, check, log, print_table, write_report
 from vit.bench.photos import photo_like
+from vit.explain.command import explorer_bits
 
 CASES = {  # name: (preset, overrides, images, size budget in bytes)
     "cifar10_cpu": (
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--explorer-browser", default=None, help="Chromium executable (default: chromium on PATH)")
     group.add_argument(
         "--explorer-bits",
-        type=lambda value: value if value == "auto" else int(value),
+        type=explorer_bits,
         choices=("auto", *range(2, 9)),
         metavar="{auto,2..8}",
         default="auto",
@@ -119,7 +119,7 @@ def browser_times(path: Path, executable: str, grid: tuple[int, int], opens: int
 
 def run_explorer_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
     """Measure every case of :data:`CASES`; the checks are the size budgets and the browser's 200 ms."""
-    from vit.explain.explorer import AUTO_BITS, ExplorerTooLarge, write_explorer
+    from vit.explain.explorer import AUTO_BITS, ExplorerTooLarge, explorer_payload, render_explorer
     from vit.models import create_model
 
     executable = args.explorer_browser or find_chromium()
@@ -147,12 +147,12 @@ def run_explorer_suite(args: argparse.Namespace, device: torch.device, report: d
             start = time.perf_counter()
             limit = budget if args.explorer_bits == "auto" else None  # auto: the bits that fit the budget
             try:
-                write_explorer(path, model, images, mean=MEAN, std=STD, max_bytes=limit, bits=args.explorer_bits)
+                payload = explorer_payload(model, images, mean=MEAN, std=STD, max_bytes=limit, bits=args.explorer_bits)
             except ExplorerTooLarge:  # not even auto's coarsest fits: measured at it, and the budget check fails
                 start = time.perf_counter()
-                write_explorer(path, model, images, mean=MEAN, std=STD, max_bytes=None, bits=AUTO_BITS[-1])
-            seconds = time.perf_counter() - start
-            bits = int(re.search(r'"bits":(\d)', path.read_text(encoding="utf-8"))[1])  # what auto chose
+                payload = explorer_payload(model, images, mean=MEAN, std=STD, max_bytes=None, bits=AUTO_BITS[-1])
+            path.write_text(render_explorer(payload), encoding="utf-8")
+            seconds, bits = time.perf_counter() - start, payload["bits"]
             row = {"case": name, "images": count, "weights": weights, "bits": bits,
                    "bytes": path.stat().st_size, "write_s": seconds, "budget": budget}  # fmt: skip
             if executable is not None:

@@ -35,7 +35,7 @@ from ..explain import (
     render_panels,
 )
 from ..explain.attribution import attention_attribution
-from ..explain.explorer import DEFAULT_MAX_BYTES, write_explorer
+from ..explain.explorer import DEFAULT_MAX_BYTES, check_bits, write_explorer
 from ..explain.faithfulness import faithfulness
 from ..explain.methods import DEFAULT_METHOD, METHODS, explain_map, get_method, require_extras
 from ..explain.panels import png_bytes
@@ -227,8 +227,7 @@ class AttentionRolloutLogger(Callback):
         self.panel_kwargs = dict(alpha=alpha, cmap=cmap, size=display_size)
         self.attribution, self.faithfulness_every_n = attribution, faithfulness_every_n
         self.faithfulness_steps = faithfulness_steps
-        if explorer_bits != "auto" and explorer_bits not in range(2, 9):
-            raise ValueError(f'explorer_bits must be "auto" or an integer from 2 to 8, got {explorer_bits!r}')
+        check_bits(explorer_bits, auto=True, name="explorer_bits")
         self.explorer, self.explorer_max_bytes, self.explorer_bits = explorer, explorer_max_bytes, explorer_bits
         self.images: torch.Tensor | None = None  # (B, C, H, W) as the data gives them: uint8, or normalised float
         self.labels: torch.Tensor | None = None

@@ -11,7 +11,8 @@ Visualization of Attention in the Transformer Model", ACL 2019 demo), for the pa
 
 Attention is stored compactly. Every row is a probability distribution over the keys, so the page keeps only its
 shape: each value ``a`` becomes ``round(L sqrt(a / m))`` with ``m`` the maximum of its key group (the class and
-register tokens, or the patches) and ``L = 2**bits - 1`` (6 bits by default), and the page decodes ``(code / L)**2``
+register tokens, or the patches) and ``L = 2**bits - 1`` (6 bits at most unless asked), and the page decodes
+``(code / L)**2``
 and rescales each group to its share of the row (the smaller share kept as float16; rows sum to 1). The square root
 spends the codes where a row's long tail is, which is what its entropy and mean distance are made of. The codes of
 an image, every block and head stacked, are one grayscale PNG that the page inflates with the browser's
@@ -138,7 +139,7 @@ def quantize_rows(
         ``(codes, share)``: ``uint8`` codes of ``attn``'s shape, and (``prefix > 0``) every row's smaller share as
         float16, ``(..., Q)`` (negative: the patches'); ``None`` without prefix keys.
     """
-    _check_bits(bits)
+    check_bits(bits)
     attn = attn.detach().double().cpu().clamp_min(0)
     levels = 2**bits - 1
     codes = torch.empty_like(attn, dtype=torch.uint8)
@@ -156,9 +157,13 @@ def quantize_rows(
     return codes.numpy(), torch.where(front <= back, front, -back).numpy().astype(np.float16)  # -0.0: patches hold 0
 
 
-def _check_bits(bits: int) -> None:
-    if not (isinstance(bits, int) and 2 <= bits <= 8):
-        raise ValueError(f"bits must be an integer from 2 to 8, got {bits!r}")
+def check_bits(bits: int | str, auto: bool = False, name: str = "bits") -> None:
+    """Refuse ``bits`` unless it is an ``int`` from 2 to 8 (or, with ``auto``, the string ``"auto"``)."""
+    if auto and bits == "auto":
+        return
+    if not (isinstance(bits, int) and not isinstance(bits, bool) and 2 <= bits <= 8):
+        choices = '"auto" or an integer from 2 to 8' if auto else "an integer from 2 to 8"
+        raise ValueError(f"{name} must be {choices}, got {bits!r}")
 
 
 def block_kind(attn: nn.Module) -> str:
@@ -248,9 +253,8 @@ def explorer_payload(
         ValueError: If a map is not ``(B, rows, cols)`` on the model's patch grid, the images are not a batch of at
             least one, or ``bits`` is not ``"auto"`` or 2 to 8.
     """
-    auto = bits == "auto"
-    if not auto:
-        _check_bits(bits)
+    check_bits(bits, auto=True)
+    auto = bits == "auto" and max_bytes is not None  # without a limit, "auto" is the finest
     grid = tuple(model.patch_embed.grid_size)
     if images.ndim != 4 or not len(images):
         raise ValueError(f"images must be a (B, C, H, W) batch of at least one image, got shape {tuple(images.shape)}")
@@ -265,6 +269,7 @@ def explorer_payload(
                 f"map {name!r} has shape {tuple(grid_map.shape)}; expected (images, rows, cols) = {(B, *grid)}"
             )
     labels = None if labels is None else torch.as_tensor(labels).reshape(-1)
+    computed_names = ["rollout"] + (["attribution"] if attribution and "attribution" not in maps else [])
     payload: dict[str, Any] = {
         "title": title,
         "note": note,
@@ -273,66 +278,104 @@ def explorer_payload(
         "size": [int(images.shape[-2]), int(images.shape[-1])],
         "cls": getattr(model, "cls_token", None) is not None,
         "prefix": int(model.num_prefix_tokens),
-        "bits": AUTO_BITS[0] if auto else bits,
-        "heads": None,
+        "bits": AUTO_BITS[0] if bits == "auto" else bits,
+        "heads": None,  # null until the model has run: as long as its count, or longer
+        "latent": None,
         "blocks": _block_info(model),
         "lut": _b64(apply_colormap(np.arange(256) / 255.0).tobytes()),
         "class_names": None if class_names is None else [str(c) for c in class_names],
         "faithfulness": _faithfulness(faithfulness),
+        "map_names": sorted([*maps, *(n for n in computed_names if n not in maps)], key=_map_order),
         "images": [],
     }
-    if subset_note is not None:  # sized with the longest note a subset can get (its count has the most digits)
-        payload["note"] = subset_note(B)
-    base = len(render_explorer(payload).encode("utf-8")) + 1_000  # the page without images; 1 kB: map names, bits note
-    total, computed = base, {}
-    for start in range(0, B, batch_size):
-        chunk_labels = None if labels is None else labels[start : start + batch_size]
-        part, local = _explain_chunk(model, images[start : start + batch_size], chunk_labels, payload, computed, maps,
-                                     mean=mean, std=std, class_names=class_names, attribution=attribution)  # fmt: skip
-        if auto and start == 0 and max_bytes is not None:
-            payload["bits"] = _fitting_bits(part, local, payload["prefix"], B, max_bytes - base)
-        prefix, chosen = payload["prefix"], payload["bits"]
-        entries = [_encode_image(part, i, local, start, prefix, chosen) for i in range(len(part.probs))]
-        for entry in entries:
-            entry["name"] = names[entry["index"]] if names is not None else f"image {entry['index']}"
-            payload["images"].append(entry)
-            total += len(json.dumps(entry))
-        if max_bytes is not None and total > max_bytes and subset_note is not None:
-            kept = payload["images"]  # the first images that fit; no later chunk is explained
-            while kept and total > max_bytes:
-                total -= len(json.dumps(kept.pop()))
-            if not kept:
+    # The page without images, measured with the longest notes it can get (a subset's count has the most digits).
+    payload["note"] = _join(subset_note(B) if subset_note is not None else note, auto and _coarser(3, max_bytes))
+    base = len(render_explorer(payload).encode("utf-8"))
+    chosen = None if auto else payload["bits"]
+    while True:  # once more, one bit coarser, if "auto" sized the images by a first one smaller than the others
+        payload["images"], computed, total, coarser = [], {}, base, False
+        for start in range(0, B, batch_size):
+            chunk = slice(start, start + batch_size)
+            part, local = _explain_chunk(model, images[chunk], None if labels is None else labels[chunk], payload,
+                                         computed, maps, mean=mean, std=std, class_names=class_names,
+                                         attribution=attribution)  # fmt: skip
+            for i in range(len(part.probs)):
+                index = start + i
+                name = names[index] if names is not None else f"image {index}"
+                if chosen is None:
+                    chosen = _fitting_bits(part, local, payload["prefix"], name, B, max_bytes - base)
+                entry = {**_encode_image(part, i, local, start, payload["prefix"], chosen), "name": name}
+                payload["images"].append(entry)
+                total += _page_bytes(entry)
+            if auto and total > max_bytes and chosen > AUTO_BITS[-1]:
+                chosen, coarser = AUTO_BITS[AUTO_BITS.index(chosen) + 1], True
+                break
+            if max_bytes is not None and total > max_bytes and subset_note is not None:
+                kept = payload["images"]  # the first images that fit; no later chunk is explained
+                while kept and total > max_bytes:
+                    total -= _page_bytes(kept.pop())
+                if not kept:
+                    raise ExplorerTooLarge(
+                        f"one image is too large for an explorer of {_size(max_bytes)} (pass a larger max_bytes)", 0
+                    )
+                break
+            if max_bytes is not None and total > max_bytes:
+                done = len(payload["images"])
+                fit = max(0, int((max_bytes - base) // ((total - base) / done)))
                 raise ExplorerTooLarge(
-                    f"one image is too large for an explorer of {max_bytes / 1e6:.1f} MB (pass a larger max_bytes)", 0
+                    f"{B} images are too many for one explorer: {done} already take {_size(total)}, over the "
+                    f"{_size(max_bytes)} limit; about {fit} fit (pass fewer images or a larger max_bytes)",
+                    fit,
                 )
+        if not coarser:
             break
-        if max_bytes is not None and total > max_bytes:
-            done = len(payload["images"])
-            fit = max(0, int((max_bytes - base) // ((total - base) / done)))
-            raise ExplorerTooLarge(
-                f"{B} images are too many for one explorer: {done} already take {total / 1e6:.1f} MB, over the "
-                f"{max_bytes / 1e6:.1f} MB limit; about {fit} fit (pass fewer images or a larger max_bytes)",
-                fit,
-            )
-    if subset_note is not None:
-        payload["note"] = subset_note(len(payload["images"])) if len(payload["images"]) < B else note
-    if payload["bits"] < AUTO_BITS[0] and auto:
-        coarser = (f"The attention is stored at {payload['bits']} bits per value instead of {AUTO_BITS[0]} to keep "
-                   f"this file under {max_bytes / 1e6:.1f} MB: the small maps are coarser.")  # fmt: skip
-        payload["note"] = " ".join(filter(None, (payload["note"], coarser)))
-    order = list(maps) + [name for name in computed if name not in maps]
-    first = (DEFAULT_METHOD, "rollout", "attribution")  # the page opens on the first: the default map
-    payload["map_names"] = sorted(order, key=lambda n: first.index(n) if n in first else len(first))
+    payload["bits"] = chosen
+    kept = len(payload["images"])
+    payload["note"] = _join(subset_note(kept) if subset_note is not None and kept < B else note,
+                            bits == "auto" and chosen < AUTO_BITS[0] and _coarser(chosen, max_bytes))  # fmt: skip
     return payload
 
 
-def _fitting_bits(part: Explanation, maps: Mapping[str, torch.Tensor], prefix: int, count: int, room: int) -> int:
+def _map_order(name: str) -> int:
+    """Sort key of the maps: the default method's first (the page opens on it), then rollout and attribution."""
+    first = (DEFAULT_METHOD, "rollout", "attribution")
+    return first.index(name) if name in first else len(first)
+
+
+def _fitting_bits(
+    part: Explanation, maps: Mapping[str, torch.Tensor], prefix: int, name: str, count: int, room: int
+) -> int:
     """The finest of :data:`AUTO_BITS` at which ``count`` images, each the size of the batch's first, take at most
-    ``room`` bytes; the coarsest if none does (the caller then refuses or leaves images out)."""
+    ``room`` bytes of the page; the coarsest if none does."""
     for bits in AUTO_BITS:
-        if count * len(json.dumps(_encode_image(part, 0, maps, 0, prefix, bits))) <= room:
+        if count * _page_bytes({**_encode_image(part, 0, maps, 0, prefix, bits), "name": name}) <= room:
             return bits
     return AUTO_BITS[-1]
+
+
+def _page_bytes(entry: Mapping[str, Any]) -> int:
+    """The bytes one image's entry adds to the page: its light part in the data, its picture and codes elements (and
+    a separator for each)."""
+    light = {k: v for k, v in entry.items() if k not in (*CODES, "image")}
+    heavy = _element("picture", entry["index"], entry["image"])
+    heavy += _element("codes", entry["index"], {k: entry[k] for k in CODES if k in entry})
+    return len(page_json(light)) + len(heavy) + 2  # ASCII: page_json escapes everything else
+
+
+def _coarser(bits: int, max_bytes: int) -> str:
+    """The page's note when "auto" stored fewer bits than the finest."""
+    return (f"The attention is stored at {bits} bits per value instead of {AUTO_BITS[0]} to keep the explorer under "
+            f"{_size(max_bytes)}: the small maps are coarser.")  # fmt: skip
+
+
+def _size(count: int) -> str:
+    """Bytes for a message: ``"45 kB"``, ``"4.0 MB"``."""
+    return f"{count / 1e6:.1f} MB" if count >= 1e6 else f"{count / 1e3:.0f} kB"
+
+
+def _join(*notes: str | bool | None) -> str | None:
+    """The notes that are given, in one line (``None`` if none is)."""
+    return " ".join(n for n in notes if n) or None
 
 
 def _explain_chunk(
@@ -398,11 +441,8 @@ def render_explorer(payload: Mapping[str, Any], extra_html: str = "") -> str:
         "images": [{k: v for k, v in im.items() if k not in (*CODES, "image")} for im in payload["images"]],
     }
 
-    def element(kind: str, i: int, value: Any) -> str:
-        return f'<script type="application/json" id="explorer-{kind}-{i}">{page_json(value)}</script>'
-
     heavy = [
-        element("picture", i, im["image"]) + element("codes", i, {k: im[k] for k in CODES if k in im})
+        _element("picture", i, im["image"]) + _element("codes", i, {k: im[k] for k in CODES if k in im})
         for i, im in enumerate(payload["images"])
     ]
     parts = {
@@ -417,6 +457,11 @@ def render_explorer(payload: Mapping[str, Any], extra_html: str = "") -> str:
     template = (ASSETS / "explorer.html").read_text(encoding="utf-8")
     # One pass: a "{{data}}" inside a user's string (a name, the extra HTML) is left as it is, never filled.
     return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m[1]], template)
+
+
+def _element(kind: str, i: int, value: Any) -> str:
+    """A JSON script element of the page: image ``i``'s picture or codes."""
+    return f'<script type="application/json" id="explorer-{kind}-{i}">{page_json(value)}</script>'
 
 
 def page_json(payload: Any) -> str:
@@ -487,8 +532,9 @@ def write_explorer(
             are not explained at all) and show ``subset_note(kept)`` as the note (the images of
             :func:`explorer_payload`'s result are those kept). ``None``: refuse.
         bits: Bits per attention code, 2 to 8 (see :func:`quantize_rows`): fewer make a smaller file and coarser
-            maps. ``"auto"``: the finest of :data:`AUTO_BITS` (6 to 3) at which the images, sized by the first,
-            fit ``max_bytes``, said in the page's note when below 6 (6 without a limit).
+            maps. ``"auto"``: the finest of :data:`AUTO_BITS` (6 to 3) at which the images fit ``max_bytes``
+            (guessed from the first image, then one bit coarser at a time while they do not), said in the page's
+            note when below 6 (6 without a limit).
 
     Returns:
         ``path``.

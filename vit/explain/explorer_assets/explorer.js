@@ -502,7 +502,9 @@
   $("stage").append(heatCanvas);
   const ready = update({}).then(nextFrame).then(() => { timings.open = performance.now(); });
   ready.then(() => Promise.all(D.images.map(async (_, i) => { // the thumbnails, once the first image is drawn
-    $("thumbs").children[i].querySelector("img").src = pictureUrl(await element("picture", i));
+    const img = $("thumbs").children[i].querySelector("img");
+    if (Math.max(...D.size) > 64) img.style.imageRendering = "auto"; // a photograph, shrunk: smoothed, not pixelated
+    img.src = pictureUrl(await element("picture", i));
   }))).catch(fail);
   // For tests and benchmarks: the state, the decoded rows of the shown image, and a way to select.
   window.explorer = {
