@@ -47,6 +47,7 @@ class Page:
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.goto(path.as_uri())
         self.page.wait_for_function("window.explorer && window.explorer.timings.open !== null")
+        self.settle()  # opened from the first patch's rows alone; drawn again from the whole codes
 
     def js(self, expression: str, arg=None):
         return self.page.evaluate(expression, arg)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import http.server
+import io
 import re
 import struct
 import threading
@@ -14,8 +15,9 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from browser import Page
+from browser import Page, expected_index, lut_index
 from explorer_data import decode_rows, page_data, stored
+from PIL import Image
 
 from vit.explain.explorer import explorer_payload, write_explorer
 
@@ -225,7 +227,7 @@ def test_a_negative_zero_share_puts_the_whole_row_on_the_prefix(browser, tmp_pat
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4, reg_tokens=1)
     path = write_explorer(tmp_path / "e.html", model.eval(), pixels[:1], mean=MEAN, std=STD, attribution=False)
     text = path.read_text()
-    share = re.search(r'"share":"([^"]+)"', text).group(1)
+    share = re.search(r'id="explorer-codes-0">[^<]*"share":"([^"]+)"', text).group(1)
     values = np.frombuffer(base64.b64decode(share), "<f2").copy()
     P = model.num_prefix_tokens
     values[P] = -0.0  # block 0, head 0, the first patch's row: the patches' share, 0
@@ -237,3 +239,37 @@ def test_a_negative_zero_share_puts_the_whole_row_on_the_prefix(browser, tmp_pat
     np.testing.assert_allclose(row, decode_rows(codes, stored_share, P, 6)[0, 0, P], rtol=1e-6, atol=1e-7)
     assert sum(row[:P]) == pytest.approx(1.0, abs=1e-6) and not any(row[P:])
     assert page.errors == []
+
+
+def test_the_page_opens_on_the_first_patch_rows_before_the_codes_are_inflated(browser, tmp_path, random_vit, pixels):
+    """The first image's codes element is broken here: the page still opens, drawn from the first patch's rows in its
+    data, and says what failed once it needs the whole codes."""
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4).eval()
+    path = write_explorer(tmp_path / "e.html", model, pixels[:2], mean=MEAN, std=STD, attribution=False)
+    data = page_data(path.read_text())
+    codes, share = stored(data, 0)
+    P, bits = model.num_prefix_tokens, data["bits"]
+    first = data["images"][0]["first"]
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(io.BytesIO(base64.b64decode(first["attn"])))), codes[:, :, P].reshape(-1, codes.shape[-1])
+    )
+    np.testing.assert_array_equal(np.frombuffer(base64.b64decode(first["share"]), "<f2"), share[:, :, P].ravel())
+    assert "first" not in data["images"][1]
+    text = path.read_text()
+    broken = re.search(r'id="explorer-codes-0">\{"attn":"([^"]+)"', text).group(1)
+    middle = len(broken) // 2 // 4 * 4
+    path.write_text(text.replace(broken, broken[:middle] + "AAAAAAAA" + broken[middle + 8 :]))
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(path.as_uri())
+    page.wait_for_function("window.explorer && window.explorer.timings.open !== null && window.explorer.errors.length")
+    shown = decode_rows(codes, share, P, bits)[:, :, P, P:]  # (blocks, heads, patches) of the opening query
+    for b in range(2):
+        drawn = page.evaluate(
+            """(b) => { const c = document.querySelector(`.cell[data-block="${b}"][data-head="0"] canvas.heat`);
+            return Array.from(c.getContext("2d").getImageData(0, 0, c.width, c.height).data); }""",
+            b,
+        )
+        got = lut_index(np.array(drawn).reshape(-1, 4)[:, :3])
+        assert np.abs(got - expected_index(shown[b, 0])).max() <= 1  # float32 on the page
+    assert page.locator("#note").inner_text().startswith("The explorer failed: ")
+    page.close()

@@ -212,6 +212,10 @@ def _encode_image(
     }
     if share is not None:
         entry["share"] = _b64(share.astype("<f2").tobytes())  # (blocks, heads, N)
+    if offset + i == 0:  # the rows the page opens on (the first patch as query), in its data: drawn before the rest
+        entry["first"] = {"attn": _codes_png(codes[:, :, prefix].reshape(-1, codes.shape[-1]), bits)}
+        if share is not None:
+            entry["first"]["share"] = _b64(share[:, :, prefix].astype("<f2").tobytes())
     if explanation.pool_attention is not None:
         pool, _ = quantize_rows(explanation.pool_attention[i], 0, bits)  # (heads, latent, patches)
         entry["pool"] = _codes_png(pool.reshape(-1, pool.shape[-1]), bits)
@@ -359,7 +363,8 @@ def _page_bytes(entry: Mapping[str, Any]) -> int:
     light = {k: v for k, v in entry.items() if k not in (*CODES, "image")}
     heavy = _element("picture", entry["index"], entry["image"])
     heavy += _element("codes", entry["index"], {k: entry[k] for k in CODES if k in entry})
-    return len(page_json(light)) + len(heavy) + 2  # ASCII: page_json escapes everything else
+    opening = len(_opening_picture(entry["image"])) if entry["index"] == 0 else 0
+    return len(page_json(light)) + len(heavy) + opening + 2  # ASCII: page_json escapes everything else
 
 
 def _coarser(bits: int, max_bytes: int) -> str:
@@ -451,12 +456,20 @@ def render_explorer(payload: Mapping[str, Any], extra_html: str = "") -> str:
         "extra": extra_html,
         "data": page_json(light),
         "first": "\n".join(heavy[:1]),
+        "opening": _opening_picture(payload["images"][0]["image"]) if payload["images"] else "",
         "js": (ASSETS / "explorer.js").read_text(encoding="utf-8"),
         "rest": "\n".join(heavy[1:]),
     }
     template = (ASSETS / "explorer.html").read_text(encoding="utf-8")
     # One pass: a "{{data}}" inside a user's string (a name, the extra HTML) is left as it is, never filled.
     return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m[1]], template)
+
+
+def _opening_picture(picture: str) -> str:
+    """The first image's picture (base64) as an ``<img>`` at the top of the page: the browser loads it while it
+    parses the rest, so the first frame does not wait for it (its script element stays, for the thumbnails)."""
+    kind = "jpeg" if picture.startswith("/9j/") else "png"
+    return f'<img id="explorer-opening" hidden alt="" src="data:image/{kind};base64,{picture}">'
 
 
 def _element(kind: str, i: int, value: Any) -> str:

@@ -133,7 +133,15 @@
     if (!cache.has(index)) cache.set(index, decode(index).catch((error) => { cache.delete(index); throw error; }));
     return cache.get(index);
   }
-  if (D.images.length) decoded(0).catch(() => {}); // inflate while the page is laid out (the draw reports errors)
+  // The page opens on the first image's first patch: its rows of every block and head are in the data, so the first
+  // frame needs neither the image's codes element nor their inflating (both follow it).
+  async function opening() {
+    const first = D.images[0].first;
+    const img = $("explorer-opening"); // loaded while the page was parsed
+    const [attn, shown] = await Promise.all([png(first.attn), img.decode().then(() => img)]);
+    return { attn: attn.data, share: first.share ? halves(first.share) : null, pool: null, picture: shown, query: P };
+  }
+  let early = D.images.length && D.images[0].first ? opening() : null;
   function mapValues(index, name) { // an image-level map, decoded from float16
     const m = D.images[index].maps[name];
     return halves(m.f16).map((v) => v * m.max);
@@ -163,7 +171,8 @@
       for (let k = 0; k < H; k++) row(b, k, t).forEach((v, j) => { out[j] += v / H; });
       return out;
     }
-    const at = (b * H + h) * N + t;
+    if (current.query !== undefined && t !== current.query) throw new Error(`no rows of query ${t} yet`);
+    const at = current.query === undefined ? (b * H + h) * N + t : b * H + h; // a row of the opening rows
     if (!P) return rescale(current.attn, at * N, N, 0, 0, 1);
     const small = current.share[at], patches = small < 0 || Object.is(small, -0); // the smaller share: see quantize_rows
     return patches ? rescale(current.attn, at * N, N, P, 1 + small, -small)
@@ -413,7 +422,9 @@
   }
 
   async function draw() {
-    current = await decoded(state.image);
+    const opening = early && state.image === 0 && state.query.kind === "token" && state.query.index === P;
+    current = opening ? await early : await decoded(state.image);
+    early = null; // the opening rows serve the first drawing only
     maskRows = await masks;
     drawView();
     drawGrid();
@@ -501,6 +512,7 @@
   setup();
   $("stage").append(heatCanvas);
   const ready = update({}).then(nextFrame).then(() => { timings.open = performance.now(); });
+  ready.then(() => update({})); // drawn again once the image's codes are inflated: they answer any query
   ready.then(() => Promise.all(D.images.map(async (_, i) => { // the thumbnails, once the first image is drawn
     const img = $("thumbs").children[i].querySelector("img");
     if (Math.max(...D.size) > 64) img.style.imageRendering = "auto"; // a photograph, shrunk: smoothed, not pixelated
