@@ -15,10 +15,11 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+import vit.lit_module
 from vit import VisionTransformer, create_model
 from vit.callbacks import CheckpointMetadata, TrainingThroughput, UnmaskedEpochs, training_throughput
 from vit.errors import ConfigError
-from vit.lit_module import ImageClassifier, warmup_cosine
+from vit.lit_module import ImageClassifier, fused_adamw, warmup_cosine
 
 TINY = dict(embed_dim=32, depth=3, num_heads=2)
 
@@ -214,6 +215,38 @@ def test_lr_scales_linearly_with_global_batch():
     assert module.global_batch_size() == 1024
     assert module.peak_lr() == pytest.approx(2e-3)
     module._trainer = None
+
+
+def test_fused_adamw_only_on_cuda_and_not_where_mixed_precision_clips():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert fused_adamw(cuda, None)
+    assert fused_adamw(cuda, L.Trainer(accelerator="cpu", precision="bf16-mixed", logger=False))  # no clipping
+    assert fused_adamw(cuda, L.Trainer(accelerator="cpu", precision="32-true", gradient_clip_val=1.0, logger=False))
+    clipped = L.Trainer(accelerator="cpu", precision="bf16-mixed", gradient_clip_val=1.0, logger=False)
+    assert not fused_adamw(cuda, clipped)
+    assert not fused_adamw(cpu, None)
+
+
+@pytest.mark.parametrize("decide", ["ours", "always fused"])
+def test_mixed_precision_with_clipping_trains_with_the_optimiser_chosen_for_cuda(decide, tmp_path, monkeypatch):
+    # The GPU configs train in bf16-mixed with gradient_clip_val 1.0. Lightning refuses to clip for a fused AdamW there
+    # and stops the first step; the fused kernel also exists on the CPU, so the CUDA choice is replayed here.
+    chosen = []
+
+    def as_on_cuda(device, trainer_):
+        chosen.append(fused_adamw(torch.device("cuda"), trainer_) if decide == "ours" else True)
+        return chosen[-1]
+
+    monkeypatch.setattr(vit.lit_module, "fused_adamw", as_on_cuda)
+    module = tiny()
+    fit = trainer(tmp_path, max_epochs=1, limit_val_batches=0, precision="bf16-mixed", gradient_clip_val=1.0)
+    if decide == "always fused":
+        with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
+            fit.fit(module, loader(8, 4))
+        return
+    fit.fit(module, loader(8, 4))
+    assert chosen == [False] and fit.global_step == 2
+    assert not module.optimizers().optimizer.defaults["fused"]
 
 
 # --------------------------------------------------------------------------------------------- unmasked epochs

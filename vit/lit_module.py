@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.plugins.precision import MixedPrecision
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
 from timm.loss import SoftTargetCrossEntropy
@@ -417,12 +418,22 @@ class ImageClassifier(LightningModule):
             lr=lr,
             betas=tuple(hp.betas),
             eps=hp.eps,
-            fused=self.device.type == "cuda",
+            fused=fused_adamw(self.device, self._trainer),
         )
         warmup, total = self.schedule_steps()
         factor = partial(warmup_cosine, warmup_steps=warmup, total_steps=total, min_ratio=hp.min_lr / hp.lr)
         scheduler = LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def fused_adamw(device: torch.device, trainer: Trainer | None) -> bool:
+    """Whether AdamW runs its fused kernel: on CUDA, unless Lightning's mixed precision clips the gradients. Its AMP
+    plugin (``bf16-mixed``, ``16-mixed``) refuses to clip for an optimiser that unscales gradients inside its own step,
+    as the fused one does, and stops the first training step; there the ``foreach`` implementation runs instead."""
+    if device.type != "cuda":
+        return False
+    clips = trainer is not None and bool(trainer.gradient_clip_val)
+    return not (clips and isinstance(trainer.precision_plugin, MixedPrecision))
 
 
 def _check_images(x: torch.Tensor) -> torch.Tensor:
