@@ -116,6 +116,11 @@ def test_performance_tables_match_results():
         report = json.loads((DOCS / "results" / f"{suite}.json").read_text())
         assert {"date", "machine", "torch", "timm", "command"} <= report.keys(), suite
         assert report["command"].startswith(f"python -m vit.bench --suite {suite} ")
+    for name in tables.GPU_REPORTS:  # the GPU check's benchmarks likewise, each under its own heading
+        report = json.loads((DOCS / "results" / "gpu" / f"{name}.json").read_text())
+        assert {"date", "machine", "torch", "timm", "command"} <= report.keys(), name
+        assert report["device"] == "cuda" and f"--json docs/results/gpu/{name}.json" in report["command"]
+        assert f"### {tables.GPU_REPORTS[name]}\n" in tables.render()
 
 
 def test_results_tables_check_fails_on_a_stale_page(tmp_path, monkeypatch):
