@@ -459,9 +459,28 @@ def test_report_opens_on_the_explorer_and_keeps_the_summary(browser, tmp_path, c
     count = page.js("() => window.explorer.data.images.length")
     assert 1 <= count < 3
     assert page.page.locator("#note").inner_text() == (
-        f"The explorer holds the first {count} of 3 images (the file size limit); the summary below covers all of them."
+        f"The explorer holds the first {count} of 3 images (the file size limit); the statistics and faithfulness of "
+        "the summary below cover all of them."
     )
     assert page.errors == []
+
+
+def test_report_overlays_stop_at_the_size_limit_with_a_note(tmp_path, class_model, pixels):
+    from vit.explain import compute
+    from vit.explain.report import render_report
+
+    files = [tmp_path / f"img{i}.png" for i in range(3)]
+    results = compute(class_model, pixels, mean=MEAN, std=STD, faithfulness_steps=4)
+    panel = re.compile(r'<div class="panel">.*?</figure></div>')
+    whole = render_report(files, results, "report")
+    sizes = [len(m.group().encode()) for m in panel.finditer(whole)]
+    assert len(sizes) == 3 and "overlays-note" not in whole
+    for limit, shown in [(sum(sizes), 3), (sizes[0] + sizes[1], 2), (sizes[0] + sizes[1] - 1, 1), (1, 1)]:
+        page = render_report(files, results, "report", max_bytes=limit)
+        assert len(panel.findall(page)) == shown, limit
+        note = "The overlays of the first {} of 3 images (the file size limit); the statistics and faithfulness"
+        assert (note.format(shown) in page) == (shown < 3)
+        assert page.count('id="faithfulness"') == 1 and page.count("Per-head attention") == 1  # still every image
 
 
 def test_benchmark_suite_measures_the_budget_case(browser, tmp_path):

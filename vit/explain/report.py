@@ -136,11 +136,12 @@ def render_report(
         pixels: ``(B, C, H, W)`` the pixels ``results`` was computed from (uint8, normalised with ``mean``/``std``).
         mean: Per-channel mean of the normalisation.
         std: Per-channel standard deviation.
-        max_bytes: Size limit of the explorer: beyond it, the explorer holds the first images that fit, and says so.
+        max_bytes: Size limit of the explorer, and separately of the static overlays: beyond it, each holds the first
+            images that fit, and says so (the statistics and faithfulness cover every image).
         bits: Bits per attention code of the explorer, 2 to 8, or ``"auto"`` (see
             :func:`~vit.explain.write_explorer`).
     """
-    body = _static_body(files, results, title, alpha)
+    body = _static_body(files, results, title, alpha, max_bytes)
     if model is None or pixels is None:
         return (
             f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
@@ -159,7 +160,7 @@ def _with_explorer(files, results, title, body, model, pixels, mean, std, max_by
         title=title, max_bytes=max_bytes, bits=bits,
         subset_note=lambda count: (
             f"The explorer holds the first {count} of {len(files)} images (the file size limit); "
-            "the summary below covers all of them."
+            "the statistics and faithfulness of the summary below cover all of them."
         ),
     )  # fmt: skip
     scoped = re.sub(
@@ -169,8 +170,9 @@ def _with_explorer(files, results, title, body, model, pixels, mean, std, max_by
     return render_explorer(payload, extra_html=extra)
 
 
-def _static_body(files: Sequence[Path], results: Results, title: str, alpha: float) -> str:
-    """The static sections: overlays, statistics, per-head maps, faithfulness."""
+def _static_body(files: Sequence[Path], results: Results, title: str, alpha: float, max_bytes: int) -> str:
+    """The static sections: overlays (of the first images whose panels fit ``max_bytes``, with a note), statistics,
+    per-head maps, faithfulness."""
     explanation = results.explanation
     captions = explanation.captions()
     sections = [f"<h1>{html.escape(title)}</h1>", "<h2>Images</h2>"]
@@ -183,16 +185,26 @@ def _static_body(files: Sequence[Path], results: Results, title: str, alpha: flo
         '<p class="note">Heatmaps use the inferno colour map, each scaled to its own minimum (dark) and maximum '
         f"(bright); class-specific maps explain {html.escape(target)}. {described}.</p>"
     )
+    panels, size = [], 0
     for i, file in enumerate(files):
         picture = upscale(_uint8(explanation.images[i]), SIZE)
         figures = [_img(picture, f"image {file.name}", "image")]
         for name, grid_map in maps.items():
             overlay = overlay_heatmap(picture, grid_map[i], alpha=alpha, cmap="inferno")
             figures.append(_img(overlay, f"{name} of {file.name}", html.escape(name)))
-        sections.append(
+        panel = (
             f'<div class="panel"><div class="caption"><b>{html.escape(file_name(file))}</b> · '
             f"{html.escape(captions[i])}</div>{''.join(figures)}</div>"
         )
+        size += len(panel.encode())
+        if panels and size > max_bytes:
+            sections.append(
+                f'<p class="note" id="overlays-note">The overlays of the first {len(panels)} of {len(files)} images '
+                "(the file size limit); the statistics and faithfulness below cover all of them.</p>"
+            )
+            break
+        panels.append(panel)
+    sections += panels
 
     if explanation.distance is not None and explanation.entropy is not None:
         sections.append("<h2>Attention statistics per block</h2>")
