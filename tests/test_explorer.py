@@ -238,6 +238,19 @@ def test_hostile_names_and_non_finite_numbers_show_as_text(browser, tmp_path, ra
     assert page.errors == []
 
 
+def test_many_images_keep_the_view_on_the_first_screen(browser, tmp_path, random_vit):
+    # 360 thumbnails in wrapped rows filled a 1000-pixel-high window before the image and its maps began.
+    torch.manual_seed(0)
+    model = random_vit(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3).eval()
+    images = torch.randint(0, 256, (60, 3, 16, 16), dtype=torch.uint8)
+    page = Page(browser, write_explorer(tmp_path / "e.html", model, images, mean=MEAN, std=STD))
+    strip = page.js("() => { const t = document.getElementById('thumbs'); return [t.clientHeight, t.scrollHeight]; }")
+    assert strip[0] <= 124 < strip[1]  # two rows shown, the others a scroll away
+    assert page.js("() => document.getElementById('view').getBoundingClientRect().top") < 300
+    page.page.locator("#thumbs button").nth(59).click()  # the last one scrolls into the strip and is selected
+    assert page.state()["image"] == 59 and page.errors == []
+
+
 @pytest.fixture
 def class_model(random_vit):
     """Global attention with a class token, two register tokens and an attention-pooling head."""
