@@ -232,6 +232,8 @@ def test_bad_input_one_line_exit_2_nothing_written(checkpoint, tmp_path, explain
     assert str(tmp_path / "broken.png") in result.stderr and "BytesIO" not in result.stderr
     (tmp_path / "empty").mkdir()
     one_error_line(explain(checkpoint, tmp_path / "empty", *outputs), "error: no image files (.jpg")
+    missing = f"error: {tmp_path / 'nowhere'}: no such image file or folder; pass image files or folders after"
+    one_error_line(explain(checkpoint, tmp_path / "nowhere", *outputs), missing)
     one_error_line(
         explain(checkpoint, image, *outputs, "--target", "10"),
         "error: --target 10 out of range: the model has 10 classes (0..9)",

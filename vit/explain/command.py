@@ -152,7 +152,7 @@ def find_images(inputs: Sequence[str]) -> list[Path]:
         elif path.is_file():
             files.append(path)
         else:
-            raise InputError(f"image {path} not found")
+            raise InputError(f"{path}: no such image file or folder; pass image files or folders after the checkpoint")
     if not files:
         raise InputError("no images given: pass image files or folders after the checkpoint")
     return files
