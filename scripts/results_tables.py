@@ -181,11 +181,14 @@ def render() -> str:
         "",
     ]
     builders = {"model": model_rows, "attention": attention_rows, "data": data_rows}
+
+    def section(title: str, path: Path) -> list[str]:
+        report = json.loads(path.read_text())
+        return header(title, report) + builders[report["settings"]["suite"]](report) + [""] + checks(report) + [""]
+
     for suite in SUITES:
-        path = RESULTS / f"{suite}.json"
-        if path.exists():
-            report = json.loads(path.read_text())
-            out += header(f"{suite} suite", report) + builders[suite](report) + [""] + checks(report) + [""]
+        if (RESULTS / f"{suite}.json").exists():
+            out += section(f"{suite} suite", RESULTS / f"{suite}.json")
     gpu = [(name, GPU / f"{name}.json") for name in GPU_REPORTS if (GPU / f"{name}.json").exists()]
     if gpu:
         out += [
@@ -195,9 +198,7 @@ def render() -> str:
             "",
         ]
     for name, path in gpu:
-        report = json.loads(path.read_text())
-        suite = report["settings"]["suite"]
-        out += header(GPU_REPORTS[name], report) + builders[suite](report) + [""] + checks(report) + [""]
+        out += section(GPU_REPORTS[name], path)
     return "\n".join(out).rstrip() + "\n"
 
 
