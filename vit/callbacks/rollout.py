@@ -35,6 +35,7 @@ from ..explain import (
     render_panels,
 )
 from ..explain.attribution import attention_attribution
+from ..explain.colors import is_signed
 from ..explain.explorer import DEFAULT_MAX_BYTES, check_bits, write_explorer
 from ..explain.faithfulness import faithfulness
 from ..explain.methods import DEFAULT_METHOD, METHODS, explain_map, get_method, require_extras
@@ -154,7 +155,9 @@ class AttentionRolloutLogger(Callback):
         discard_ratio: Fraction in ``[0, 1)`` of the weakest patch-key attention entries dropped per block before
             rolling out (sharper maps for large models, e.g. 0.9).
         alpha: Opacity of the heatmap over the image, in ``[0, 1]``.
-        cmap: Colour map of the heatmap (any matplotlib name; perceptually uniform ``inferno`` by default).
+        cmap: Colour map of the unsigned maps (rollout, attribution; any matplotlib name, perceptually uniform
+            ``inferno`` by default). Signed maps (AttnLRP, integrated gradients, ...) are always drawn on ``bwr``
+            centred on zero (:mod:`vit.explain.colors`), every panel with a numbered colour bar.
         display_size: Side in pixels each image is upscaled to in the panels.
         ncols: Panels per row of the grid.
         statistics: Also log attention entropy, distance, the distance plot and collapse warnings.
@@ -365,7 +368,12 @@ class AttentionRolloutLogger(Callback):
         """A captioned grid per map and, with statistics, the distance plot, as ``uint8`` RGB arrays."""
         figures = {
             name: render_grid(
-                explanation, grid_map, self.ncols, title=f"epoch {epoch} · {_title(name)}", **self.panel_kwargs
+                explanation,
+                grid_map,
+                self.ncols,
+                title=f"epoch {epoch} · {_title(name)}",
+                signed=is_signed(name),
+                **self.panel_kwargs,
             )
             for name, grid_map in maps.items()
         }
@@ -391,7 +399,7 @@ class AttentionRolloutLogger(Callback):
             if not loggers.log_images(trainer, grid_key, [figure], step):  # no W&B logger: nothing more to render
                 return
             if name in maps:
-                panels = render_panels(explanation, maps[name], **self.panel_kwargs)
+                panels = render_panels(explanation, maps[name], signed=is_signed(name), **self.panel_kwargs)
                 loggers.log_images(trainer, panel_key, panels, step, captions=explanation.captions())
 
     def _explore(

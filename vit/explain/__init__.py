@@ -8,6 +8,7 @@ faithfulness, as ``vit explain`` does (:class:`Results`). Needs torch, numpy, PI
 from ..normalize import unnormalize
 from .attribution import attention_attribution, relevance_from_gradients
 from .capture import AttentionRecord, attention_modules, capture_attention, eval_mode, pool_module, record_attention
+from .colors import ColorScale, color_scale, is_signed
 from .explorer import ExplorerTooLarge, explorer_payload, render_explorer, write_explorer
 from .faithfulness import faithfulness
 from .lrp import LRPResult, lrp, relevance_rules
@@ -56,6 +57,9 @@ __all__ = [
     "Results",
     "RolloutPool",
     "applicable_methods",
+    "ColorScale",
+    "color_scale",
+    "is_signed",
     "apply_colormap",
     "benchmark_methods",
     "attention_attribution",

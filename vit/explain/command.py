@@ -40,6 +40,7 @@ from ..bench.harness import device_name
 from ..checkpoints import data_settings, load_checkpoint, load_file, rebuild_datamodule
 from ..errors import ArgumentParser, InputError, UsageError, VitError
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD, normalize
+from .colors import is_signed
 from .method_benchmark import MethodBenchmark, benchmark_methods, timed_maps
 from .methods import ALIASES, DEFAULT_METHOD, METHODS, get_method, require_extras
 from .panels import png_bytes, render_grid, render_panel
@@ -443,16 +444,17 @@ def write_outputs(args: argparse.Namespace, files: Sequence[Path], results: Resu
     for method, maps in results.shown_maps().items():
         class_specific = METHODS[method].class_specific and results.target is not None
         label = f"{method} of {explanation.class_name(results.target)}" if class_specific else method
+        signed = is_signed(method)
         if not args.no_overlays:
             progress = Progress(method, len(files), enabled=True)
             for stem, image, grid_map, caption in zip(
                 output_stems(files), explanation.images, maps, captions, strict=True
             ):
-                panel = render_panel(image, grid_map, f"{caption} · {label}", alpha=args.alpha, size=224)
+                panel = render_panel(image, grid_map, f"{caption} · {label}", signed=signed, alpha=args.alpha, size=224)
                 write_atomic(args.out / f"{stem}_{method}.png", png_bytes(panel))
                 progress.update(1)
             progress.close(f"overlays of {len(files)} images in {progress.seconds:.1f} s")
-        grid = render_grid(first, maps[shown], ncols=min(4, len(files)), title=label, alpha=args.alpha)
+        grid = render_grid(first, maps[shown], ncols=min(4, len(files)), title=label, signed=signed, alpha=args.alpha)
         write_atomic(args.out / f"{method}_grid.png", png_bytes(grid))
     if results.benchmark is not None:
         report = benchmark_report(results.benchmark, explainer, args, command)

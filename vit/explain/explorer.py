@@ -6,7 +6,10 @@ the attention row of every block and head (and the head mean) as small heatmaps 
 neighbourhood of window and sliding-window blocks, shows linear attention's implicit weights, the entropy and mean
 attention distance of the selected head per block (Dosovitskiy et al., ICLR 2021, Fig. 7), the top-5 prediction,
 and overlays of image-level maps (attention rollout, Abnar & Zuidema, ACL 2020; attribution, Chefer et al.,
-ICCV 2021; any other map passed in) with their faithfulness areas. The idea is bertviz's (Vig, "A Multiscale
+ICCV 2021; any other map passed in) with their faithfulness areas. The overlay is coloured by the rule of
+:mod:`vit.explain.colors`, which the page repeats: a signed map (AttnLRP, integrated gradients, ...) on ``bwr`` from
+``-max |value|`` to ``+max |value|``, white and transparent at zero; attention and the unsigned maps on ``inferno``
+from 0 to their maximum; the colour bar under the image carries the numbers. The idea is bertviz's (Vig, "A Multiscale
 Visualization of Attention in the Transformer Model", ACL 2019 demo), for the patches of a vision transformer.
 
 Attention is stored compactly. Every row is a probability distribution over the keys, so the page keeps only its
@@ -44,8 +47,8 @@ from ..layers import LinearAttention, NeighborhoodAttention, WindowAttention
 from ..normalize import normalize
 from .attribution import attention_attribution
 from .capture import attention_modules
+from .colors import DIVERGING, DIVERGING_LUT_SIZE, LUT_SIZE, SEQUENTIAL, is_signed, lookup_table
 from .methods import DEFAULT_METHOD
-from .overlay import apply_colormap
 from .pipeline import Explanation, explain_images
 
 ASSETS = Path(__file__).with_name("explorer_assets")
@@ -77,6 +80,11 @@ class ExplorerTooLarge(ValueError):
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+def _lut(cmap: str, size: int) -> str:
+    """A colour map's lookup table as base64 ``uint8`` RGB, ``size`` colours (the page bins as matplotlib does)."""
+    return _b64(np.rint(lookup_table(cmap, size) * 255.0).astype(np.uint8).tobytes())
 
 
 def _png(array: np.ndarray) -> str:
@@ -263,7 +271,7 @@ def explorer_payload(
     if images.ndim != 4 or not len(images):
         raise ValueError(f"images must be a (B, C, H, W) batch of at least one image, got shape {tuple(images.shape)}")
     B = len(images)
-    # Non-finite values would make the page's JSON invalid; a signed map is shown by its positive part.
+    # Non-finite values would make the page's JSON invalid; a signed map is drawn on the diverging colour map.
     maps = {
         name: torch.as_tensor(m).detach().float().cpu().nan_to_num(0.0, 0.0, 0.0) for name, m in (maps or {}).items()
     }
@@ -286,7 +294,9 @@ def explorer_payload(
         "heads": None,  # null until the model has run: as long as its count, or longer
         "latent": None,
         "blocks": _block_info(model),
-        "lut": _b64(apply_colormap(np.arange(256) / 255.0).tobytes()),
+        "lut": _lut(SEQUENTIAL, LUT_SIZE),
+        "lut_signed": _lut(DIVERGING, DIVERGING_LUT_SIZE),
+        "signed": sorted(name for name, grid_map in maps.items() if is_signed(name, grid_map)),
         "class_names": None if class_names is None else [str(c) for c in class_names],
         "faithfulness": _faithfulness(faithfulness),
         "map_names": sorted([*maps, *(n for n in computed_names if n not in maps)], key=_map_order),

@@ -7,7 +7,8 @@ ICML 2017) through captum, Grad-CAM (Selvaraju et al., ICCV 2017) through ``grad
 reshape of ViT tokens to their grid, plain gradient x input (Shrikumar et al., 2016), and the raw attention of the
 last block. captum and grad-cam are the optional ``explain`` extra: ``pip install "vit[explain]"``.
 
-Every method returns patch-level relevance ``(B, grid_h, grid_w)`` (higher = more relevant), and a pixel map
+Every method returns patch-level relevance ``(B, grid_h, grid_w)`` (higher = more relevant; negative, for the
+methods declared ``signed``, is evidence against the class), and a pixel map
 ``(B, H, W)`` where the method has one::
 
     from vit.explain import METHODS, explain_map
@@ -66,6 +67,9 @@ class Method:
         reason_not_applicable: ``f(model) -> str | None``: why the method cannot explain ``model``, or ``None``.
         fixed_grid: Whether the method reads the model's own patch grid, so that images of another size (on a
             ``dynamic_img_size`` model) are refused.
+        signed: Whether the map is signed (evidence against the class is negative): drawn on a diverging colour map
+            centred on zero (:mod:`vit.explain.colors`). Rollout, attention, Chefer's attribution (the positive part
+            of each update) and Grad-CAM (a ReLU) are non-negative by construction.
     """
 
     name: str
@@ -75,6 +79,7 @@ class Method:
     needs: tuple[str, ...] = ()
     reason_not_applicable: Callable[[nn.Module], str | None] = lambda model: None
     fixed_grid: bool = False
+    signed: bool = False
 
 
 def _require(module: str, method: str) -> Any:
@@ -267,9 +272,17 @@ METHODS: dict[str, Method] = {
             _needs_dense_attention,
             fixed_grid=True,
         ),  # fmt: skip
-        Method("attnlrp", attnlrp_method, "AttnLRP (Achtibat et al. 2024)", True, (), _needs_patch_grid),
-        Method("cp_lrp", cp_lrp_method, "CP-LRP (Ali et al. 2022)", True, (), _needs_patch_grid),
-        Method("ig", integrated_gradients, "integrated gradients, captum", True, ("captum",), _needs_patch_grid),
+        Method("attnlrp", attnlrp_method, "AttnLRP (Achtibat et al. 2024)", True, (), _needs_patch_grid, signed=True),
+        Method("cp_lrp", cp_lrp_method, "CP-LRP (Ali et al. 2022)", True, (), _needs_patch_grid, signed=True),
+        Method(
+            "ig",
+            integrated_gradients,
+            "integrated gradients, captum",
+            True,
+            ("captum",),
+            _needs_patch_grid,
+            signed=True,
+        ),  # fmt: skip
         Method(
             "gradcam",
             grad_cam,
@@ -279,7 +292,7 @@ METHODS: dict[str, Method] = {
             _needs_vit_tokens,
             fixed_grid=True,
         ),  # fmt: skip
-        Method("gradxinput", gradient_x_input, "plain gradient x input", True, (), _needs_patch_grid),
+        Method("gradxinput", gradient_x_input, "plain gradient x input", True, (), _needs_patch_grid, signed=True),
         Method(
             "attention",
             last_block_attention,

@@ -1,10 +1,11 @@
-"""Heatmap overlays of patch-grid maps (rollout, statistics) on images, and captioned image grids.
+"""Heatmap overlays of patch-grid maps (rollout, relevance, statistics) on images, and captioned image grids.
 
-Everything returns ``uint8`` RGB arrays ``(H, W, 3)`` that W&B, PIL and matplotlib display directly. Colours come
-from a perceptually uniform matplotlib colormap, ``"inferno"`` by default (any matplotlib name works); ``"jet"`` is
-built in (matplotlib's segment data, sampled the same way) for comparison with older figures, not recommended: its
-bright bands suggest structure the map does not have. Readable panels (image beside overlay, colour bar, caption)
-are :mod:`vit.explain.panels`.
+Everything returns ``uint8`` RGB arrays ``(H, W, 3)`` that W&B, PIL and matplotlib display directly. The colour map
+and its limits are :func:`~vit.explain.colors.color_scale`'s: a signed map on ``bwr`` centred on zero, fading into
+the image where it is near zero; an unsigned one on ``inferno`` from 0 to its maximum (any matplotlib name may replace
+``inferno``; ``"jet"`` is built in for comparison with older figures, not recommended: its bright bands suggest
+structure the map does not have). Readable panels (image beside overlay, colour bar, caption) are
+:mod:`vit.explain.panels`.
 """
 
 from __future__ import annotations
@@ -16,44 +17,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
-# matplotlib's "jet" as (x, value) breakpoints per channel (matplotlib/_cm.py, _jet_data).
-_JET = (
-    ((0.0, 0.0), (0.35, 0.0), (0.66, 1.0), (0.89, 1.0), (1.0, 0.5)),
-    ((0.0, 0.0), (0.125, 0.0), (0.375, 1.0), (0.64, 1.0), (0.91, 0.0), (1.0, 0.0)),
-    ((0.0, 0.5), (0.11, 1.0), (0.34, 1.0), (0.65, 0.0), (1.0, 0.0)),
-)
-_LUT_SIZE = 256
+from .colors import ColorScale, apply_colormap, color_scale
 
-
-def _jet_lut() -> np.ndarray:
-    x = np.linspace(0.0, 1.0, _LUT_SIZE)
-    return np.stack([np.interp(x, *zip(*channel, strict=True)) for channel in _JET], axis=1)  # (256, 3)
-
-
-def apply_colormap(values: np.ndarray | torch.Tensor, cmap: str = "inferno") -> np.ndarray:
-    """Map values in ``[0, 1]`` (clipped) to ``uint8`` RGB, appending a channel axis of size 3.
-
-    Args:
-        values: Array of any shape with values in ``[0, 1]``.
-        cmap: ``"jet"`` (built in) or any matplotlib colormap name (needs matplotlib).
-
-    Raises:
-        ValueError: If ``cmap`` is unknown or needs matplotlib and it is missing.
-    """
-    values = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
-    values = np.clip(np.nan_to_num(values.astype(np.float64)), 0.0, 1.0)
-    if cmap == "jet":
-        lut = _jet_lut()
-    else:
-        try:
-            import matplotlib
-        except ImportError as err:
-            raise ValueError(f"colormap {cmap!r} needs matplotlib (pip install matplotlib), or use cmap='jet'") from err
-        if cmap not in matplotlib.colormaps:
-            raise ValueError(f"unknown colormap {cmap!r}; e.g. 'jet', 'viridis', 'inferno', 'magma', 'gray'")
-        lut = matplotlib.colormaps[cmap].resampled(_LUT_SIZE)(np.linspace(0.0, 1.0, _LUT_SIZE))[:, :3]
-    index = np.minimum((values * _LUT_SIZE).astype(np.int64), _LUT_SIZE - 1)  # matplotlib's binning
-    return np.rint(lut[index] * 255.0).astype(np.uint8)
+__all__ = ["apply_colormap", "make_grid", "overlay_heatmap", "to_uint8_image", "upsample_map", "upsample_values"]
 
 
 def to_uint8_image(image: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -83,15 +49,26 @@ def to_uint8_image(image: np.ndarray | torch.Tensor) -> np.ndarray:
     return np.repeat(array, 3, axis=2) if array.shape[2] == 1 else array
 
 
-def upsample_map(grid_map: np.ndarray | torch.Tensor, size: tuple[int, int]) -> np.ndarray:
-    """Min-max normalise a ``(rows, cols)`` map to ``[0, 1]`` and resize it bilinearly to ``size = (H, W)``.
-
-    A constant map becomes all zeros.
-    """
+def _grid(grid_map: np.ndarray | torch.Tensor) -> torch.Tensor:
     m = torch.as_tensor(np.asarray(grid_map.detach().cpu() if isinstance(grid_map, torch.Tensor) else grid_map))
     if m.ndim != 2:
         raise ValueError(f"grid_map must be 2-D (rows, cols), got shape {tuple(m.shape)}")
-    m = m.double()
+    return m.double().nan_to_num(0.0, 0.0, 0.0)
+
+
+def upsample_values(grid_map: np.ndarray | torch.Tensor, size: tuple[int, int]) -> np.ndarray:
+    """Resize a ``(rows, cols)`` map bilinearly to ``size = (H, W)``, its values kept (signs included)."""
+    m = _grid(grid_map)
+    return F.interpolate(m[None, None], size=size, mode="bilinear", align_corners=False)[0, 0].numpy()
+
+
+def upsample_map(grid_map: np.ndarray | torch.Tensor, size: tuple[int, int]) -> np.ndarray:
+    """Min-max normalise a ``(rows, cols)`` map to ``[0, 1]`` and resize it bilinearly to ``size = (H, W)``.
+
+    A constant map becomes all zeros. For drawing, :func:`overlay_heatmap` uses :func:`upsample_values` and the
+    map's :func:`~vit.explain.colors.color_scale` instead.
+    """
+    m = _grid(grid_map)
     low, high = m.min(), m.max()
     m = (m - low) / (high - low) if high > low else torch.zeros_like(m)
     m = F.interpolate(m[None, None], size=size, mode="bilinear", align_corners=False)[0, 0]
@@ -102,18 +79,25 @@ def overlay_heatmap(
     image: np.ndarray | torch.Tensor,
     grid_map: np.ndarray | torch.Tensor,
     alpha: float = 0.5,
-    cmap: str = "inferno",
+    cmap: str | None = None,
+    *,
+    signed: bool = False,
+    scale: ColorScale | None = None,
 ) -> np.ndarray:
     """Blend a colour-mapped patch-grid map over an image.
 
-    The map is min-max normalised (display only), upsampled bilinearly to the image size and coloured; the
-    result is ``(1 - alpha) · image + alpha · heatmap``.
+    The map is upsampled bilinearly to the image size and coloured by its :class:`~vit.explain.colors.ColorScale`;
+    the result is ``(1 - w) · image + w · heatmap`` with ``w = alpha`` for an unsigned map and
+    ``w = alpha · |value| / max |value|`` for a signed one (the image shows where the relevance is near zero).
 
     Args:
         image: See :func:`to_uint8_image` (un-normalise a model input first with :func:`unnormalize`).
-        grid_map: ``(rows, cols)`` map, e.g. one item of :func:`~vit.explain.rollout_map`.
-        alpha: Heatmap weight in ``[0, 1]``; 0 returns the image, 1 the heatmap.
-        cmap: See :func:`apply_colormap`.
+        grid_map: ``(rows, cols)`` map, e.g. one item of :func:`~vit.explain.rollout_map`, raw values.
+        alpha: Heatmap weight in ``[0, 1]`` (a signed map's largest); 0 returns the image.
+        cmap: Sequential colour map of an unsigned map instead of ``inferno`` (see
+            :func:`~vit.explain.colors.apply_colormap`).
+        signed: Whether the map is signed (:func:`~vit.explain.colors.is_signed` of its method).
+        scale: Colour map and limits to use instead of the map's own (e.g. one shared by several panels).
 
     Returns:
         ``uint8`` RGB ``(H, W, 3)``.
@@ -121,8 +105,10 @@ def overlay_heatmap(
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     rgb = to_uint8_image(image)
-    heat = apply_colormap(upsample_map(grid_map, rgb.shape[:2]), cmap)
-    blend = (1.0 - alpha) * rgb.astype(np.float64) + alpha * heat.astype(np.float64)
+    scale = scale if scale is not None else color_scale(grid_map, signed, cmap=cmap)
+    values = upsample_values(grid_map, rgb.shape[:2])
+    weight = scale.opacity(values, alpha)[:, :, None]
+    blend = (1.0 - weight) * rgb.astype(np.float64) + weight * scale.colors(values).astype(np.float64)
     return np.rint(blend).astype(np.uint8)
 
 

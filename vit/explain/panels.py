@@ -3,13 +3,15 @@
 A panel (:func:`render_panel`) is laid out as::
 
     | caption: "true 3 · pred 7 (32 %)"            |
-    | image (upscaled) | overlay (upscaled) | ▮ max |
-    |                  |                    | ▮ min |
+    | image (upscaled) | overlay (upscaled) | ▮ +m  |
+    |                  |                    | ▮ 0   |
+    |                  |                    | ▮ -m  |
 
-The heatmap uses a perceptually uniform colour map (``inferno`` by default, via matplotlib) and is blended over
-the image, which stays visible beside it unchanged; the colour bar is labelled with the map's raw minimum and
-maximum (the overlay is min-max normalised per image). :func:`render_grid` tiles the panels of an
-:class:`~vit.explain.Explanation` into one captioned grid.
+The colour map and limits are :func:`~vit.explain.colors.color_scale`'s: a signed map (AttnLRP, integrated gradients,
+...) on ``bwr`` from ``-m`` to ``+m`` (``m = max |value|``, white at zero, fading into the image there), an unsigned
+one (rollout, attention) on ``inferno`` from 0 to its maximum. The heatmap is blended over the image, which stays
+visible beside it unchanged; the colour bar carries the numbers. :func:`render_grid` tiles the panels of an
+:class:`~vit.explain.Explanation` into one captioned grid, each panel on its own limits.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from .overlay import apply_colormap, make_grid, to_uint8_image, upsample_map
+from .colors import ColorScale, color_scale
+from .overlay import make_grid, overlay_heatmap, to_uint8_image
 from .pipeline import Explanation
 
 Resample = Literal["nearest", "bicubic"]
@@ -58,30 +61,32 @@ def upscale(image: np.ndarray, size: int, resample: Resample = "bicubic") -> np.
     return np.asarray(Image.fromarray(image).resize(target, _RESAMPLE[resample]))
 
 
-def _fmt(value: float) -> str:
-    return f"{value:.2g}"
-
-
 def render_panel(
     image: np.ndarray | torch.Tensor,
     grid_map: np.ndarray | torch.Tensor,
     caption: str = "",
     *,
-    cmap: str = "inferno",
+    signed: bool = False,
+    scale: ColorScale | None = None,
+    cmap: str | None = None,
     size: int = 160,
     alpha: float = 0.6,
     resample: Resample = "bicubic",
     padding: int = 4,
 ) -> np.ndarray:
-    """One readable panel: the image and the heatmap over it side by side, a colour bar, the caption on top.
+    """One readable panel: the image and the heatmap over it side by side, a numbered colour bar, the caption on top.
 
     Args:
         image: Display pixels, see :func:`~vit.explain.to_uint8_image` (e.g. ``Explanation.images[i]``).
         grid_map: ``(rows, cols)`` map on the patch grid (e.g. ``Explanation.rollout[i]``), raw values.
         caption: Text burned in above the images, e.g. ``"true 3 · pred 7 (32 %)"``.
-        cmap: Colour map of the heatmap and bar; any matplotlib name (``"jet"`` is built in, not the default).
+        signed: Whether the map is signed (:func:`~vit.explain.colors.is_signed` of its method): ``bwr`` centred on
+            zero, labelled ``-m, 0, +m``; otherwise ``inferno`` from 0 to the maximum.
+        scale: Colour map and limits instead of the map's own (e.g. shared by the panels of a grid).
+        cmap: Sequential colour map of an unsigned map instead of ``inferno`` (``"jet"`` is built in, not
+            recommended); a signed map is always ``bwr``.
         size: Longer side in pixels of each of the two images (upscaled from the input resolution).
-        alpha: Heatmap weight over the image, in ``[0, 1]``.
+        alpha: Heatmap weight over the image, in ``[0, 1]`` (a signed map's at its largest value).
         resample: ``"bicubic"`` (photos) or ``"nearest"`` (pixel-exact blocks) to upscale the image.
         padding: White pixels around and between the parts.
 
@@ -94,17 +99,17 @@ def render_panel(
     raw = torch.as_tensor(np.asarray(grid_map.detach().cpu() if isinstance(grid_map, torch.Tensor) else grid_map))
     if raw.ndim != 2:
         raise ValueError(f"grid_map must be 2-D (rows, cols), got shape {tuple(raw.shape)}")
+    scale = scale if scale is not None else color_scale(raw, signed, cmap=cmap)
     picture = upscale(to_uint8_image(image), size, resample)
     height, width = picture.shape[:2]
-    heat = apply_colormap(upsample_map(raw, (height, width)), cmap)
-    overlay = np.rint((1.0 - alpha) * picture.astype(np.float64) + alpha * heat.astype(np.float64)).astype(np.uint8)
+    overlay = overlay_heatmap(picture, raw, alpha, scale=scale)
 
     text_font = font(caption_font_size(size))
     label_font = font(max(9, caption_font_size(size) - 3))
-    low, high = _fmt(float(raw.min())), _fmt(float(raw.max()))
+    labels = scale.labels()
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
     # At least the width of a typical label, so that the panels of a grid share one size.
-    label_width = max(probe.textbbox((0, 0), text, font=label_font)[2] for text in (low, high, "-0.00088"))
+    label_width = max(probe.textbbox((0, 0), text, font=label_font)[2] for text in (*labels, "-0.00088"))
     top = caption_height(size) + padding
     canvas_w = 3 * padding + 2 * width + padding + BAR_WIDTH + 3 + label_width + padding
     canvas = np.full((top + height + padding, canvas_w, 3), 255, dtype=np.uint8)
@@ -112,16 +117,26 @@ def render_panel(
     left = 2 * padding + width
     canvas[top : top + height, left : left + width] = overlay
     bar_left = left + width + 2 * padding
-    bar = apply_colormap(np.linspace(1.0, 0.0, height)[:, None].repeat(BAR_WIDTH, axis=1), cmap)  # top = high
-    canvas[top : top + height, bar_left : bar_left + BAR_WIDTH] = bar
+    canvas[top : top + height, bar_left : bar_left + BAR_WIDTH] = colorbar(scale, height, BAR_WIDTH)
 
     pil = Image.fromarray(canvas)
     draw = ImageDraw.Draw(pil)
     draw.text((padding, padding), caption, fill=(0, 0, 0), font=text_font)
     label_left = bar_left + BAR_WIDTH + 3
-    draw.text((label_left, top), high, fill=(0, 0, 0), font=label_font, anchor="la")
-    draw.text((label_left, top + height), low, fill=(0, 0, 0), font=label_font, anchor="ld")
+    draw.text((label_left, top), labels[-1], fill=(0, 0, 0), font=label_font, anchor="la")
+    draw.text((label_left, top + height), labels[0], fill=(0, 0, 0), font=label_font, anchor="ld")
+    if scale.signed:  # zero, level with the bar's white row
+        draw.text((label_left, top + height / 2), labels[1], fill=(0, 0, 0), font=label_font, anchor="lm")
     return np.asarray(pil).copy()
+
+
+def colorbar(scale: ColorScale, length: int, thickness: int, vertical: bool = True) -> np.ndarray:
+    """The colour bar of ``scale`` as ``uint8`` RGB: ``(length, thickness, 3)`` with the top at ``scale.high``, or
+    ``(thickness, length, 3)`` from ``scale.low`` on the left; a signed bar of odd length has zero's white in its
+    middle row."""
+    values = np.linspace(scale.high, scale.low, length)  # top to bottom
+    strip = scale.colors(values)[:, None].repeat(thickness, axis=1)  # (length, thickness, 3)
+    return strip if vertical else strip[::-1].transpose(1, 0, 2).copy()
 
 
 def caption_font_size(size: int) -> int:
@@ -144,7 +159,8 @@ def render_panels(
     Args:
         explanation: From :func:`~vit.explain.explain_images`.
         maps: ``(B, rows, cols)`` maps to show (e.g. an attribution); ``None`` shows ``explanation.rollout``.
-        **kwargs: Passed to :func:`render_panel` (``cmap``, ``size``, ``alpha``, ``resample``, ``padding``).
+        **kwargs: Passed to :func:`render_panel` (``signed``, ``cmap``, ``size``, ``alpha``, ``resample``,
+            ``padding``): each panel on its own limits (:mod:`vit.explain.colors`).
     """
     maps = explanation.rollout if maps is None else maps
     if len(maps) != len(explanation):

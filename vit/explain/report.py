@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .colors import ColorScale, color_scale, is_signed, lookup_table
 from .explorer import DEFAULT_MAX_BYTES, explorer_payload, render_explorer
 from .method_benchmark import MethodBenchmark, MethodScore
 from .methods import METHODS
@@ -43,6 +44,9 @@ figcaption { font-size: 12px; color: #555; }
 table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 4px 10px; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 .note { font-size: 12px; color: #666; max-width: 900px; }
+.legend { margin: 2px auto 0; font-size: 10px; color: #333; }
+.ramp { height: 8px; border: 1px solid #bbb; }
+.ticks { display: flex; justify-content: space-between; font-variant-numeric: tabular-nums; }
 """
 
 
@@ -51,10 +55,30 @@ def png_data_uri(image: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode("ascii")
 
 
-def _img(image: np.ndarray, alt: str, label: str) -> str:
+def _img(image: np.ndarray, alt: str, label: str, legend: str = "") -> str:
     return (
-        f'<figure><img src="{png_data_uri(image)}" alt="{html.escape(alt)}"><figcaption>{label}</figcaption></figure>'
+        f'<figure><img src="{png_data_uri(image)}" alt="{html.escape(alt)}">{legend}'
+        f"<figcaption>{label}</figcaption></figure>"
     )
+
+
+def colorbar_html(scale: ColorScale, width: int) -> str:
+    """A numbered colour bar ``width`` pixels wide: the colour map as a CSS gradient, its :meth:`ColorScale.labels`
+    under it (``-m 0 +m`` for a signed map, ``0 max`` for an unsigned one)."""
+    stops = lookup_table(scale.cmap, 11)
+    gradient = ", ".join(f"rgb({r}, {g}, {b})" for r, g, b in np.rint(stops * 255).astype(int))
+    ticks = "".join(f"<span>{html.escape(label)}</span>" for label in scale.labels())
+    return (
+        f'<div class="legend" style="width: {width}px"><div class="ramp" style="background: linear-gradient(to right, '
+        f'{gradient})"></div><div class="ticks">{ticks}</div></div>'
+    )
+
+
+def _overlay(picture: np.ndarray, grid_map: torch.Tensor, signed: bool, alpha: float, alt: str, label: str) -> str:
+    """An overlay figure with its numbered colour bar under it."""
+    scale = color_scale(grid_map, signed)
+    overlay = overlay_heatmap(picture, grid_map, alpha, scale=scale)
+    return _img(overlay, alt, label, colorbar_html(scale, overlay.shape[1]))
 
 
 def curves_plot(scores: dict) -> np.ndarray:
@@ -182,16 +206,20 @@ def _static_body(files: Sequence[Path], results: Results, title: str, alpha: flo
         f"{html.escape(name)}: {html.escape(METHODS[name].summary)}" for name in maps if name in METHODS
     )
     sections.append(
-        '<p class="note">Heatmaps use the inferno colour map, each scaled to its own minimum (dark) and maximum '
-        f"(bright); class-specific maps explain {html.escape(target)}. {described}.</p>"
+        '<p class="note">Signed maps (relevance: AttnLRP, integrated gradients, gradient x input) are red where '
+        "a patch speaks for the class, blue where it speaks against it, and fade into the image where the "
+        "relevance is near zero, on limits symmetric about zero; unsigned maps (rollout, attention, attribution) "
+        "use the inferno colour map from 0 (black) to their maximum (bright). Each map has its own limits, under "
+        "it. Class-specific maps "
+        f"explain {html.escape(target)}. {described}.</p>"
     )
     panels, size = [], 0
     for i, file in enumerate(files):
         picture = upscale(_uint8(explanation.images[i]), SIZE)
         figures = [_img(picture, f"image {file.name}", "image")]
         for name, grid_map in maps.items():
-            overlay = overlay_heatmap(picture, grid_map[i], alpha=alpha, cmap="inferno")
-            figures.append(_img(overlay, f"{name} of {file.name}", html.escape(name)))
+            signed = is_signed(name, grid_map)
+            figures.append(_overlay(picture, grid_map[i], signed, alpha, f"{name} of {file.name}", html.escape(name)))
         panel = (
             f'<div class="panel"><div class="caption"><b>{html.escape(file_name(file))}</b> · '
             f"{html.escape(captions[i])}</div>{''.join(figures)}</div>"
@@ -221,10 +249,7 @@ def _static_body(files: Sequence[Path], results: Results, title: str, alpha: flo
     )
     for i in range(min(HEAD_IMAGES, len(files))):
         picture = upscale(_uint8(explanation.images[i]), SIZE // 2)
-        figures = [
-            _img(overlay_heatmap(picture, heads[i, h], alpha=0.75, cmap="inferno"), f"head {h}", f"head {h}")
-            for h in range(heads.shape[1])
-        ]
+        figures = [_overlay(picture, heads[i, h], False, 0.75, f"head {h}", f"head {h}") for h in range(heads.shape[1])]
         sections.append(f'<div class="heads"><div class="caption">{html.escape(file_name(files[i]))}</div>'
                         f"{''.join(figures)}</div>")  # fmt: skip
 

@@ -109,7 +109,9 @@
     return img;
   }
 
-  const LUT = bytes(D.lut); // 256 RGB colours (inferno)
+  const LUT = bytes(D.lut); // 256 RGB colours (inferno): attention and unsigned maps
+  const LUT_SIGNED = bytes(D.lut_signed || D.lut); // 255 RGB colours (bwr): signed maps, white in the middle entry
+  const SIGNED = new Set(D.signed || []);
   const LEVELS = 2 ** D.bits - 1;
   const SQUARE = Float32Array.from({ length: LEVELS + 1 }, (_, c) => (c / LEVELS) ** 2); // a code's share of its max
   const masks = Promise.all(D.blocks.map(async (b) => (b.mask ? (await png(b.mask)).data : null)));
@@ -197,21 +199,31 @@
       full: (h) => row(b, h, state.query.index), values: (h) => row(b, h, state.query.index).subarray(P) }));
   }
 
-  function codesOf(values) { // colour-map indices, each map scaled to its own maximum (matplotlib's binning)
-    let max = 0;
-    for (const v of values) max = Math.max(max, v);
-    return Uint8Array.from(values, (v) => (max > 0 ? Math.min(255, Math.floor((v / max) * 256)) : 0));
+  // The colour map and limits of a map, the rule of vit.explain.colors.color_scale: a signed map on bwr from -m to +m
+  // (m = max |value|), anything else on inferno from 0 (or its minimum, if below 0) to its maximum.
+  function scaleOf(values, signed = false) {
+    let low = 0, high = 0, top = 0;
+    for (const v of values) { low = Math.min(low, v); high = Math.max(high, v); top = Math.max(top, Math.abs(v)); }
+    if (signed) return { signed, low: -(top || 1), high: top || 1, lut: LUT_SIGNED, size: LUT_SIGNED.length / 3 };
+    return { signed, low, high: high > low ? high : low + 1, lut: LUT, size: LUT.length / 3 };
   }
-  function paint(canvas, values, ramp = false) { // ramp: transparent where low, so the image shows through
+  function codesOf(values, scale) { // colour-map indices between the limits (matplotlib's binning)
+    const span = scale.high - scale.low;
+    return Uint8Array.from(values, (v) => Math.min(scale.size - 1,
+      Math.floor(Math.min(1, Math.max(0, (v - scale.low) / span)) * scale.size)));
+  }
+  // ramp: see-through, so the image shows: by the code (unsigned) or by |value| / m (signed: clear at zero)
+  function paint(canvas, values, ramp = false, scale = scaleOf(values)) {
     if (canvas.width !== GW || canvas.height !== GH) [canvas.width, canvas.height] = [GW, GH];
     const ctx = canvas.getContext("2d");
-    const img = ctx.createImageData(GW, GH), data = img.data, codes = codesOf(values);
+    const img = ctx.createImageData(GW, GH), data = img.data, codes = codesOf(values, scale), lut = scale.lut;
     for (let i = 0; i < codes.length; i++) {
       const c = codes[i];
-      data[4 * i] = LUT[3 * c];
-      data[4 * i + 1] = LUT[3 * c + 1];
-      data[4 * i + 2] = LUT[3 * c + 2];
-      data[4 * i + 3] = ramp ? 40 + (c * 175) / 255 : 255;
+      data[4 * i] = lut[3 * c];
+      data[4 * i + 1] = lut[3 * c + 1];
+      data[4 * i + 2] = lut[3 * c + 2];
+      data[4 * i + 3] = !ramp ? 255 : scale.signed ? Math.min(1, Math.abs(values[i]) / scale.high) * 215
+        : 40 + (c * 175) / 255;
     }
     ctx.putImageData(img, 0, 0);
   }
@@ -365,6 +377,21 @@
   heatCanvas.id = "overlay-map";
   heatCanvas.hidden = true;
   const rampCanvas = document.createElement("canvas");
+  // A colour-bar number: two significant digits, as vit.explain.colors.format_value writes it.
+  const tick = (v) => (v === 0 ? "0" : String(Number(v.toPrecision(2))));
+  function drawLegend(scale) { // the colour bar of the overlay, one pixel per colour, and its numbers
+    const bar = $("colorbar"), size = scale.size;
+    if (bar.width !== size) bar.width = size;
+    const ctx = bar.getContext("2d"), img = ctx.createImageData(size, bar.height);
+    for (let i = 0; i < size * bar.height; i++) {
+      const c = i % size;
+      img.data.set([scale.lut[3 * c], scale.lut[3 * c + 1], scale.lut[3 * c + 2], 255], 4 * i);
+    }
+    ctx.putImageData(img, 0, 0);
+    $("tick-low").textContent = tick(scale.low);
+    $("tick-mid").textContent = scale.signed ? "0" : "";
+    $("tick-high").textContent = tick(scale.high);
+  }
   function drawView() {
     const ctx = $("view").getContext("2d");
     const [h, w] = D.size;
@@ -372,12 +399,14 @@
     ctx.drawImage(current.picture, 0, 0, VIEW, VIEW);
     const values = overlayValues();
     if (values) {
-      const mapped = values.map((v) => Math.max(v, 0)); // signed maps: the positive part
-      paint(heatCanvas, mapped); // opaque colours, kept for reading back
-      paint(rampCanvas, mapped, true);
+      const scale = scaleOf(values, SIGNED.has(state.overlay));
+      paint(heatCanvas, values, false, scale); // opaque colours, kept for reading back
+      paint(rampCanvas, values, true, scale);
       ctx.imageSmoothingEnabled = false;
       ctx.drawImage(rampCanvas, 0, 0, VIEW, VIEW);
+      drawLegend(scale);
     }
+    $("legend").style.visibility = values ? "visible" : "hidden";
     ctx.strokeStyle = "rgba(255,255,255,0.25)";
     ctx.lineWidth = 1;
     ctx.beginPath();
@@ -474,10 +503,6 @@
       ["none", "none"]];
     $("overlay").innerHTML = names.map(([v, t]) => `<option value="${esc(v)}">${esc(t)}</option>`).join("");
     $("overlay").addEventListener("change", (e) => timed(() => update({ overlay: e.target.value })));
-    const bar = $("colorbar").getContext("2d");
-    const img = bar.createImageData(256, 10);
-    for (let i = 0; i < 256 * 10; i++) img.data.set([LUT[3 * (i % 256)], LUT[3 * (i % 256) + 1], LUT[3 * (i % 256) + 2], 255], 4 * i);
-    bar.putImageData(img, 0, 0);
     const f = D.faithfulness;
     if (f && f.deletion_auc) {
       $("faith").innerHTML = "<tr><th>map</th><th>deletion</th><th>insertion</th></tr>" + Object.keys(f.deletion_auc)
@@ -526,6 +551,7 @@
     poolRow: (h, i) => Array.from(poolRow(h, i)),
     stats: (full) => stats(Float32Array.from(full)),
     map: (name, index = state.image) => Array.from(mapValues(index, name)),
+    ticks: () => ["low", "mid", "high"].map((t) => $(`tick-${t}`).textContent),
     png: async (b64) => { const p = await png(b64); return { ...p, data: Array.from(p.data) }; },
     allowed: (b) => { const a = allowedPatches(b); return a ? Array.from(a, (v) => (v ? 1 : 0)) : null; },
   };
