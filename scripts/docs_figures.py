@@ -26,6 +26,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from matplotlib.cm import ScalarMappable  # noqa: E402
+from matplotlib.colors import Normalize  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import vit  # noqa: E402
@@ -37,10 +39,12 @@ from vit.explain import (  # noqa: E402
     applicable_methods,
     attention_attribution,
     attention_statistics,
+    color_scale,
     explain_images,
     explain_map,
     faithfulness,
     fixed_images,
+    is_signed,
     overlay_heatmap,
     render_grid,
     write_explorer,
@@ -391,7 +395,8 @@ def readme(checkpoint: Path | None = None) -> None:
     maps = explain_map(model, normalize(images, mean, std), DEFAULT_METHOD).patches
     title = f"{METHODS[DEFAULT_METHOD].summary} of the predicted class · quickstart model, digits it has not seen"
     buffer = io.BytesIO()
-    Image.fromarray(render_grid(ex, maps, ncols=4, title=title)).save(buffer, format="png")
+    grid = render_grid(ex, maps, ncols=4, title=title, signed=is_signed(DEFAULT_METHOD))
+    Image.fromarray(grid).save(buffer, format="png")
     write_bytes(OUT / f"{DEFAULT_METHOD}_grid_digits.png", buffer.getvalue())
     print(f"wrote {OUT / f'{DEFAULT_METHOD}_grid_digits.png'}")
 
@@ -407,20 +412,26 @@ def methods(checkpoint: Path | None = None) -> None:
     ex = explain_images(model, images, labels=labels, class_names=explainer.class_names, mean=explainer.mean,
                         std=explainer.std, statistics=False)  # fmt: skip
     maps = {name: explain_map(model, inputs, name).patches for name in names}
-    figure, axes = plt.subplots(len(images), len(names) + 1, figsize=(1.45 * (len(names) + 1), 1.55 * len(images)))
+    figure, axes = plt.subplots(len(images), len(names) + 1, figsize=(1.75 * (len(names) + 1), 1.6 * len(images)))
     for row, caption in enumerate(ex.captions()):
         picture = (ex.images[row].permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8)
         picture = np.asarray(Image.fromarray(picture).resize((96, 96), Image.BICUBIC))
         axes[row, 0].imshow(picture)
         axes[row, 0].set_title(caption.replace("true ", "").replace(" · pred ", " → "), fontsize=8)
         for col, name in enumerate(names, start=1):
-            axes[row, col].imshow(overlay_heatmap(picture, maps[name][row], alpha=0.6, cmap="inferno"))
+            scale = color_scale(maps[name][row], is_signed(name))  # the colours every renderer uses
+            axes[row, col].imshow(overlay_heatmap(picture, maps[name][row], alpha=0.8, scale=scale))
+            bar = figure.colorbar(ScalarMappable(Normalize(scale.low, scale.high), scale.cmap), ax=axes[row, col],
+                                  ticks=scale.ticks(), fraction=0.05, pad=0.03)  # fmt: skip
+            bar.ax.set_yticklabels(scale.labels())
+            bar.ax.tick_params(labelsize=5, length=2, pad=1)
             if row == 0:
                 axes[row, col].set_title(name + (" (default)" if name == DEFAULT_METHOD else ""), fontsize=8)
     for ax in axes.flat:
         ax.set_axis_off()
     figure.suptitle("Every method on the same digits (true → predicted), quickstart model: class-specific maps explain "
-                    "the prediction; bright = relevant", fontsize=10)  # fmt: skip
+                    "the prediction.\nSigned relevance (attnlrp, cp_lrp, ig, gradxinput): red = for the class, blue = "
+                    "against, clear = none; the others: bright = more", fontsize=9)  # fmt: skip
     save(figure, "methods_digits.png")
 
 

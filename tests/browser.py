@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from vit.bench.explorer_suite import LAUNCH_ARGS, find_chromium
-from vit.explain.overlay import apply_colormap
+from vit.explain.colors import DIVERGING, DIVERGING_LUT_SIZE, apply_colormap
 
 LUT = apply_colormap(np.arange(256) / 255.0).astype(np.int64)  # (256, 3): the page's colour map
+SIGNED_LUT = apply_colormap(np.arange(DIVERGING_LUT_SIZE) / (DIVERGING_LUT_SIZE - 1), DIVERGING, DIVERGING_LUT_SIZE)
+SIGNED_LUT = SIGNED_LUT.astype(np.int64)  # (255, 3): the page's colour map of signed maps
 
 
 chromium_path = find_chromium
@@ -87,9 +89,16 @@ class Page:
         return float(e), (float(d) if d else None)
 
 
-def lut_index(pixels: np.ndarray) -> np.ndarray:
+def lut_index(pixels: np.ndarray, lut: np.ndarray = LUT) -> np.ndarray:
     """The colour-map index of each drawn RGB pixel (nearest colour of the LUT)."""
-    return np.argmin(((pixels[:, None, :] - LUT[None]) ** 2).sum(-1), axis=1)
+    return np.argmin(((pixels[:, None, :] - lut[None]) ** 2).sum(-1), axis=1)
+
+
+def expected_signed_index(values: np.ndarray) -> np.ndarray:
+    """Diverging colour-map index of each value on the limits ``±max |value|`` (as the page and
+    :func:`vit.explain.color_scale` do): zero is the middle entry."""
+    top = np.abs(values).max()
+    return np.minimum(((values / top + 1.0) / 2.0 * DIVERGING_LUT_SIZE).astype(np.int64), DIVERGING_LUT_SIZE - 1)
 
 
 def expected_index(values: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from browser import Page, chromium_path, expected_index, lut_index
+from browser import SIGNED_LUT, Page, chromium_path, expected_index, expected_signed_index, lut_index
 from explorer_data import data_blocks, decode_bound, decode_rows, page_data, stored
 from PIL import Image
 
@@ -347,6 +347,43 @@ def test_overlays_and_prediction(browser, tmp_path, class_model, pixels):
     assert top == [f"{100 * p:.1f} %" for p in probs.sort(descending=True).values.tolist()]
     faith = page.js("() => Array.from(document.querySelectorAll('#faith td'), s => s.textContent)")
     assert faith == ["rollout", "0.250", "0.750", "custom", "0.500", "0.500"]
+    assert page.errors == []
+
+
+def test_a_signed_map_is_drawn_diverging_around_zero_with_a_numbered_bar(browser, tmp_path, class_model, pixels):
+    """AttnLRP (declared signed) on bwr from -m to +m: a zero patch is white exactly, the bar reads -m, 0, m (the
+    numbers vit.explain.color_scale gives); attention keeps inferno from 0 with two numbers."""
+    from vit.explain import color_scale
+
+    relevance = (torch.rand(3, 4, 4) - 0.3) * 0.5  # in [-0.15, 0.35)
+    relevance[2, 1, 1] = 0.0
+    relevance[2, 0, 0] = -0.5  # the largest magnitude is negative: the limits are ±0.5
+    write_explorer(tmp_path / "e.html", class_model, pixels, mean=MEAN, std=STD, maps={"attnlrp": relevance},
+                   attribution=False)  # fmt: skip
+    page = Page(browser, tmp_path / "e.html")
+    assert page.js("() => window.explorer.data.signed") == ["attnlrp"]
+    page.js("() => window.explorer.select({image: 2})")
+    page.page.select_option("#overlay", "attnlrp")
+    page.settle()
+    drawn = page.js(
+        "() => Array.from(document.querySelector('#overlay-map').getContext('2d').getImageData(0, 0, 4, 4).data)"
+    )
+    rgb = np.array(drawn).reshape(-1, 4)[:, :3]
+    values = relevance[2].flatten().numpy()
+    np.testing.assert_array_less(np.abs(lut_index(rgb, SIGNED_LUT) - expected_signed_index(values)), 2)
+    assert rgb[5].tolist() == [255, 255, 255] and rgb[0].tolist() == [0, 0, 255]  # zero: white; -m: blue
+    assert page.js("() => window.explorer.ticks()") == list(color_scale(relevance[2], signed=True).labels())
+    assert page.js("() => window.explorer.ticks()")[0] == "-0.5"
+    bar = page.js("() => Array.from(document.getElementById('colorbar').getContext('2d').getImageData(127, 5, 1, 1)"
+                  ".data)")  # fmt: skip
+    assert bar[:3] == [255, 255, 255]  # the middle of the bar: zero's white
+    page.page.select_option("#overlay", "attention")
+    page.settle()
+    low, middle, high = page.js("() => window.explorer.ticks()")
+    assert (low, middle) == ("0", "") and float(high) > 0
+    page.page.select_option("#overlay", "none")
+    page.settle()
+    assert page.js("() => getComputedStyle(document.getElementById('legend')).visibility") == "hidden"
     assert page.errors == []
 
 
