@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -400,6 +401,45 @@ def test_ddp_two_cpu_processes_draw_their_own_numbers_and_resume_bit_identically
     assert cut["global_step"] == 8
     for key, value in whole["state_dict"].items():
         assert torch.equal(value, cut["state_dict"][key]), key
+
+
+def processes_naming(text: str) -> list[str]:
+    """The command lines of the running processes that contain ``text``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        if text in args:
+            found.append(args)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="lists processes through /proc")
+def test_ddp_rank_zero_failure_leaves_no_process_and_one_error_line(tmp_path):
+    """Rank 0 fails in prepare_data (no CIFAR-10 in an empty folder) while rank 1, which Lightning started, waits for
+    it: the command ends with one error line, and rank 1 neither outlives it nor prints a traceback."""
+    (tmp_path / "empty").mkdir()
+    cmd = [sys.executable, "-m", "vit", "fit", *TINY_VIT, "--data.dataset", "cifar10"]
+    cmd += ["--data.data_dir", str(tmp_path / "empty"), "--data.download", "false", "--data.num_workers", "0"]
+    cmd += ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    cmd += ["--trainer.max_epochs", "1", "--trainer.logger", "false", "--runs_dir", str(tmp_path / "runs")]
+    with open(tmp_path / "stderr", "w") as err, open(tmp_path / "stdout", "w") as out:
+        rank0 = subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=out, stderr=err)
+        status = rank0.wait(timeout=300)
+        left = processes_naming(str(tmp_path / "empty"))  # at once: the command has returned
+    for _ in range(20):  # before failing, let a survivor print what it would print after the prompt
+        if not processes_naming(str(tmp_path / "empty")):
+            break
+        time.sleep(0.5)
+    stderr = (tmp_path / "stderr").read_text()
+    assert status == 2 and left == [], (left, stderr[-3000:])
+    errors = [line for line in stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: cifar10 not found"), stderr[-3000:]
+    assert "Traceback" not in stderr and "[rank1]" not in stderr
+    assert not (tmp_path / "runs").exists()  # the run folder it claimed, left empty, is removed
 
 
 @pytest.mark.slow

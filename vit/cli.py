@@ -28,10 +28,13 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -40,7 +43,7 @@ import torch
 import yaml
 from jsonargparse import DefaultHelpFormatter, Namespace
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from .allocator import keep_freed_memory
@@ -201,6 +204,49 @@ class LogConfig(SaveConfigCallback):
         log_config(trainer, config)
 
 
+class StopStartedProcesses(Callback):
+    """On an exception in the process that started the others (DDP's rank 0 of a node), end the processes that
+    Lightning's launcher started before the command exits.
+
+    Lightning kills them on Ctrl-C only: after any other failure of rank 0 (a download that fails, a missing data
+    folder) they outlive the command, and print a traceback after the shell prompt once rank 0's connection closes.
+    This runs in ``on_exception``, before Lightning's teardown closes that connection: the others are killed while
+    they still wait in a collective, so they print nothing. A :class:`SystemExit` (a SIGTERM/SIGINT checkpoint that
+    every rank agreed on) lets them finish first, for up to ``grace`` seconds.
+
+    Args:
+        grace: Seconds the others get to exit on their own after a :class:`SystemExit`.
+    """
+
+    def __init__(self, grace: float = 60.0) -> None:
+        self.grace = grace
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        stop_started_processes(trainer, self.grace if isinstance(exception, SystemExit) else 0.0)
+
+
+def stop_started_processes(trainer: Trainer, grace: float = 0.0) -> None:
+    """Kill the processes ``trainer``'s launcher started (after ``grace`` seconds), wait for them, and forget them.
+
+    Args:
+        trainer: A trainer whose strategy may have started processes (``launcher.procs`` of Lightning's
+            subprocess launcher; none on the processes it started, or without DDP).
+        grace: Seconds to wait for them to exit on their own first.
+    """
+    procs: list[subprocess.Popen] = getattr(trainer.strategy.launcher, "procs", None) or []
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        if proc.poll() is None:
+            proc.kill()  # SIGKILL: a process blocked in a collective does not answer SIGTERM
+    for proc in procs:
+        proc.wait()
+    # Lightning's observer thread watches this list and kills this process too once a child ends non-zero: a killed
+    # child must not take rank 0 down before it has printed its error.
+    procs.clear()
+
+
 class VitCLI(LightningCLI):
     """LightningCLI for :class:`vit.ImageClassifier` on :class:`vit.ImageDataModule` (see the module docstring)."""
 
@@ -319,13 +365,15 @@ class VitCLI(LightningCLI):
     # ::test_checkpointing_can_be_switched_off fail if either side changes.
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """As Lightning's, leaving out the checkpoint callbacks under ``--trainer.enable_checkpointing false``, with
-        checkpoint files written atomically and read with ``weights_only=True`` (:mod:`vit.checkpoint_io`)."""
+        checkpoint files written atomically and read with ``weights_only=True`` (:mod:`vit.checkpoint_io`), and the
+        processes DDP starts ended when this one fails (:class:`StopStartedProcesses`)."""
         init = self.config_init.get(str(self.subcommand), self.config_init)
         config = {**init.get("trainer", {}), **kwargs}
         config["plugins"] = with_atomic_checkpoint_io(config.get("plugins"))
         callbacks = [init.get(key) for key in self._parser(self.subcommand).callback_keys]
         if config.get("enable_checkpointing") is False:
             callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
+        callbacks.append(StopStartedProcesses())
         return self._instantiate_trainer(config, callbacks)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
