@@ -114,6 +114,21 @@ def test_every_user_error_is_one_line_and_its_own_exit_status(kind, status, buil
     assert capsys.readouterr().err == "error: the culprit: the fix\n"
 
 
+def test_an_error_from_a_loader_worker_is_its_own_message_only():
+    """torch re-raises a worker's error in the main process as the same class, with the worker's traceback as its
+    message: the line printed is the message at its end."""
+    from torch.utils.data._utils import ExceptionWrapper
+
+    try:
+        raise errors.DataError("cannot read image a.jpg: truncated. Delete or replace the file")
+    except errors.DataError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(errors.DataError) as raised:
+        wrapped.reraise()
+    assert "Traceback" in str(raised.value)
+    assert errors.error_message(raised.value) == "cannot read image a.jpg: truncated. Delete or replace the file"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "usage"),

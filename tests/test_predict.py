@@ -67,6 +67,17 @@ def test_predict_a_folder_writes_one_row_per_image_with_class_names(trained, cap
     assert after == before
 
 
+def test_predict_prints_where_it_wrote_on_a_line_after_the_progress_bar(trained, capsys):
+    last, runs, labels = trained
+    args = ["predict", "--trainer.logger", "false", "--data.num_workers", "0", "--runs_dir", str(runs)]
+    cli = cli_main([*args, "--ckpt_path", str(last), "--data.predict_dir", str(Path(next(iter(labels))).parent)])
+    out = capsys.readouterr().out
+    csv = Path(cli.trainer.default_root_dir) / "predictions.csv"
+    bar, _, after = out.rpartition(f"predictions of 20 images: {csv}\n")
+    assert "Predicting DataLoader 0: 100%" in bar and bar.endswith("\n"), out  # the bar ended, then the path
+    assert "\r" not in after
+
+
 def test_predict_without_a_folder_predicts_the_validation_split_and_never_overwrites(trained):
     last, runs, _ = trained
     first = cli_main(["predict", *COMMON, "--runs_dir", str(runs), "--ckpt_path", str(last)])
@@ -177,6 +188,29 @@ def test_settings_that_contradict_the_checkpoint_are_one_line(trained, extra, me
     assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
     assert message in err
     assert not any(tmp_path.rglob("*.csv"))
+
+
+def test_a_corrupt_jpeg_stops_predict_with_one_line_and_leaves_no_folder(trained, tmp_path, capsys):
+    """A JPEG that is only a header among good images, read by a loader worker: one error line naming the file (not
+    the worker's traceback), on its own line after the progress bar, and no predict folder left below the run."""
+    last, runs, labels = trained
+    run = last.parent.parent
+    before = sorted(p.name for p in run.iterdir())
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for path in sorted(labels)[:4]:
+        (folder / Path(path).name).write_bytes(Path(path).read_bytes())
+    bad = folder / "001b.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0" + bytes(100))
+    args = ["predict", "--trainer.logger", "false", "--runs_dir", str(runs), "--ckpt_path", str(last)]
+    args += ["--data.predict_dir", str(folder), "--data.num_workers", "1", "--data.batch_size", "2"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(args)
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert f"cannot read image {bad}" in err and "--data.skip_corrupt true" in err and "Traceback" not in err
+    assert out.endswith("\n")  # the progress bar ended its line before the error
+    assert sorted(p.name for p in run.iterdir()) == before
 
 
 @pytest.mark.parametrize("skip_corrupt", [False, True])

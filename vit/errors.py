@@ -82,7 +82,9 @@ takes its base's). Besides these, ``0`` is success (also ``--help``), a bad argu
 
 
 def fail(message: object, status: int = EXIT_BAD_INPUT) -> NoReturn:
-    """Print ``error: <message>`` (one line) on stderr and exit with ``status``."""
+    """Print ``error: <message>`` (one line, on a line of its own after any progress bar) on stderr and exit with
+    ``status``."""
+    close_progress_bars()
     sys.stderr.write(f"error: {' '.join(str(message).split())}\n")
     sys.stderr.flush()
     raise SystemExit(status)
@@ -90,7 +92,31 @@ def fail(message: object, status: int = EXIT_BAD_INPUT) -> NoReturn:
 
 def exit_with(error: VitError) -> NoReturn:
     """:func:`fail` with ``error``'s message and exit status."""
-    fail(error, error.exit_status)
+    fail(error_message(error), error.exit_status)
+
+
+def error_message(error: BaseException) -> str:
+    """``error``'s own message. An error raised in a DataLoader worker reaches the main process as the same class
+    whose message is the worker's whole traceback (``Caught DataError in DataLoader worker process 0. Original
+    Traceback ...``): only the message at its end is the user's."""
+    text = str(error)
+    if not (text.startswith("Caught ") and "Original Traceback" in text):
+        return text
+    kind = type(error)
+    for name in (f"{kind.__module__}.{kind.__qualname__}: ", f"{kind.__qualname__}: "):
+        at = text.rfind(name)
+        if at >= 0:
+            return text[at + len(name) :].strip()
+    return text.rstrip().splitlines()[-1]
+
+
+def close_progress_bars() -> None:
+    """End the progress bars still open (tqdm's, as Lightning's), so that what is printed next starts a line of its
+    own instead of continuing the bar's."""
+    tqdm = sys.modules.get("tqdm.std")  # never imported here: without a bar there is nothing to close
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", None) or []):
+        if not getattr(bar, "disable", True):
+            bar.close()
 
 
 class ArgumentParser(argparse.ArgumentParser):

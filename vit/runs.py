@@ -4,8 +4,8 @@ The one owner of the mechanism that the CLI, the W&B loggers and the resume call
 
 - a run's name is ``<config>-<model>-<attention>-<dataset>-<MMDD-HHMMSS>`` (:func:`run_name`), also its W&B name;
 - ``vit fit`` claims ``<runs_dir>/<config>/<run name>/`` atomically (:func:`claim_folder`: a second run started in
-  the same second gets ``-2``), and folders left empty by a run that failed before writing are removed again
-  (:func:`remove_unused_folders`);
+  the same second gets ``-2``), and folders left unused by a run that failed before writing an output are removed
+  again (:func:`remove_unused_folders`);
 - ``--ckpt_path last`` is the newest ``last.ckpt`` of the config's runs (:func:`find_last_checkpoint`), and the run
   continues in that folder with its W&B run id (:func:`wandb_run_id`);
 - the DDP processes that Lightning starts find rank 0's folder through :data:`RUN_DIR_ENV`; under multi-node DDP only
@@ -38,6 +38,9 @@ AttentionKind = Literal["global", "window", "sliding", "linear"]
 
 RUN_DIR_ENV = "VIT_RUN_DIR"
 """Environment variable through which the DDP processes Lightning starts find rank 0's run folder."""
+
+RUN_CONFIG_FILE = "config.yaml"
+"""The run's config, which Lightning writes into the run folder as a run starts (``SaveConfigCallback``'s default)."""
 
 _CLAIMED: list[Path] = []  # folders created by this process for runs, removed again if a run fails before using them
 
@@ -173,10 +176,12 @@ def first_process_of_job() -> bool:
 
 
 def remove_unused_folders() -> None:
-    """Remove the run folders this process claimed and left empty (a run that failed before it wrote anything), and
-    forget them."""
+    """Remove the run folders this process claimed and left unused (a run that failed before it wrote any output:
+    empty, or holding only the :data:`RUN_CONFIG_FILE` written at its start), and forget them."""
     for folder in _CLAIMED:
         with contextlib.suppress(OSError):
+            if [p.name for p in folder.iterdir()] == [RUN_CONFIG_FILE]:
+                (folder / RUN_CONFIG_FILE).unlink()
             folder.rmdir()  # only succeeds when empty
     _CLAIMED.clear()
 

@@ -2,7 +2,8 @@
 
 A Lightning :class:`~lightning.pytorch.callbacks.BasePredictionWriter`: the module's ``predict_step`` returns class
 probabilities; this writer turns them into one CSV row per image (``path,pred,prob`` and the top-5 classes with
-their probabilities, by class name) written atomically to ``<trainer.default_root_dir>/predictions.csv``.
+their probabilities, by class name) written atomically to ``<trainer.default_root_dir>/predictions.csv``, whose path
+is printed on a line of its own once the progress bar has ended.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class PredictionWriter(BasePredictionWriter):
         self.overlays = overlays
         self.rows: list[dict[str, Any]] = []
         self.path: Path | None = None
+        self._report: list[str] = []  # the lines naming what was written, printed once the progress bar has ended
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # Lightning warns when a loader's sampler cannot report batch indices (the data module's decoded loader);
@@ -52,6 +54,7 @@ class PredictionWriter(BasePredictionWriter):
 
     def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.rows = []
+        self._report = []
 
     def write_on_batch_end(
         self,
@@ -92,10 +95,17 @@ class PredictionWriter(BasePredictionWriter):
             writer = csv.DictWriter(f, fieldnames=list(self.rows[0]))
             writer.writeheader()
             writer.writerows(self.rows)
-        sys.stdout.write(f"predictions of {len(self.rows)} images: {self.path}\n")
+        self._report = [f"predictions of {len(self.rows)} images: {self.path}"]
         if self.overlays:
-            sys.stdout.write(f"rollout overlays: {self.path.parent / 'rollout'}\n")
-        sys.stdout.flush()
+            self._report.append(f"rollout overlays: {self.path.parent / 'rollout'}")
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Where the files went, printed here: the progress bar is still drawn at the epoch's end (it closes in
+        # on_predict_end), and a path printed then would continue the bar's line.
+        if self._report:
+            sys.stdout.write("".join(f"{line}\n" for line in self._report))
+            sys.stdout.flush()
+        self._report = []
 
     def _write_overlays(
         self,
