@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from vit import errors
 from vit.errors import ArgumentParser, UsageError, suggest
@@ -91,6 +92,7 @@ def test_usage_error_from_a_subcommand_is_one_line(monkeypatch, capsys):
         (errors.InputError, 2, Exception),
         (errors.DataError, 2, ValueError),
         (errors.MissingCheckpointError, 2, FileNotFoundError),
+        (errors.CheckpointFolderError, 2, IsADirectoryError),
         (errors.CorruptCheckpointError, 2, RuntimeError),
         (errors.UnsafeCheckpointError, 2, RuntimeError),
         (errors.IncompatibleCheckpointError, 2, RuntimeError),
@@ -127,6 +129,54 @@ def test_an_error_from_a_loader_worker_is_its_own_message_only():
         wrapped.reraise()
     assert "Traceback" in str(raised.value)
     assert errors.error_message(raised.value) == "cannot read image a.jpg: truncated. Delete or replace the file"
+
+
+def exit_status(argv: list[str]) -> int:
+    """The status ``vit ARGV`` exits with (a subcommand returns it or raises ``SystemExit``)."""
+    try:
+        return main(argv)
+    except SystemExit as exit_info:
+        return int(exit_info.code)
+
+
+def checkpoint_folder_argv(sub: str, folder: Path, tmp_path: Path) -> list[str]:
+    if sub == "explain":
+        pictures = tmp_path / "pictures"
+        pictures.mkdir(exist_ok=True)
+        Image.new("RGB", (8, 8)).save(pictures / "0.png")
+        return ["explain", str(folder), str(pictures), "--out", str(tmp_path / "explained")]
+    if sub == "export":
+        return ["export", "--ckpt_path", str(folder), "--out", str(tmp_path / "exported")]
+    return [sub, "--ckpt_path", str(folder), "--runs_dir", str(tmp_path / "runs"), "--trainer.logger", "false"]
+
+
+@pytest.mark.parametrize("sub", ["explain", "predict", "export", "test", "validate", "fit"])
+def test_a_checkpoint_path_that_is_a_folder_gets_one_wording_everywhere(sub, tmp_path, capsys):
+    """A run folder given where its checkpoint was meant: the same sentence from every subcommand, naming the
+    .ckpt files found inside it (last.ckpt first), and nothing written."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("epoch003-acc0.9000.ckpt", "last.ckpt"):
+        (run / "checkpoints" / name).write_bytes(b"not read")
+    status = exit_status(checkpoint_folder_argv(sub, run, tmp_path))
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert err == (
+        f"error: {run} is a folder, not a checkpoint file: pass a .ckpt file inside it, e.g. "
+        f"{run}/checkpoints/last.ckpt (found: checkpoints/last.ckpt, checkpoints/epoch003-acc0.9000.ckpt)\n"
+    )
+    assert {p.name for p in tmp_path.iterdir()} <= {"run", "pictures"}
+
+
+@pytest.mark.parametrize("sub", ["explain", "predict", "export", "test"])
+def test_a_checkpoint_folder_without_checkpoints_says_where_they_are(sub, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    status = exit_status(checkpoint_folder_argv(sub, empty, tmp_path))
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {empty} is a folder, not a checkpoint file, and holds no .ckpt file: ")
+    assert "<run>/checkpoints/last.ckpt" in err
 
 
 @pytest.mark.slow

@@ -53,6 +53,10 @@ class MissingCheckpointError(CheckpointError, FileNotFoundError):
     """A checkpoint path that does not exist."""
 
 
+class CheckpointFolderError(CheckpointError, IsADirectoryError):
+    """A checkpoint path that is a folder (a run's, or its ``checkpoints/``) rather than the file inside it."""
+
+
 class CorruptCheckpointError(CheckpointError):
     """A file that is not a PyTorch checkpoint: another kind of file, empty, truncated or corrupt."""
 

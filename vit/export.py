@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .atomic import write_text
-from .checkpoints import CONFIG_FILE, WEIGHTS_FILE, Loaded, load_checkpoint
+from .checkpoints import CONFIG_FILE, WEIGHTS_FILE, Loaded, check_checkpoint_path, load_checkpoint
 from .errors import ArgumentParser, UsageError
 
 ONNX_FILE = "model.onnx"
@@ -160,7 +160,7 @@ def export(ckpt_path: str | Path, out: str | Path, onnx: bool = False, ema: bool
     ``config.json`` content (plus ``onnx_max_abs_diff`` with ``onnx``).
 
     Raises:
-        CheckpointError: If the checkpoint is not one of ``vit fit`` that describes its model.
+        CheckpointError: If the checkpoint is a folder, missing, or not one of ``vit fit`` that describes its model.
         UsageError: If ``out`` is a file or a folder that is not empty, ``ema`` asks for absent EMA weights, or the
             ONNX check fails. Nothing is left behind.
     """
@@ -170,8 +170,7 @@ def export(ckpt_path: str | Path, out: str | Path, onnx: bool = False, ema: bool
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out} exists and is not an empty folder: give a new folder name")
     ckpt = Path(ckpt_path)
-    if ckpt.is_dir():
-        raise UsageError(f"--ckpt_path {ckpt} is a folder: give the .ckpt written by `vit fit`")
+    check_checkpoint_path(ckpt)  # a folder: named with the .ckpt files in it
     loaded = load_checkpoint(ckpt, ema=bool(ema))
     config = hub_config(loaded)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,13 +13,21 @@ The errors are :class:`vit.errors.CheckpointError` and its subclasses.
 
 from ..errors import (
     CheckpointError,
+    CheckpointFolderError,
     CorruptCheckpointError,
     IncompatibleCheckpointError,
     MissingCheckpointError,
     UnsafeCheckpointError,
 )
 from .data import data_settings, rebuild_datamodule
-from .files import check_is_checkpoint, checkpoint_errors, load_file, read_checkpoint
+from .files import (
+    check_checkpoint_path,
+    check_is_checkpoint,
+    checkpoint_errors,
+    folder_message,
+    load_file,
+    read_checkpoint,
+)
 from .loading import CONFIG_FILE, WEIGHTS_FILE, Loaded, build, load, load_any, load_checkpoint, load_export
 from .metadata import (
     METADATA_KEY,
@@ -35,6 +43,7 @@ __all__ = [
     "METADATA_KEY",
     "WEIGHTS_FILE",
     "CheckpointError",
+    "CheckpointFolderError",
     "CorruptCheckpointError",
     "IncompatibleCheckpointError",
     "Loaded",
@@ -42,11 +51,13 @@ __all__ = [
     "UnsafeCheckpointError",
     "build",
     "check_checkpoint_fits",
+    "check_checkpoint_path",
     "check_is_checkpoint",
     "checkpoint_errors",
     "data_settings",
     "describe_mismatch",
     "extract_state_dict",
+    "folder_message",
     "inference_metadata",
     "load",
     "load_any",

@@ -17,7 +17,13 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, CorruptCheckpointError, MissingCheckpointError, UnsafeCheckpointError
+from ..errors import (
+    CheckpointError,
+    CheckpointFolderError,
+    CorruptCheckpointError,
+    MissingCheckpointError,
+    UnsafeCheckpointError,
+)
 
 _PICKLE_PROTOCOL_2 = b"\x80\x02"  # torch.save's legacy (pre-zip) format starts with a protocol-2 pickle
 
@@ -78,18 +84,55 @@ def checkpoint_errors(path: Any) -> Iterator[None]:
         raise CorruptCheckpointError(not_a_checkpoint_message(path, f"truncated or corrupt: {first}")) from None
 
 
+def folder_message(path: Any, shown: int = 3) -> str:
+    """The one message for a checkpoint path that is a folder: the ``.ckpt`` files found in it (newest first, a
+    ``last.ckpt`` before the others), or where ``vit fit`` writes them.
+
+    Args:
+        path: The folder.
+        shown: How many of the files found to name.
+    """
+    path = Path(path)
+    found = sorted(path.rglob("*.ckpt"), key=lambda p: (p.name != "last.ckpt", -p.stat().st_mtime_ns))
+    head = f"{path} is a folder, not a checkpoint file"
+    if not found:
+        return f"{head}, and holds no .ckpt file: pass the .ckpt written by `vit fit`, e.g. <run>/checkpoints/last.ckpt"
+    more = f" and {len(found) - shown} more" if len(found) > shown else ""
+    names = ", ".join(str(p.relative_to(path)) for p in found[:shown])
+    return f"{head}: pass a .ckpt file inside it, e.g. {found[0]} (found: {names}{more})"
+
+
+def check_checkpoint_path(path: str | Path) -> None:
+    """Raise unless ``path`` is a file (remote ``s3://`` paths are not checked): one message for a folder
+    (:func:`folder_message`) and one for a missing file, whichever command reads it.
+
+    Raises:
+        CheckpointFolderError: If ``path`` is a folder.
+        MissingCheckpointError: If ``path`` does not exist.
+    """
+    if "://" in str(path):
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointFolderError(folder_message(path))
+    if not path.is_file():
+        raise MissingCheckpointError(
+            f"checkpoint {path} not found: pass the .ckpt written by `vit fit` (e.g. last.ckpt)"
+        )
+
+
 def check_is_checkpoint(path: str | Path) -> None:
     """Raise unless ``path`` exists and looks like a ``torch.save`` file (remote ``s3://`` paths are not checked).
 
     Raises:
+        CheckpointFolderError: If ``path`` is a folder.
         MissingCheckpointError: If ``path`` does not exist.
         CorruptCheckpointError: If it is not a PyTorch checkpoint (text, random bytes, empty, truncated).
     """
     if "://" in str(path):
         return
+    check_checkpoint_path(path)
     path = Path(path)
-    if not path.is_file():
-        raise MissingCheckpointError(f"checkpoint file not found: {path}")
     why = _sniff(path)
     if why is not None:
         raise CorruptCheckpointError(not_a_checkpoint_message(path, why))
@@ -103,6 +146,7 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device | Callabl
         map_location: As for ``torch.load``.
 
     Raises:
+        CheckpointFolderError: If ``path`` is a folder.
         MissingCheckpointError: If ``path`` does not exist.
         CorruptCheckpointError: If it is not a PyTorch checkpoint (text, random bytes, empty, truncated).
         UnsafeCheckpointError: If its pickle needs arbitrary code (never executed).
@@ -116,14 +160,14 @@ def load_file(path: str | Path, map_location: str | torch.device = "cpu") -> dic
     """Read a ``.safetensors`` file, or a torch pickle with ``weights_only=True`` (:func:`read_checkpoint`).
 
     Raises:
+        CheckpointFolderError: If ``path`` is a folder (an ``IsADirectoryError``).
         MissingCheckpointError: If ``path`` does not exist (a ``FileNotFoundError``).
         CorruptCheckpointError: If the file is not a PyTorch checkpoint (text, random bytes, empty, truncated).
         UnsafeCheckpointError: If the pickle needs arbitrary code (it is never executed).
     """
     path = Path(path)
     if path.suffix == ".safetensors":
-        if not path.is_file():
-            raise MissingCheckpointError(f"checkpoint file not found: {path}")
+        check_checkpoint_path(path)
         from safetensors import SafetensorError
         from safetensors.torch import load_file as load_safetensors
 

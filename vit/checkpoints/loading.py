@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ..errors import IncompatibleCheckpointError, InputError, UsageError
+from ..errors import CheckpointFolderError, IncompatibleCheckpointError, InputError, UsageError
 from ..models.vision_transformer import VisionTransformer
-from .files import read_checkpoint
+from .files import folder_message, read_checkpoint
 from .metadata import METADATA_KEY, pretrained_cfg, read_metadata
 from .state import has_ema, module_weights
 
@@ -133,6 +133,8 @@ def load_export(folder: str | Path) -> Loaded:
 def load_any(path: str | Path, ema: bool | None = None) -> Loaded:
     """:func:`load_export` for a folder, :func:`load_checkpoint` for a file."""
     path = Path(path)
+    if path.is_dir() and not (path / CONFIG_FILE).is_file() and any(path.rglob("*.ckpt")):
+        raise CheckpointFolderError(folder_message(path))  # a run's folder: the checkpoint inside was meant
     if path.is_dir():
         if ema:
             raise UsageError(f"{path} is an export folder: it holds one set of weights, no EMA to choose")

@@ -37,7 +37,7 @@ from torch import nn
 
 from ..atomic import write_bytes
 from ..bench.harness import device_name
-from ..checkpoints import data_settings, load_checkpoint, load_file, rebuild_datamodule
+from ..checkpoints import check_checkpoint_path, data_settings, load_checkpoint, load_file, rebuild_datamodule
 from ..errors import ArgumentParser, InputError, UsageError, VitError
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD, normalize
 from .colors import is_signed
@@ -77,14 +77,14 @@ def load_explainer(checkpoint: Path, model_name: str | None = None, img_size: in
     ``model_name``.
 
     Raises:
-        InputError: If the file is missing or holds plain weights without ``model_name``, or ``model_name`` is
-            unknown or does not fit the weights.
-        CheckpointError: If the file is not a checkpoint, or a Lightning checkpoint that does not describe its model.
+        InputError: If the file holds plain weights without ``model_name``, or ``model_name`` is unknown or does not
+            fit the weights.
+        CheckpointError: If the path is missing or a folder, the file is not a checkpoint, or a Lightning checkpoint
+            that does not describe its model.
     """
     from ..models import create_model, load_pretrained
 
-    if not checkpoint.is_file():
-        raise InputError(f"checkpoint {checkpoint} not found: pass the .ckpt written by `vit fit` (e.g. last.ckpt)")
+    check_checkpoint_path(checkpoint)  # missing, or a folder: the wording of every command
     raw = load_file(checkpoint)
     if isinstance(raw, dict) and "hyper_parameters" in raw and model_name is None:
         return _from_checkpoint(checkpoint, raw)
