@@ -1,7 +1,7 @@
 """``vit bench`` (``python -m vit.bench``): our ViT against timm's, global against local attention, the data pipelines
-and the attention explorer.
+the attention explorer, and the learning-rate sensitivity of a training recipe.
 
-Suites (``--suite model|attention|data|explorer|all``), each printing a table and writing one JSON report
+Suites (``--suite model|attention|data|explorer|recipe|all``), each printing a table and writing one JSON report
 (``--json``) with the date, versions, device name, thread count and every setting:
 
 - ``model``: training-step (forward, backward, AdamW step) and inference throughput of a preset against timm's
@@ -17,18 +17,26 @@ Suites (``--suite model|attention|data|explorer|all``), each printing a table an
   with the normalisation in the worker or, as ``ImageDataModule`` does it, on the device after the copy.
 - ``explorer``: the size of the attention explorer's HTML file, the time to write it and, where a Chromium is
   found, the browser's time to open it and to answer a click.
+- ``recipe``: a narrow, shallow proxy of ``configs/cifar10_speedrun.yaml`` trained in bf16 autocast at several peak
+  learning rates, once per variant of the recipe (qk-norm, layer scale, z-loss, AdamW beta2 0.95, a 3x warm-up and
+  their combinations); per run the final loss, whether it diverged, and per block the largest attention logit,
+  attention entropy, gradient norm and update/weight ratio; per variant the largest stable learning rate
+  (Wortsman et al., 2023). It trains dozens of models (minutes each on a CPU), so ``--suite all`` leaves it out:
+  ask for it with ``--suite recipe``.
 
 Every suite runs with glibc's malloc keeping freed memory for reuse (:mod:`vit.allocator`), as ``vit`` commands do;
 ``--no-keep-freed-memory`` measures with the C library's defaults.
 
 The ``model`` and ``attention`` suites import only torch, timm and ``vit``'s model code; albumentations, OpenCV,
 torchvision and ``vit.data`` are imported by the ``data`` suite only, the explorer by the ``explorer`` suite only.
+``--precision`` defaults to fp32, except for the ``recipe`` suite (bf16, the recipe's precision).
 
 Examples::
 
     python -m vit.bench --suite model --models vit_small_patch16_224 vit_small_patch4_32 --batch-sizes 8 64
     python -m vit.bench --suite attention --json runs/attention.json
     python -m vit.bench --suite model --device cuda --precision bf16 --compile --batch-sizes 512
+    python -m vit.bench --suite recipe --threads 1 --data-dir cifar10 --recipe-steps 300 --json runs/recipe.json
 
 ``scripts/benchmark.py`` is the same command, with cifar10-mini's pictures for the data suite when they are found.
 """
@@ -46,7 +54,8 @@ from vit.allocator import keep_freed_memory
 from vit.bench.harness import BenchError, environment, log, write_report
 from vit.errors import ArgumentParser, fail
 
-SUITES = ("model", "attention", "data", "explorer")
+SUITES = ("model", "attention", "data", "explorer", "recipe")
+ALL_SUITES = ("model", "attention", "data", "explorer")  # --suite all: the recipe sweep trains for many minutes
 
 
 def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
@@ -55,7 +64,9 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     parser.add_argument("--suite", choices=(*SUITES, "all"), default="all", help="what to measure")
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="bf16 = autocast")
+    parser.add_argument(
+        "--precision", choices=("fp32", "bf16"), default=None, help="bf16 = autocast (default: recipe bf16, else fp32)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -108,6 +119,33 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     from vit.bench.explorer_suite import add_arguments as explorer_arguments
 
     explorer_arguments(parser)
+    from vit.bench.recipe_suite import DEFAULT_LRS, DEFAULT_VARIANTS
+
+    recipe = parser.add_argument_group("recipe suite")
+    recipe.add_argument(
+        "--recipe-lrs",
+        nargs="+",
+        type=float,
+        default=list(DEFAULT_LRS),
+        help="peak learning rates (default: %(default)s)",
+    )
+    recipe.add_argument(
+        "--recipe-variants",
+        nargs="+",
+        default=list(DEFAULT_VARIANTS),
+        help="changes joined by '+': baseline qk_norm layer_scale z_loss beta2_095 warmup_3x (default: %(default)s)",
+    )
+    recipe.add_argument("--recipe-steps", type=int, default=300, help="optimiser steps per run (10%% warm-up)")
+    recipe.add_argument("--recipe-batch-size", type=int, default=256)
+    recipe.add_argument("--recipe-width", type=int, default=128, help="embed_dim of the proxy")
+    recipe.add_argument("--recipe-depth", type=int, default=4, help="blocks of the proxy")
+    recipe.add_argument("--recipe-heads", type=int, default=2, help="attention heads of the proxy")
+    recipe.add_argument("--recipe-probe-every", type=int, default=25, help="steps between attention/update probes")
+    recipe.add_argument("--recipe-train-images", type=int, default=10000, help="random training images decoded")
+    recipe.add_argument("--recipe-eval-images", type=int, default=1000, help="of them held out for accuracy (0: none)")
+    recipe.add_argument(
+        "--data-dir", help="folder of train/<class>/*.jpg (default: scikit-learn's digits upscaled to 32x32 RGB)"
+    )
     return parser
 
 
@@ -118,6 +156,8 @@ def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParse
     args = (parser or build_parser()).parse_args(argv)
     cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
     args.device = "cuda" if cuda else "cpu"
+    if args.precision is None:
+        args.precision = "bf16" if args.suite == "recipe" else "fp32"
     defaults = {
         "rounds": 6,
         "steps": 10 if cuda else 1,
@@ -147,7 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BenchError("--device cuda: no CUDA device is visible; use --device cpu")
     report: dict[str, Any] = environment(args, device)
-    suites = SUITES if args.suite == "all" else (args.suite,)
+    suites = ALL_SUITES if args.suite == "all" else (args.suite,)
     for suite in suites:
         log(f"suite {suite}")
         if suite == "data":  # albumentations, OpenCV and vit.data: imported only when asked for
@@ -158,6 +198,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             from vit.bench.explorer_suite import run_explorer_suite
 
             run_explorer_suite(args, device, report)
+        elif suite == "recipe":  # trains models for minutes: only when asked for
+            from vit.bench.recipe_suite import run_recipe_suite
+
+            run_recipe_suite(args, device, report)
         else:
             {"model": run_model_suite, "attention": run_attention_suite}[suite](args, device, report)
     report["checks"] = [c for s in suites for c in report.get(s, {}).get("checks", [])]
