@@ -200,20 +200,31 @@ def test_training_length_the_schedule_cannot_use_is_refused_before_the_run_start
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("model:\n  lrr: 0.1\n", "error: unknown option model.lrr in {file} (value 0.1)"),
+        ("model:\n  lrr: 0.1\n", "error: unknown option model.lrr in {file} (value 0.1) (did you mean model.lr?)"),
+        (
+            "trainer: {max_epoch: 3}\n",
+            "error: unknown option trainer.max_epoch in {file} (value 3) (did you mean "
+            "trainer.max_epochs?); `vit fit --help` lists the options",
+        ),
+        ("modle:\n  lr: 0.1\n", "error: unknown option modle.lr in {file} (value 0.1) (did you mean model.lr?)"),
+        ("modle:\n  foo: 1\n", "error: unknown option modle.foo in {file} (value 1) (did you mean model?)"),
         ("model:\n  lr: fast\n", "error: bad value for model.lr in {file}: expected float, got 'fast'"),
         ("trainer:\n  max_epochs: many\n", "error: bad value for trainer.max_epochs in {file}: expected one of int"),
     ],
 )
-def test_bad_key_in_config_file_names_the_file(text, expected, tmp_path, capsys):
+@pytest.mark.parametrize("extra", [[], ["--print_config"]])
+def test_bad_key_in_config_file_names_the_file(text, expected, extra, tmp_path, capsys):
+    """A typo in a YAML key gets the closest key, as one on the command line does (jsonargparse reports either with
+    the parser of the whole command line, or of the subcommand under --print_config)."""
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["fit", "--config", "quickstart", "--config", str(bad)])
+        cli_main(["fit", "--config", "quickstart", "--config", str(bad), "--runs_dir", str(tmp_path / "runs"), *extra])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(expected.format(file=bad)) and len(err.strip().splitlines()) == 1
+    assert err.startswith(expected.format(file=bad)) and len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err and "usage" not in err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_help_is_small_and_lists_every_option(capsys):

@@ -9,6 +9,7 @@ closest known one (:func:`vit.errors.suggest`).
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -38,9 +39,23 @@ class VitArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error:
             super().error(message, ex)
-        known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
         args = sys.argv[1:] if self.command_line is None else self.command_line
-        fail(describe_parse_error(message, args, known))
+        fail(describe_parse_error(message, args, option_names(self)))
+
+
+def option_names(parser: argparse.ArgumentParser) -> list[str]:
+    """Every ``--option`` of ``parser`` and of its subcommands' parsers (without the subcommand: ``--model.lr``).
+
+    A key of a YAML file is checked by the parser of the whole command line, which knows only ``--config`` and the
+    subcommands; the options the key is compared with are the subcommand's.
+    """
+    names = []
+    for action in parser._actions:
+        names += [s for s in action.option_strings if s.startswith("--")]
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                names += [name for name in option_names(sub) if name not in names]
+    return names
 
 
 def describe_parse_error(message: str, args: list[str], known: list[str] | None = None) -> str:
@@ -53,23 +68,29 @@ def describe_parse_error(message: str, args: list[str], known: list[str] | None 
     """
     text = re.sub(r"<class '([\w.]+)'>", r"\1", " ".join(message.split())).replace("NoneType", "null")
     text = re.sub(r"typing\.Literal\[([^\]]*)\]", r"one of \1", text)
-    unknown = re.search(r"unrecognized arguments: --([\w.]+)(?:=(\S+)|\s+(\S+))?", text) or re.search(
-        r"does not accept (?:option|key) '([\w.]+)'", text
-    )
+    flag = re.search(r"unrecognized arguments: --([\w.]+)(?:=(\S+)|\s+(\S+))?", text)
+    in_group = re.search(r"^Group '([\w.]+)' does not accept (?:option|key) '([\w.]+)'", text)  # trainer's max_epoch
+    other = re.search(r"does not accept (?:option|key) '([\w.]+)'|^Option '([\w.]+)' is not accepted", text)
     typed = re.search(r'Parser key "([^"]+)": (.*)', text)
-    if unknown:
-        key = unknown.group(1)
+    given = None
+    if flag:
+        key, given = flag.group(1), flag.group(2) or flag.group(3)
+    elif in_group:
+        key = f"{in_group.group(1)}.{in_group.group(2)}"
+    elif other:
+        key = other.group(1) or other.group(2)
     elif typed:
         key = typed.group(1)
     else:
         return text
+    unknown = bool(flag or in_group or other)
     source, value = value_source(key, args)
-    if value is None and unknown and unknown.lastindex and unknown.lastindex > 1:
-        value = unknown.group(unknown.lastindex)
+    if value is None:
+        value = given
     where = {None: "", "command line": " on the command line"}.get(source, f" in {source}")
     if unknown:
         sub = args[0] if args and args[0] in SUBCOMMANDS else "<subcommand>"
-        hint = suggest(f"--{key}", known or []).replace("--", "", 1)
+        hint = closest_key(key, known or [])
         return f"unknown option {key}{where} (value {value!r}){hint}; `vit {sub} --help` lists the options"
     union = re.search(r"Subtypes: \[([^\]]*)\].*Given value: (.*)$", typed.group(2))
     expected = re.search(r"Expected a (.+?)\. Got value: (.*)$", typed.group(2))
@@ -80,6 +101,24 @@ def describe_parse_error(message: str, args: list[str], known: list[str] | None 
     else:
         detail = typed.group(2) + (f" (value {value!r})" if value is not None else "")
     return f"bad value for {key}{where}: {detail}"
+
+
+def closest_key(key: str, known: list[str]) -> str:
+    """``" (did you mean trainer.max_epochs?)"`` for the option of ``known`` closest to ``key``; for a key whose
+    section is unknown, the closest section (``modle.lr``: ``model.lr``; ``modle.foo``: ``model``); else ``""``.
+
+    Args:
+        key: A dotted key, without ``--``.
+        known: The parser's ``--options``.
+    """
+    head, dot, rest = key.partition(".")
+    sections = sorted({name[2:].split(".")[0] for name in known if "." in name})
+    if not dot or head in sections:
+        return suggest(f"--{key}", known).replace("--", "", 1)
+    section = suggest(head, sections)[len(" (did you mean ") : -len("?)")]  # a typo in the section's name
+    if not section:
+        return ""
+    return f" (did you mean {section}.{rest}?)" if f"--{section}.{rest}" in known else f" (did you mean {section}?)"
 
 
 def value_source(key: str, args: list[str]) -> tuple[str | None, Any]:
