@@ -198,6 +198,39 @@ def test_training_length_the_schedule_cannot_use_is_refused_before_the_run_start
 
 
 @pytest.mark.parametrize(
+    "config, asks",
+    [
+        ("vit_small", "(trainer.accelerator auto with trainer.precision bf16-mixed)"),
+        ("vit_small_imagenet", "(trainer.accelerator auto with trainer.precision bf16-mixed)"),
+        ("cifar10_speedrun", "(trainer.accelerator gpu)"),
+    ],
+)
+def test_a_gpu_recipe_without_a_gpu_is_refused_naming_the_cpu_configs(config, asks, tmp_path, monkeypatch, capsys):
+    from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
+
+    for accelerator in (CUDAAccelerator, MPSAccelerator):
+        monkeypatch.setattr(accelerator, "is_available", staticmethod(lambda: False))
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", "--config", config, "--runs_dir", str(tmp_path / "runs"), "--data.dataset", "synthetic"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: ") and f"configs/{config}.yaml is a GPU recipe {asks} and no GPU was found: " in err
+    assert "(--config cifar10_cpu, --config quickstart)" in err and "--trainer.accelerator cpu" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_gpu_recipe_runs_on_the_cpu_when_the_command_line_says_so(tmp_path, monkeypatch):
+    from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
+
+    for accelerator in (CUDAAccelerator, MPSAccelerator):
+        monkeypatch.setattr(accelerator, "is_available", staticmethod(lambda: False))
+    args = ["fit", "--config", "vit_small", *SMALL, *TINY_VIT, "--trainer.fast_dev_run", "true"]
+    args += ["--trainer.accelerator", "cpu", "--trainer.logger", "false", "--data.num_workers", "0"]
+    cli = cli_main([*args, "--trainer.enable_progress_bar", "false", *dirs(tmp_path)])
+    assert cli.trainer.global_step == 1 and cli.trainer.accelerator.__class__.__name__ == "CPUAccelerator"
+
+
+@pytest.mark.parametrize(
     "text, expected",
     [
         ("model:\n  lrr: 0.1\n", "error: unknown option model.lrr in {file} (value 0.1) (did you mean model.lr?)"),

@@ -192,6 +192,56 @@ def _implied_classes(data: Namespace) -> int | None:
     return None if datamodule is None else datamodule.num_classes  # None: the folder is not here, nothing to compare
 
 
+HALF_PRECISIONS = ("bf16-mixed", "16-mixed", "bf16-true", "16-true", "bf16", "16", "transformer-engine")
+"""Precisions that make a run with ``accelerator: auto`` a GPU recipe: on a CPU they are emulated, many times slower."""
+
+
+def check_gpu_recipe(config: Namespace, command_line: list[str]) -> None:
+    """Refuse a GPU recipe where no GPU is found, before anything is written.
+
+    A run is a GPU recipe when its trainer asks for a GPU (``accelerator: gpu`` or ``cuda``), or leaves the choice to
+    Lightning (``auto``) with a 16-bit precision (``bf16-mixed``, the GPU configs'), which on a CPU trains at a
+    fraction of the speed of the CPU configs. ``--trainer.accelerator`` given on the command line is the user's own
+    choice and is never refused.
+
+    Args:
+        config: The subcommand's parsed config.
+        command_line: The arguments parsed (what the user set, and where).
+
+    Raises:
+        UsageError: For a GPU recipe without a GPU, naming the configs made for a CPU.
+    """
+    from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
+
+    accelerator = str(_get(config, "trainer.accelerator", "auto"))
+    precision = str(_get(config, "trainer.precision", None))
+    source = value_source("trainer.accelerator", command_line)[0]
+    wants_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and precision in HALF_PRECISIONS)
+    if source == "command line" or not wants_gpu or CUDAAccelerator.is_available() or MPSAccelerator.is_available():
+        return
+    asks = f"trainer.accelerator {accelerator}"
+    asks += f" with trainer.precision {precision}" if accelerator == "auto" else ""
+    where = source or value_source("trainer.precision", command_line)[0]
+    cpu_configs = ", ".join(f"--config {name}" for name in cpu_config_names()) or "a config with accelerator: cpu"
+    raise UsageError(
+        f"{where or 'this run'} is a GPU recipe ({asks}) and no GPU was found: on a CPU use a CPU config "
+        f"({cpu_configs}), or pass --trainer.accelerator cpu to run it on the CPU anyway"
+    )
+
+
+def cpu_config_names() -> list[str]:
+    """The configs of ``configs/`` made for a CPU (their trainer's ``accelerator`` is ``cpu``)."""
+    names = []
+    for path in sorted({p.name: p for d in reversed(CONFIG_DIRS) if d.is_dir() for p in d.glob("*.yaml")}.values()):
+        try:
+            trainer = (yaml.safe_load(path.read_text()) or {}).get("trainer") or {}
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        if isinstance(trainer, dict) and trainer.get("accelerator") == "cpu":
+            names.append(path.stem)
+    return names
+
+
 class LogConfig(SaveConfigCallback):
     """Lightning's config saving (``config.yaml`` in the run folder), plus the whole nested run config sent to the
     loggers (:func:`vit.loggers.log_config`): Lightning itself logs only the model's and data's arguments.
@@ -326,6 +376,7 @@ class VitCLI(LightningCLI):
             torch.set_num_threads(config.torch_num_threads)
         if config.get("keep_freed_memory"):
             keep_freed_memory()
+        check_gpu_recipe(config, self.command_line)
         self.run_dir = self._choose_run_folder(config)
         if self.subcommand != "fit" and not config.get("ckpt_path") and not _get(config, "model.pretrained"):
             sys.stderr.write(
@@ -439,6 +490,9 @@ def cli_main(args: ArgsType = None) -> VitCLI | None:
     except VitError as err:
         remove_unused_folders()
         exit_with(err)
+    except BaseException:
+        remove_unused_folders()  # a crash or an interrupt before any output leaves no empty run folder either
+        raise
     finally:
         forget_claimed_folders()
     return cli if args is not None else None
