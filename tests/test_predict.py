@@ -213,6 +213,65 @@ def test_a_corrupt_jpeg_stops_predict_with_one_line_and_leaves_no_folder(trained
     assert sorted(p.name for p in run.iterdir()) == before
 
 
+def png_claiming(path: Path, width: int, height: int) -> None:
+    """A PNG of a few bytes whose header claims ``width`` x ``height`` pixels (its data is never decoded)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes(16))) + chunk(b"IEND", b"")
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body)
+
+
+@pytest.mark.parametrize(
+    "size, limit",
+    [((12000, 12000), None), ((20000, 20000), None), ((17, 16), "256")],
+    ids=["above-default", "above-pil-error", "above-option"],
+)
+def test_an_image_above_the_pixel_limit_is_refused_in_one_line(size, limit, trained, tmp_path, capsys):
+    """Refused from its header, before decoding: one line naming the file, its size and the option, never PIL's
+    DecompressionBombWarning or its "attack" error; nothing written."""
+    import warnings
+
+    last, runs, labels = trained
+    run = last.parent.parent
+    before = sorted(p.name for p in run.iterdir())
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(Path(sorted(labels)[0]).read_bytes())  # 16 x 16: 256 pixels
+    big = folder / "b.png"
+    png_claiming(big, *size)
+    args = ["predict", *BARE, "--runs_dir", str(runs), "--ckpt_path", str(last), "--data.predict_dir", str(folder)]
+    args += ["--data.max_image_pixels", limit] if limit else []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main(args)
+    assert not [w for w in caught if "DecompressionBomb" in type(w.message).__name__ + str(w.message)]
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    shown = "256 pixels (0.000256 megapixels)" if limit else "50,000,000 pixels (50 megapixels)"
+    assert err.startswith(f"error: cannot read image {big}: {size[0]}x{size[1]} pixels (")
+    assert f"is above the limit of {shown}: raise the limit with --data.max_image_pixels" in err
+    assert "attack" not in err and "Traceback" not in err
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_the_pixel_limit_can_be_raised(trained, tmp_path):
+    last, runs, labels = trained
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(Path(sorted(labels)[0]).read_bytes())
+    args = ["predict", *BARE, "--runs_dir", str(runs), "--ckpt_path", str(last), "--data.predict_dir", str(folder)]
+    with pytest.raises(SystemExit):
+        cli_main([*args, "--data.max_image_pixels", "255"])
+    cli = cli_main([*args, "--data.max_image_pixels", "256"])
+    assert len(read_predictions(Path(cli.trainer.default_root_dir) / "predictions.csv")) == 1
+
+
 @pytest.mark.parametrize("skip_corrupt", [False, True])
 def test_a_corrupt_image_with_the_checkpoint_alone(trained, tmp_path, monkeypatch, capsys, skip_corrupt):
     """A truncated file among good ones: without --data.skip_corrupt one error line naming the file and the flag, and

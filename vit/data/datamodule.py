@@ -18,7 +18,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from vit.data.datasets import DataError, FolderLayout, ImageFileDataset
+from vit.data.datasets import MAX_IMAGE_PIXELS, DataError, FolderLayout, ImageFileDataset
 from vit.data.decoded_loader import DecodedLoader
 from vit.data.decoded_pipeline import DecodedPipeline
 from vit.data.pipeline import PerImagePipeline, Pipeline
@@ -39,7 +39,15 @@ from vit.data.workers import default_num_workers
 from vit.normalize import IMAGENET_MEAN, IMAGENET_STD, Stats, normalize
 
 # the loader settings a checkpoint's own data keeps from the run's data settings (the rest is the checkpoint's)
-_LOADER_SETTINGS = ("batch_size", "num_workers", "skip_corrupt", "pin_memory", "normalize_on_device", "seed")
+_LOADER_SETTINGS = (
+    "batch_size",
+    "num_workers",
+    "skip_corrupt",
+    "max_image_pixels",
+    "pin_memory",
+    "normalize_on_device",
+    "seed",
+)
 
 
 def choose_pipeline(module: ImageDataModule) -> Pipeline:
@@ -82,6 +90,9 @@ class ImageDataModule(pl.LightningDataModule):
         synthetic_size: Training images of the ``synthetic`` dataset; its val split has a quarter as many.
         skip_corrupt: Skip image files that cannot be read (logging each one and a count) instead of stopping with
             an error naming the file.
+        max_image_pixels: Refuse image files whose header claims more pixels (width x height) than this, before
+            decoding them (50 megapixels by default: :data:`~vit.data.datasets.MAX_IMAGE_PIXELS` says why);
+            ``null``: no limit.
         pin_memory: Pin batches in page-locked memory for faster host-to-GPU copies (ignored without CUDA).
         normalize_on_device: Loaders return uint8 images and ``on_after_batch_transfer`` normalises them once they
             are on the device, as timm's prefetching loader does. A loop of your own calls ``normalize(images)``.
@@ -113,6 +124,7 @@ class ImageDataModule(pl.LightningDataModule):
         synthetic_num_classes: int = 10,
         synthetic_size: int = 1024,
         skip_corrupt: bool = False,
+        max_image_pixels: int | None = MAX_IMAGE_PIXELS,
         pin_memory: bool = True,
         normalize_on_device: bool = True,
         decode_once: bool = True,
@@ -158,6 +170,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.synthetic_num_classes = synthetic_num_classes
         self.synthetic_size = synthetic_size
         self.skip_corrupt = skip_corrupt
+        self.max_image_pixels = max_image_pixels
         self.pin_memory = pin_memory
         self.normalize_on_device = normalize_on_device
         self.decode_once = decode_once

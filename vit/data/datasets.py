@@ -72,23 +72,57 @@ class ArrayDataset(Dataset):
         return _apply(self.transform, self.images[index]), int(self.labels[index])
 
 
-def load_rgb(path: str | Path) -> np.ndarray:
+MAX_IMAGE_PIXELS = 50_000_000
+"""The default limit on an image's pixels (width x height), checked from its header before it is decoded: 50
+megapixels admits the photographs of today's 48-50 MP camera sensors (8160x6120 is 49.9 MP), while decoding one
+(3 bytes per pixel, plus the copies of a mode conversion) stays well under a gigabyte. PIL's own limit (89 MP with a
+warning, an error at twice that) is replaced by this one, so that an image is refused in one sentence naming it."""
+
+MAX_IMAGE_PIXELS_OPTION = "--data.max_image_pixels"
+"""The option that raises the limit, named when an image is refused."""
+
+
+class ImageTooLargeError(OSError):
+    """An image whose header claims more pixels than the limit (it is never decoded)."""
+
+
+def _open_without_pil_limit(data: bytes) -> Image.Image:
+    # PIL warns above its own limit and refuses above twice it (Image.MAX_IMAGE_PIXELS is process-wide); load_rgb
+    # checks its own limit instead, so PIL's is lifted while the header is read, and restored.
+    limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        return Image.open(io.BytesIO(data))
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+
+
+def load_rgb(path: str | Path, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.ndarray:
     """Read an image file as a uint8 (H, W, 3) RGB array; grayscale, CMYK, RGBA and palette images are converted.
 
     RGB and grayscale JPEGs are decoded by OpenCV's libjpeg-turbo: the same pixels PIL gives, about 1.3x as fast
     (PIL's mode conversion and copies are skipped; ``scripts/benchmark.py --suite data`` measures both).
     EXIF orientation is ignored, as PIL does. PIL still reads every header first, so each file gets its format
-    check and decompression-bomb limit; PIL decodes all other files.
+    check and the pixel limit before it is decoded; PIL decodes all other files.
 
     Args:
         path: Image file readable by PIL.
+        max_pixels: The most pixels (width x height) an image may have (:data:`MAX_IMAGE_PIXELS`); ``None``: no
+            limit.
 
     Raises:
+        ImageTooLargeError: ``cannot read image <path>: <W>x<H> pixels ...`` above ``max_pixels`` (an ``OSError``).
         OSError: ``cannot read image <path>: <reason>`` when the file is missing, truncated, corrupt, or not an image.
     """
     try:
         data = np.fromfile(path, dtype=np.uint8)
-        with Image.open(io.BytesIO(data)) as image:
+        with _open_without_pil_limit(data) as image:
+            width, height = image.size
+            if max_pixels is not None and width * height > max_pixels:
+                raise ImageTooLargeError(
+                    f"cannot read image {path}: {width}x{height} pixels ({width * height / 1e6:.1f} megapixels) is "
+                    f"above the limit of {max_pixels:,} pixels ({max_pixels / 1e6:g} megapixels)"
+                )
             if image.format == "JPEG" and image.mode in ("RGB", "L"):
                 decoded = cv2.imdecode(data, _CV2_JPEG_FLAGS)
                 if decoded is None:
@@ -97,10 +131,22 @@ def load_rgb(path: str | Path) -> np.ndarray:
             if image.mode == "P" and "transparency" in image.info:
                 image = image.convert("RGBA")  # PIL warns when a palette with transparency goes straight to RGB
             return np.asarray(image.convert("RGB"))
+    except ImageTooLargeError:
+        raise
     except UnidentifiedImageError:  # its message names the BytesIO object, not the file
         raise OSError(f"cannot read image {path}: not an image file (no image format PIL knows)") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
         raise OSError(f"cannot read image {path}: {err}") from err
+
+
+def unreadable_message(err: OSError) -> str:
+    """What to do about a file :func:`load_rgb` refused, for the ``--data.*`` options of the data module."""
+    if isinstance(err, ImageTooLargeError):
+        return (
+            f"{err}: raise the limit with {MAX_IMAGE_PIXELS_OPTION} (e.g. {MAX_IMAGE_PIXELS_OPTION} 200000000), or "
+            "pass --data.skip_corrupt true to skip such files."
+        )
+    return f"{err}. Delete or replace the file, or pass --data.skip_corrupt true to skip unreadable files."
 
 
 class ImageFileDataset(Dataset):
@@ -115,6 +161,7 @@ class ImageFileDataset(Dataset):
         transform: Albumentations pipeline applied to each image; ``None`` returns the raw array.
         skip_corrupt: Return ``None`` for a file PIL cannot read (drop it with ``collate_skip_none``) and count it
             in ``num_skipped``; otherwise raise ``DataError`` naming the file.
+        max_pixels: The pixel limit of :func:`load_rgb`.
     """
 
     def __init__(
@@ -123,7 +170,9 @@ class ImageFileDataset(Dataset):
         classes: list[str],
         transform: Transform | None = None,
         skip_corrupt: bool = False,
+        max_pixels: int | None = MAX_IMAGE_PIXELS,
     ) -> None:
+        self.max_pixels = max_pixels
         self._paths = np.array([os.fsencode(path) for path, _ in samples], dtype=np.bytes_)
         self.labels = np.array([label for _, label in samples], dtype=np.int64)
         self.classes = classes
@@ -151,12 +200,10 @@ class ImageFileDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int] | None:
         path = self.path(index)
         try:
-            image = load_rgb(path)
+            image = load_rgb(path, self.max_pixels)
         except OSError as err:
             if not self.skip_corrupt:
-                raise DataError(
-                    f"{err}. Delete or replace the file, or pass --data.skip_corrupt true to skip unreadable files."
-                ) from None
+                raise DataError(unreadable_message(err)) from None
             self._skipped += 1
             log.warning("skipping unreadable image %s: %s", path, err)
             return None

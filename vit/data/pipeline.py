@@ -39,6 +39,7 @@ class Host(Protocol):
     augment: Augment
     seed: int
     skip_corrupt: bool
+    max_image_pixels: int | None
     pin_memory: bool
     normalize_on_device: bool
     cache_dir: str | None
@@ -65,9 +66,9 @@ class Host(Protocol):
     def normalize(self, images: torch.Tensor) -> torch.Tensor: ...
 
 
-def _readable(path: str) -> bool:
+def _readable(path: str, max_pixels: int | None) -> bool:
     try:
-        load_rgb(path)
+        load_rgb(path, max_pixels)
         return True
     except OSError as err:
         rank_zero_warn(f"skipping unreadable image {path}: {err}")
@@ -115,8 +116,9 @@ class Pipeline:
         if self.predict_dataset is None and host.predict_dir is not None and stage in ("predict", None):
             samples = list_predict_files(host.predict_dir)
             if host.skip_corrupt:  # left out up front, so that predict_paths stays aligned with the predictions
-                samples = [sample for sample in samples if _readable(sample[0])]
-            self.predict_dataset = ImageFileDataset(samples, host.class_names, self.transform(train=False))
+                samples = [sample for sample in samples if _readable(sample[0], host.max_image_pixels)]
+            transform = self.transform(train=False)
+            self.predict_dataset = ImageFileDataset(samples, host.class_names, transform, False, host.max_image_pixels)
 
     def prepare(self, stage: str | None) -> None:
         """Work done once per node before ``setup`` on every process (the decoded-once cache); here: none.
@@ -277,7 +279,10 @@ class PerImagePipeline(Pipeline):
             return source
         if source.images is not None:
             return ArrayDataset(source.images, source.labels, source.classes, self.transform(train))  # type: ignore[arg-type]
-        return ImageFileDataset(source.samples, source.classes, self.transform(train), host.skip_corrupt)  # type: ignore[arg-type]
+        samples: Any = source.samples
+        return ImageFileDataset(
+            samples, source.classes, self.transform(train), host.skip_corrupt, host.max_image_pixels
+        )
 
     def loader(self, dataset: Dataset, train: bool) -> DataLoader:
         if not train:
