@@ -270,6 +270,11 @@ def test_the_pixel_limit_can_be_raised(trained, tmp_path):
         cli_main([*args, "--data.max_image_pixels", "255"])
     cli = cli_main([*args, "--data.max_image_pixels", "256"])
     assert len(read_predictions(Path(cli.trainer.default_root_dir) / "predictions.csv")) == 1
+    import vit
+
+    with pytest.raises(vit.errors.InputError, match="16x16 pixels .* above the limit of 255 pixels"):
+        vit.Predictor(last, max_image_pixels=255)([folder / "a.png"])
+    assert vit.Predictor(last, max_image_pixels=256)([folder / "a.png"])[0].label
 
 
 @pytest.mark.parametrize("skip_corrupt", [False, True])

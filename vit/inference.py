@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .checkpoints import load_any
+from .data.datasets import MAX_IMAGE_PIXELS
 from .errors import InputError, UsageError
 
 
@@ -52,6 +53,8 @@ class Predictor:
         device: Where to run the model.
         batch_size: Images per forward pass.
         ema: As for :func:`vit.load`.
+        max_image_pixels: Refuse image files with more pixels (width x height), read from their header before
+            decoding (:data:`vit.data.datasets.MAX_IMAGE_PIXELS`); ``None``: no limit.
 
     Example:
         >>> predict = Predictor("last.ckpt")  # doctest: +SKIP
@@ -60,7 +63,12 @@ class Predictor:
     """
 
     def __init__(
-        self, path: str | Path, device: str | torch.device = "cpu", batch_size: int = 64, ema: bool | None = None
+        self,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        batch_size: int = 64,
+        ema: bool | None = None,
+        max_image_pixels: int | None = MAX_IMAGE_PIXELS,
     ) -> None:
         from .data import build_transforms
 
@@ -71,6 +79,7 @@ class Predictor:
         self.cfg = self.model.pretrained_cfg
         self.class_names: list[str] = list(self.cfg["label_names"])
         self.batch_size = batch_size
+        self.max_image_pixels = max_image_pixels
         height, width = self.meta["img_size"]
         if height != width:
             raise UsageError(f"the eval transform needs a square input, the model takes {height}x{width}")
@@ -80,7 +89,7 @@ class Predictor:
         """``(B, C, H, W)`` normalised float images, through the eval transform of training."""
         from .normalize import normalize
 
-        pixels = torch.stack([self.transform(image=_rgb(image))["image"] for image in images])
+        pixels = torch.stack([self.transform(image=_rgb(image, self.max_image_pixels))["image"] for image in images])
         return normalize(pixels.to(self.device), self.cfg["mean"], self.cfg["std"])
 
     @torch.no_grad()
@@ -107,13 +116,14 @@ class Predictor:
         ]
 
 
-def _rgb(image: ImageInput) -> np.ndarray:
-    """A uint8 ``(H, W, 3)`` RGB array from a file path, a PIL image or a uint8 array (gray or RGB)."""
+def _rgb(image: ImageInput, max_pixels: int | None) -> np.ndarray:
+    """A uint8 ``(H, W, 3)`` RGB array from a file path (at most ``max_pixels``), a PIL image or a uint8 array (gray
+    or RGB)."""
     if isinstance(image, (str, Path)):
         from .data import load_rgb
 
         try:
-            return load_rgb(image)
+            return load_rgb(image, max_pixels)
         except OSError as err:
             raise InputError(str(err)) from None
     if hasattr(image, "convert"):  # PIL

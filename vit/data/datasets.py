@@ -120,7 +120,7 @@ def load_rgb(path: str | Path, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.
             width, height = image.size
             if max_pixels is not None and width * height > max_pixels:
                 raise ImageTooLargeError(
-                    f"cannot read image {path}: {width}x{height} pixels ({width * height / 1e6:.1f} megapixels) is "
+                    f"cannot read image {path}: {width}x{height} pixels ({width * height / 1e6:g} megapixels) is "
                     f"above the limit of {max_pixels:,} pixels ({max_pixels / 1e6:g} megapixels)"
                 )
             if image.format == "JPEG" and image.mode in ("RGB", "L"):
