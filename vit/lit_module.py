@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import warnings
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -30,29 +30,12 @@ from torchmetrics.classification import MulticlassAccuracy
 from .callbacks.metadata import CheckpointMetadata
 from .callbacks.patch_dropout import UnmaskedEpochs
 from .callbacks.throughput import TrainingThroughput
+from .callbacks.time_budget import TimeBudget, budget_seconds
 from .checkpoints.state import check_checkpoint_fits
 from .errors import ConfigError
 from .models import VisionTransformer, create_model, load_pretrained
+from .schedule import TimePlan, warmup_cosine
 from .tta import TestTimeAugment, averaged_logits
-
-
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.0) -> float:
-    """Learning-rate factor at optimiser step ``step``: linear warm-up, then cosine decay to ``min_ratio``.
-
-    Step ``s < warmup_steps`` gets ``(s + 1) / warmup_steps`` (the first step already moves, the last warm-up
-    step reaches 1); from ``warmup_steps`` on the factor follows a half cosine from 1 down to ``min_ratio``,
-    reached at ``total_steps`` and held afterwards.
-
-    Args:
-        step: Optimiser steps taken so far (0 for the first step).
-        warmup_steps: Length of the linear warm-up, 0 for none.
-        total_steps: Step at which the cosine reaches ``min_ratio``.
-        min_ratio: Final learning rate relative to the peak (``min_lr / lr``).
-    """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class ImageClassifier(LightningModule):
@@ -99,6 +82,12 @@ class ImageClassifier(LightningModule):
         unmasked_epochs: Train the last this many epochs (of ``trainer.max_epochs``) on every patch, with the model's
             PatchDropout (``patch_drop_rate``) switched off: FLIP's unmasked tuning (Li et al., CVPR 2023), so the
             final weights are tuned to the full token grid that evaluation sees. 0 keeps PatchDropout throughout.
+        schedule: What the warm-up/cosine schedule and the unmasked tail are counted in. ``"steps"``: the length of
+            training (``trainer.max_epochs`` or ``max_steps``). ``"time"``: ``trainer.max_time``; the run measures
+            what a step and a validation cost, plans how many steps its budget buys (re-planned every few dozen steps,
+            the same plan on every rank: :class:`~vit.callbacks.TimeBudget`), reaches ``min_lr`` as the budget ends,
+            trains the last ``unmasked_epochs`` epochs' worth of steps on every patch and stops, validated and
+            checkpointed. ``max_epochs`` / ``max_steps``, when set, cap the plan. The warm-up stays in steps.
         compile: Compile the network with ``torch.compile`` (parameter names are unchanged).
         test_time_augment: Views whose class probabilities are averaged in ``test`` and ``predict`` (validation
             during a fit always sees the image alone): ``"none"``; ``"flip"``, the image and its mirror image;
@@ -135,6 +124,7 @@ class ImageClassifier(LightningModule):
         ema_decay: float | None = None,
         ema_warmup: bool = False,
         unmasked_epochs: int = 0,
+        schedule: Literal["steps", "time"] = "steps",
         compile: bool = False,
         test_time_augment: TestTimeAugment = "none",
     ) -> None:
@@ -159,6 +149,7 @@ class ImageClassifier(LightningModule):
                 "has none: set model.model_overrides.patch_drop_rate (e.g. 0.5) or model.unmasked_epochs 0"
             )
         self.num_classes = int(self.model.num_classes)
+        self.time_plan: TimePlan | None = None  # schedule "time": made in configure_optimizers
         self.model_ema = None
         if ema_decay is not None:
             self.model_ema = ModelEmaV3(self.model, decay=ema_decay, use_warmup=ema_warmup)
@@ -238,10 +229,18 @@ class ImageClassifier(LightningModule):
 
         Raises:
             ConfigError: For endless training (``max_epochs`` -1 without ``max_steps``: the cosine schedule needs an
-                end), or ``unmasked_epochs`` without ``max_epochs`` to count back from.
+                end), ``unmasked_epochs`` without ``max_epochs`` to count back from, or ``schedule="time"`` without
+                ``trainer.max_time``.
         """
         max_epochs, max_steps, unmasked = trainer.max_epochs, trainer.max_steps, self.hparams.unmasked_epochs
         endless = max_epochs in (None, -1)
+        if self.hparams.get("schedule", "steps") == "time":
+            if budget_seconds(trainer) is None:
+                raise ConfigError(
+                    "model.schedule time fits the run to trainer.max_time, which is not set: set trainer.max_time "
+                    "(DD:HH:MM:SS, e.g. 00:00:57:00) or use model.schedule steps"
+                )
+            return
         if endless and max_steps == -1:
             raise ConfigError(
                 f"the cosine schedule needs a length, but trainer.max_epochs is {max_epochs} and trainer.max_steps "
@@ -282,15 +281,22 @@ class ImageClassifier(LightningModule):
     def configure_callbacks(self) -> list[Callback]:
         """The callbacks every run of this module has (Lightning adds them to the trainer's): ``train/img_per_sec``
         (:class:`~vit.callbacks.TrainingThroughput`), the checkpoint's description for inference
-        (:class:`~vit.callbacks.CheckpointMetadata`) and, with ``unmasked_epochs``, the PatchDropout schedule
-        (:class:`~vit.callbacks.UnmaskedEpochs`). A trainer that already has a throughput or metadata callback (its
-        own, or this module's from an earlier ``fit``) keeps it; the schedule is this module's own and always new."""
+        (:class:`~vit.callbacks.CheckpointMetadata`), with ``schedule="time"`` the planner
+        (:class:`~vit.callbacks.TimeBudget`) and, with ``unmasked_epochs``, the PatchDropout schedule
+        (:class:`~vit.callbacks.UnmaskedEpochs`). A trainer that already has one of the first three (its own, or this
+        module's from an earlier ``fit``) keeps it; the PatchDropout schedule is this module's own and always new."""
         trainer = self._attached_trainer()
-        present = {type(cb) for cb in trainer.callbacks} if trainer is not None else set()
-        callbacks: list[Callback] = [cb() for cb in (TrainingThroughput, CheckpointMetadata) if cb not in present]
+        present = list(trainer.callbacks) if trainer is not None else []
+        wanted = [TrainingThroughput, CheckpointMetadata] + ([TimeBudget] if self._time_schedule else [])
+        callbacks: list[Callback] = [cb() for cb in wanted if not any(isinstance(p, cb) for p in present)]
         if self.hparams.unmasked_epochs:
-            callbacks.append(UnmaskedEpochs(self.hparams.unmasked_epochs, self._patch_drop_rate))
+            plan = (lambda: self.time_plan) if self._time_schedule else None
+            callbacks.append(UnmaskedEpochs(self.hparams.unmasked_epochs, self._patch_drop_rate, plan=plan))
         return callbacks
+
+    @property
+    def _time_schedule(self) -> bool:
+        return self.hparams.get("schedule", "steps") == "time"
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # The rate this step uses; under layer decay the largest one (the head's).
@@ -395,19 +401,26 @@ class ImageClassifier(LightningModule):
             group["lr"] = lr * group.get("lr_scale", 1.0)
         return groups
 
-    def schedule_steps(self) -> tuple[int, int]:
-        """``(warmup_steps, total_steps)`` in optimiser steps, from the trainer's length of training."""
+    def _steps_per_epoch(self) -> float:
         trainer = self.trainer
-        total = int(trainer.estimated_stepping_batches)  # finite: check_trainer ran in setup
+        if trainer.train_dataloader is None:  # max_epochs -1: Lightning has not loaded it yet
+            trainer.fit_loop.setup_data()
+        return math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+
+    def schedule_steps(self) -> tuple[int, int]:
+        """``(warmup_steps, total_steps)`` in optimiser steps, from the trainer's length of training. With
+        ``schedule="time"`` and no ``max_epochs`` / ``max_steps`` the total is a first guess (ten times the warm-up)
+        until :class:`~vit.callbacks.TimeBudget` has timed a step."""
+        trainer = self.trainer
+        total = trainer.estimated_stepping_batches  # finite, except for schedule "time": check_trainer ran in setup
         warmup = self.hparams.warmup_steps
         if not warmup and self.hparams.warmup_epochs > 0:
-            if trainer.train_dataloader is None:  # max_epochs -1 with max_steps: Lightning has not loaded it yet
-                trainer.fit_loop.setup_data()
-            batches = trainer.num_training_batches
-            if math.isinf(batches):
+            if math.isinf(self._steps_per_epoch()):
                 raise ConfigError("model.warmup_epochs needs a sized training dataloader; set model.warmup_steps")
-            steps_per_epoch = math.ceil(batches / trainer.accumulate_grad_batches)
-            warmup = round(self.hparams.warmup_epochs * steps_per_epoch)
+            warmup = round(self.hparams.warmup_epochs * self._steps_per_epoch())
+        if math.isinf(total):
+            total = max(10 * warmup, 1000)
+        total = int(total)
         return min(warmup, total), total
 
     def configure_optimizers(self) -> dict[str, Any]:
@@ -421,7 +434,13 @@ class ImageClassifier(LightningModule):
             fused=fused_adamw(self.device, self._trainer),
         )
         warmup, total = self.schedule_steps()
-        factor = partial(warmup_cosine, warmup_steps=warmup, total_steps=total, min_ratio=hp.min_lr / hp.lr)
+        if self._time_schedule:
+            tail = hp.unmasked_epochs * self._steps_per_epoch() if hp.unmasked_epochs else 0
+            self.time_plan = factor = TimePlan(
+                warmup, total, hp.min_lr / hp.lr, tail_steps=int(tail), tail_cost=1.0 / (1.0 - self._patch_drop_rate)
+            )
+        else:
+            factor = partial(warmup_cosine, warmup_steps=warmup, total_steps=total, min_ratio=hp.min_lr / hp.lr)
         scheduler = LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

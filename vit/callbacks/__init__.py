@@ -8,6 +8,7 @@ from .resume import Preempted, ResumeCheckpoint
 from .rollout import DISTANCE_KEY, ROLLOUT_KEY, AttentionRolloutLogger, explained_model, select_indices
 from .run_summary import RunSummary, count_parameters, forward_flops
 from .throughput import TrainingThroughput, training_throughput
+from .time_budget import TimeBudget
 
 __all__ = [
     "DISTANCE_KEY",
@@ -20,6 +21,7 @@ __all__ = [
     "PredictionWriter",
     "ResumeCheckpoint",
     "RunSummary",
+    "TimeBudget",
     "TrainingThroughput",
     "UnmaskedEpochs",
     "count_parameters",

@@ -17,6 +17,7 @@ from ..loggers import log_summary, wandb_run_folders
 from ..models.flops import forward_flops
 from ..runs import last_checkpoint_path
 from .throughput import training_throughput
+from .time_budget import TimeBudget
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:
@@ -33,8 +34,10 @@ class RunSummary(Callback):
 
     Summary columns (W&B runs table): ``model/params``, ``model/trainable_params``, ``model/gflops``,
     ``model/gmacs`` (one forward pass of one image), ``train/img_per_sec`` (the mean over the fit). The report at the
-    end of a fit names the best ``val/acc`` and its epoch, the final ``val/acc``, the best and last checkpoints, the
-    W&B run folder with its ``wandb sync`` command and the rollout PNG folder.
+    end of a fit names the best ``val/acc`` and its epoch, the final ``val/acc``, with a time budget
+    (``model.schedule: time``) the steps and epochs it bought (also ``train/budget_steps`` and
+    ``train/budget_epochs`` in the W&B summary), the best and last checkpoints, the W&B run folder with its
+    ``wandb sync`` command and the rollout PNG folder.
 
     Args:
         flops: Count the forward FLOPs (one extra forward pass of one image at fit start).
@@ -79,6 +82,10 @@ class RunSummary(Callback):
         throughput = training_throughput(trainer)
         if throughput == throughput:  # not nan
             log_summary(trainer, {"train/img_per_sec": throughput})
+        budget = _time_budget(trainer)
+        if budget is not None:
+            bought = budget.summary(trainer)
+            log_summary(trainer, {"train/budget_steps": bought["steps"], "train/budget_epochs": bought["epochs"]})
         sys.stdout.write(self.report(trainer, throughput) + "\n")
         sys.stdout.flush()
 
@@ -94,6 +101,13 @@ class RunSummary(Callback):
             )
         if throughput == throughput:
             lines.append(f"training throughput: {throughput:.0f} img/s")
+        budget = _time_budget(trainer)
+        if budget is not None:
+            bought = budget.summary(trainer)
+            lines.append(
+                f"time budget: {_minutes(bought['budget_s'])} bought {bought['steps']:,} steps ({bought['epochs']:.1f} "
+                f"epochs); {_minutes(bought['used_s'])} used ({bought['used_s'] / bought['budget_s']:.1%})"
+            )
         checkpoint = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
         if checkpoint is not None and checkpoint.best_model_path:
             lines.append(f"best checkpoint: {checkpoint.best_model_path}")
@@ -106,3 +120,12 @@ class RunSummary(Callback):
         if rollout.is_dir():
             lines.append(f"rollout PNGs: {rollout}")
         return "\n".join(lines)
+
+
+def _time_budget(trainer: Trainer) -> TimeBudget | None:
+    return next((cb for cb in trainer.callbacks if isinstance(cb, TimeBudget) and cb.budget), None)
+
+
+def _minutes(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 60} min {seconds % 60} s"
