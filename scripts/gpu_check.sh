@@ -1,23 +1,36 @@
 #!/usr/bin/env bash
-# GPU check, one call of at most 10 minutes on one H100/H200-class GPU without network: our ViT against timm's (bf16,
-# eager and compiled), global vs window vs sliding-window attention, attribution timing on ViT-B/16, every
-# explanation method's time on ViT-S/16 (batch 64), the CIFAR-10
-# speedrun on the real tarball (or, without its config, 2 minutes of training on synthetic data), and the data
-# pipelines on one of the host's CPU cores. Every step runs under its own `timeout`; the whole check stays within
-# BUDGET_S (default 560 s) and writes what it measured even when a step fails or times out.
+# GPU check, one call of at most 10 minutes on one H100/H200-class GPU without network. Recipes first, in this order:
+#   1. the CIFAR-10 speedrun on the real CIFAR-10 JPEGs with a time budget (model.schedule time, 2 min 45 s), then
+#      the test accuracy of its final weights;
+#   2. vit_small.yaml with a time budget (1 min 45 s) on the same images, then its test accuracy;
+#   3. the recipe suite's GPU part: the speedrun and vit_small at twice their learning rate for 40 s each (about 600
+#      steps of their step schedules): the loss must stay finite (1x is the runs above);
+#   4. vit_small_imagenet.yaml for one minute on shards made from real photographs, decoded on the GPU, beside the
+#      model's own training throughput on data already on the GPU (does the GPU wait for data?);
+# then, while the budget lasts, the benchmarks: our ViT against timm's, attention patterns, explanation methods, the
+# data pipelines and the compiled model suite. Every step runs under its own `timeout`; the whole check stays within
+# BUDGET_S (default 570 s) and writes what it measured even when a step fails or times out.
 #
 #   scripts/gpu_check.sh OUTDIR              # writes OUTDIR/*.json, *.log and summary.txt
 #   DRY_RUN=1 scripts/gpu_check.sh OUTDIR    # every step with tiny settings on the CPU: checks the plumbing
+#
+# Each recipe writes OUTDIR/NAME.json: its arguments, the validation curve (val/acc per validated epoch), the steps and
+# epochs its budget bought, the fit's wall time (the whole process's too), images/s, and the test accuracy.
 #
 # The repository is not pip-installed on the GPU machine: every Python step runs from the repository root
 # (`python -m vit.bench`, `python -` reading a script), where Python finds the package `vit` in the current
 # directory. A machine without network gets what it lacks beside the repository before the call:
 #   data/cifar10-jpeg.tar.gz    the CIFAR-10 JPEGs (train|test/<class>/*.jpg) as one tarball; /data/ is git-ignored
-#   .whl/*.whl                  wheels of the packages missing there (albumentations, jsonargparse, ...), installed
-#                               first with pip --no-index --no-deps
+#   .whl/*.whl                  wheels of the packages missing there, installed first with pip --no-index --no-deps;
+#                               on a machine with PyTorch, Lightning, timm and OpenCV these were: albumentations,
+#                               albucore, simsimd, stringzilla, pydantic, pydantic_core, annotated-types,
+#                               typing-inspection, jsonargparse, docstring_parser, typeshed_client, simplejpeg,
+#                               litdata, boto3, botocore, s3transfer, jmespath, obstore
+# Before the recipes, the check names every module they need that is missing, and skips them at once.
 #
-# Environment: PYTHON (default: python, else python3), BUDGET_S (default 560), CIFAR_TAR (default
-# data/cifar10-jpeg.tar.gz), WHEELS (default .whl), DRY_RUN (1: CPU, tiny settings).
+# Environment: PYTHON (default: python, else python3), BUDGET_S (default 570), CIFAR_TAR (default
+# data/cifar10-jpeg.tar.gz), WHEELS (default .whl), DRY_RUN (1: CPU, tiny settings), ONLY (step names, e.g.
+# "speedrun vit_small": run those steps alone).
 set -uo pipefail
 
 if [[ $# -ne 1 ]]; then
@@ -31,9 +44,10 @@ export WANDB_MODE=offline WANDB_SILENT=true WANDB_DISABLE_GIT=true PYTHONUNBUFFE
 PY=${PYTHON:-$(command -v python || command -v python3)}
 DRY=${DRY_RUN:-0}
 SCALE=$((DRY == 1 ? 3 : 1))  # a dry run on a small shared CPU: every limit three times longer
-BUDGET=${BUDGET_S:-$((560 * SCALE))}
+BUDGET=${BUDGET_S:-$((570 * SCALE))}
 CIFAR_TAR=${CIFAR_TAR:-data/cifar10-jpeg.tar.gz}
 WHEELS=${WHEELS:-.whl}
+ONLY=${ONLY:-}
 START=$(date +%s)
 SUMMARY="$OUT/summary.txt"
 SCRATCH=$(mktemp -d)  # checkpoints, extracted data: never in OUTDIR or the repository
@@ -41,6 +55,7 @@ trap 'rm -rf "$SCRATCH"' EXIT
 : >"$SUMMARY"
 
 elapsed() { echo $(($(date +%s) - START)); }
+cfg_value() { "$PY" -c "import sys, yaml; print(float(yaml.safe_load(open(sys.argv[1]))['model'][sys.argv[2]]) * float(sys.argv[3]))" "$@"; }
 note() { echo "$*" | tee -a "$SUMMARY"; }
 importable() { timeout $((60 * SCALE)) "$PY" -c "import $1" >/dev/null 2>&1; }
 
@@ -49,6 +64,10 @@ importable() { timeout $((60 * SCALE)) "$PY" -c "import $1" >/dev/null 2>&1; }
 step() {
     local name=$1 max=$(($2 * SCALE)) reserve=$(($3 * SCALE))
     shift 3
+    if [[ -n $ONLY ]]; then  # ONLY="speedrun vit_small": those steps alone, nothing kept back for the others
+        [[ " $ONLY " == *" $name "* ]] || return 0
+        reserve=0
+    fi
     local left=$((BUDGET - $(elapsed) - reserve))
     local limit=$((max < left ? max : left))
     if ((limit < 10)); then
@@ -74,11 +93,14 @@ ATTRIBUTION=(cuda bf16 vit_base_patch16_224 64 '{}')
 METHODS_ARGS=(cuda vit_small_patch16_224 64 '{}')  # every explanation method, fp32, random weights
 LINEAR=(--window-sizes --sliding-sizes --linear-maps elu relu)  # linear against global, grids 32..128 on CUDA
 MAP_MODELS=(--models vit_small_map_patch16_224 --batch-sizes 512)  # the MAP head against timm's, same weights
-# The speedrun's own schedule should end within about 4 minutes; max_time stops it gracefully (the test still runs)
-# before the step's hard limit of 280 s kills it.
-SPEEDRUN=(--config configs/cifar10_speedrun.yaml --trainer.max_time 00:00:03:50)
-FIT_TIME=00:00:02:00
-FIT_ARGS=(--data.synthetic_size 65536)
+# The recipes plan their schedules to end with their budgets (model.schedule time); the step limits leave room for
+# start-up, compilation, the last validation and the test.
+SPEEDRUN=(--model.schedule time --trainer.max_time "${SPEEDRUN_TIME:-00:00:02:45}")
+VIT_SMALL=(--model.schedule time --trainer.max_time 00:00:01:45 --data.download false)
+NO_EXTRAS=(--trainer.limit_val_batches 0 --trainer.num_sanity_val_steps 0 --trainer.callbacks "[]")
+LR2X=(--model.schedule steps --trainer.max_time 00:00:00:40 "${NO_EXTRAS[@]}")  # the step schedules' first ~40 s
+PHOTOS=(10 128 500)  # classes, training photographs per class, width
+IMAGENET=(--trainer.max_time 00:00:01:00 --data.decode_device cuda --data.num_workers 8 "${NO_EXTRAS[@]}")
 if [[ $DRY == 1 ]]; then
     BENCH=(-m vit.bench --device cpu --precision fp32 --threads 1)
     MODELS=(--models vit_tiny_patch4_32 --batch-sizes 4 --override '{"depth": 2, "embed_dim": 64, "num_heads": 2}'
@@ -95,10 +117,11 @@ if [[ $DRY == 1 ]]; then
     TINY_FIT=(--trainer.accelerator cpu --trainer.devices 1 --trainer.precision 32-true --data.batch_size 8
         --data.num_workers 0 --model.model vit_tiny_patch4_32 --model.model_overrides.depth 1
         --model.model_overrides.embed_dim 32 --model.model_overrides.num_heads 2)
-    SPEEDRUN+=("${TINY_FIT[@]}" --trainer.max_epochs 1 --trainer.limit_train_batches 2 --trainer.limit_val_batches 1
-        --trainer.limit_test_batches 1 --trainer.max_time null)
-    FIT_TIME=00:00:00:20
-    FIT_ARGS=("${TINY_FIT[@]}" --data.img_size 32 --data.synthetic_size 64)
+    SPEEDRUN=(--model.schedule time --trainer.max_time 00:00:00:20 "${TINY_FIT[@]}" --model.compile false)
+    VIT_SMALL=(--model.schedule time --trainer.max_time 00:00:00:15 --data.download false "${TINY_FIT[@]}")
+    LR2X=(--model.schedule steps --trainer.max_time 00:00:00:10 "${NO_EXTRAS[@]}" "${TINY_FIT[@]}" --model.compile false)
+    PHOTOS=(2 8 64)
+    IMAGENET=(--trainer.max_time 00:00:00:10 "${NO_EXTRAS[@]}" "${TINY_FIT[@]}" --data.img_size 32)
 fi
 
 # 0. Carried wheels (albumentations, jsonargparse, ...) into this machine's Python; nothing is fetched.
@@ -123,10 +146,145 @@ print(json.dumps(info, indent=2))
 json.dump(info, open('$OUT/environment.json', 'w'), indent=2)
 EOF"
 
-# 2. Throughput against timm, eager: ViT-S/16 batch 512 and ViT-B/16 batch 256 in bf16 autocast.
+# 2. Recipes. FIT_SCRIPT fits a config (LightningCLI arguments after the first three), then tests the final weights when
+#    asked; it writes the arguments, the validation curve, what the time budget bought, wall time, img/s and accuracy.
+FIT_SCRIPT=$(
+    cat <<'EOF'
+"""Fit a config (LightningCLI arguments after the first three) and, with "test", test the final weights; write JSON."""
+import json
+import math
+import sys
+import time
+
+import torch
+
+from vit.callbacks import RunSummary, TimeBudget, training_throughput
+from vit.cli import cli_main
+
+out, root, test = sys.argv[1], sys.argv[2], sys.argv[3] == "test"
+args = ["fit", *sys.argv[4:], "--trainer.logger", "false", "--trainer.default_root_dir", root]
+start = time.perf_counter()
+try:
+    cli = cli_main(args)
+except SystemExit as stop:  # a refused config or a non-finite stop: say so in the JSON too
+    json.dump({"args": args, "exit": stop.code, "fit_wall_s": time.perf_counter() - start}, open(out, "w"), indent=2)
+    print(f"RESULT  {out.rsplit('/', 1)[-1]}: exit {stop.code} after {time.perf_counter() - start:.0f} s")
+    raise
+wall = time.perf_counter() - start
+trainer, module = cli.trainer, cli.model
+throughput = training_throughput(trainer)
+metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+summary = next((cb for cb in trainer.callbacks if isinstance(cb, RunSummary)), None)
+budget = next((cb for cb in trainer.callbacks if isinstance(cb, TimeBudget) and cb.budget), None)
+result = {
+    "args": args, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    "fit_wall_s": wall, "global_step": trainer.global_step, "epochs_completed": trainer.current_epoch,
+    "batch_size": cli.datamodule.batch_size, "precision": str(trainer.precision),
+    "images_per_s": throughput if throughput == throughput else None,  # mean train/img_per_sec (nan: no callback)
+    "images_per_s_incl_overheads": trainer.global_step * cli.datamodule.batch_size / wall,
+    "budget": budget.summary(trainer) if budget else None,
+    "val_curve": sorted(summary.val_acc.items()) if summary else None,  # [epoch, val/acc]
+    "val_acc": metrics.get("val/acc"), "train_loss": metrics.get("train/loss_epoch"),
+    "finite": all(math.isfinite(v) for v in metrics.values()),
+}
+if test:
+    tested = trainer.test(module, datamodule=cli.datamodule, verbose=False, ckpt_path=None)
+    result["test_acc"] = tested[0].get("test/acc") if tested else None
+    result["total_wall_s"] = time.perf_counter() - start
+print(json.dumps(result, indent=2))
+bought = f", {result['budget']['steps']} steps = {result['budget']['epochs']:.1f} epochs bought" if budget else ""
+tested = f"test/acc {result['test_acc'] or float('nan'):.4f}, {result['total_wall_s']:.0f} s with the test, " if test else ""
+print(f"RESULT  {out.rsplit('/', 1)[-1][:-5]}: {tested}fit {wall:.0f} s, {result['images_per_s'] or 0:.0f} img/s, "
+      f"val/acc {result['val_acc']}, {trainer.global_step} steps{bought}, finite {result['finite']}")
+json.dump(result, open(out, "w"), indent=2)
+EOF
+)
+# fit NAME MAX RESERVE test|no-test ARGS...: FIT_SCRIPT under step, with the whole process's wall time in the summary.
+fit() {
+    local name=$1 max=$2 reserve=$3 test=$4
+    shift 4
+    local t0=$(date +%s)
+    step "$name" "$max" "$reserve" "$PY" - "$OUT/$name.json" "$SCRATCH/$name" "$test" "$@" <<<"$FIT_SCRIPT"
+    note "$name: the whole command (Python start-up included) took $(($(date +%s) - t0)) s"
+}
+
+CIFAR_DIR="$SCRATCH/cifar10"
+MISSING=$(
+    "$PY" - <<'EOF'
+import importlib
+missing = []
+for name in ("lightning", "timm", "torchmetrics", "albumentations", "jsonargparse", "cv2", "simplejpeg", "litdata",
+             "vit.cli", "vit.data", "vit.data.streaming"):
+    try:
+        importlib.import_module(name)
+    except Exception as err:  # noqa: BLE001 - name whatever is missing
+        missing.append(f"{name} ({type(err).__name__}: {err})")
+print("; ".join(missing))
+EOF
+)
+if [[ -n $MISSING ]]; then
+    note "recipes: skipped, not importable: $MISSING"
+else
+    mkdir -p "$CIFAR_DIR"
+    if [[ $DRY == 1 && ! -f $CIFAR_TAR ]]; then  # a tarball of the same layout: train|test/<class>/*.jpg
+        CIFAR_TAR="$SCRATCH/cifar10-tiny.tar.gz"
+        "$PY" - "$SCRATCH/tiny" "$CIFAR_TAR" <<'EOF'
+import sys, tarfile
+from pathlib import Path
+import numpy as np
+from PIL import Image
+root, rng = Path(sys.argv[1]), np.random.default_rng(0)
+for split in ("train", "test"):
+    for label in ("airplane", "cat"):
+        (root / split / label).mkdir(parents=True)
+        for i in range(16):
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(root / split / label / f"{i}.jpg")
+with tarfile.open(sys.argv[2], "w:gz") as tar:
+    for split in ("train", "test"):
+        tar.add(root / split, arcname=split)
+EOF
+    fi
+    if [[ -f $CIFAR_TAR ]] && tar -xzf "$CIFAR_TAR" -C "$CIFAR_DIR"; then
+        CIFAR=(--data.dataset imagefolder --data.data_dir "$CIFAR_DIR" --data.decode_once true)
+        # 2a. The speedrun in its time budget, then its test accuracy.
+        fit speedrun 280 250 test --config configs/cifar10_speedrun.yaml "${CIFAR[@]}" "${SPEEDRUN[@]}"
+        # 2b. vit_small.yaml in its time budget, then its test accuracy.
+        fit vit_small 150 140 test --config configs/vit_small.yaml "${CIFAR[@]}" "${VIT_SMALL[@]}"
+        # 2c. The recipe suite's GPU part: twice the learning rate for 40 s (about 600 steps) of each config's step
+        #     schedule (the speedrun's over 100 epochs): the loss must stay finite. 1x is the runs above.
+        fit speedrun_lr2x 60 90 no-test --config configs/cifar10_speedrun.yaml "${CIFAR[@]}" "${LR2X[@]}" \
+            --trainer.max_epochs 100 --model.lr "$(cfg_value configs/cifar10_speedrun.yaml lr 2)"
+        fit vit_small_lr2x 60 40 no-test --config configs/vit_small.yaml "${CIFAR[@]}" "${LR2X[@]}" \
+            --model.lr "$(cfg_value configs/vit_small.yaml lr 2)"
+    else
+        note "recipes: skipped, $CIFAR_TAR not found or unreadable (copy it into the repository's data/)"
+    fi
+    # 2d. vit_small_imagenet.yaml on shards of real photographs (crops of scikit-learn's two), decoded on the GPU.
+    SHARD_SRC="$SCRATCH/photos" SHARDS="$SCRATCH/shards"
+    if "$PY" - "$SHARD_SRC" "${PHOTOS[@]}" <<'EOF'
+import sys
+from pathlib import Path
+from vit.bench.photos import real_photos
+root, classes, per_class, size = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+for split, count in (("train", per_class), ("val", max(2, per_class // 8))):
+    for c in range(classes):
+        (root / split / f"n{c:08d}").mkdir(parents=True)
+        real_photos(root / split / f"n{c:08d}", count, (size * 3 // 4, size), seed=c + (1000 if split == "val" else 0))
+EOF
+    then
+        step prepare_shards 40 40 "$PY" -m vit data prepare --data.dataset imagefolder --data.data_dir "$SHARD_SRC" \
+            --out "$SHARDS" --workers 8
+        fit imagenet_stream 70 0 no-test --config configs/vit_small_imagenet.yaml --data.dataset streaming \
+            --data.data_dir "$SHARDS" "${IMAGENET[@]}"
+    else
+        note "imagenet_stream: skipped, the photographs could not be written"
+    fi
+fi
+
+# 3. Throughput against timm, eager: ViT-S/16 batch 512 and ViT-B/16 batch 256 in bf16 autocast.
 step model_eager 55 435 "$PY" "${BENCH[@]}" --suite model "${MODELS[@]}" --json "$OUT/model_eager.json"
 
-# 3. Global vs window vs sliding-window attention (sliding rows: k = 7 and 9) from 32x32 to 128x128; the
+# 4. Global vs window vs sliding-window attention (sliding rows: k = 7 and 9) from 32x32 to 128x128; the
 #    sliding layers compile their FlexAttention kernel once per grid, hence the longer limit.
 if importable "vit.layers.neighborhood_attention"; then
     step attention 90 345 "$PY" "${BENCH[@]}" --suite attention "${ATTN[@]}" --json "$OUT/attention.json"
@@ -135,7 +293,7 @@ else
     note "attention: no sliding rows, vit.layers.NeighborhoodAttention is not importable"
 fi
 
-# 4. Attribution (Chefer et al. 2021) on a ViT-B/16 batch of 64 in bf16 autocast: seconds per batch.
+# 5. Attribution (Chefer et al. 2021) on a ViT-B/16 batch of 64 in bf16 autocast: seconds per batch.
 if importable "vit.explain.attribution"; then
     step attribution 35 310 "$PY" - "$OUT/attribution.json" "${ATTRIBUTION[@]}" <<'EOF'
 """Time vit.explain.attribution.attention_attribution on one batch: warm-up, then the median of 3 timed calls."""
@@ -198,7 +356,7 @@ else
     note "attribution: skipped, vit.explain.attribution is not importable"
 fi
 
-# 4b. Every explanation method of vit.explain.METHODS (rollout, attribution, AttnLRP, CP-LRP, and integrated
+# 5b. Every explanation method of vit.explain.METHODS (rollout, attribution, AttnLRP, CP-LRP, and integrated
 #     gradients / Grad-CAM where the `explain` extra is installed) on ViT-S/16, batch 64, fp32, random weights: the
 #     median of 3 timed calls per method after a warm-up, in ms per batch and per image, and AttnLRP's cost over one
 #     attribution call (goal: at most 2x).
@@ -264,80 +422,6 @@ json.dump(result, open(out, "w"), indent=2)
 EOF
 else
     note "methods: skipped, vit.explain.methods is not importable"
-fi
-
-# 5. Training. With configs/cifar10_speedrun.yaml: the speedrun on the real CIFAR-10 tarball, then the
-#    test accuracy of the final weights. Without it: vit_small.yaml for two minutes on synthetic data.
-FIT_SCRIPT=$(
-    cat <<'EOF'
-"""Fit a config (LightningCLI arguments after the first three), then test the final weights when the data has a test
-split; write wall time, img/s and accuracy as JSON."""
-import json
-import sys
-import time
-
-from vit.callbacks import training_throughput
-from vit.cli import cli_main
-
-out, root, test = sys.argv[1], sys.argv[2], sys.argv[3] == "test"
-args = ["fit", *sys.argv[4:], "--trainer.logger", "false", "--trainer.default_root_dir", root]
-start = time.perf_counter()
-cli = cli_main(args)
-wall = time.perf_counter() - start
-trainer, module = cli.trainer, cli.model
-throughput = training_throughput(trainer)
-metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-result = {
-    "args": args, "fit_wall_s": wall, "global_step": trainer.global_step, "epochs_completed": trainer.current_epoch,
-    "batch_size": cli.datamodule.batch_size, "precision": str(trainer.precision),
-    "images_per_s": throughput if throughput == throughput else None,  # mean train/img_per_sec (nan: no callback)
-    "images_per_s_incl_overheads": trainer.global_step * cli.datamodule.batch_size / wall,
-    "val_acc": metrics.get("val/acc"),
-}
-if test:
-    tested = trainer.test(module, datamodule=cli.datamodule, verbose=False)
-    result["test_acc"] = tested[0].get("test/acc") if tested else None
-    result["total_wall_s"] = time.perf_counter() - start
-print(json.dumps(result, indent=2))
-tested = f"test/acc {result['test_acc'] or float('nan'):.4f}, {result['total_wall_s']:.0f} s with the test, " if test else ""
-print(f"RESULT  {'speedrun' if test else 'fit'}: {tested}fit {result['fit_wall_s']:.0f} s, "
-      f"{result['images_per_s'] or 0:.1f} img/s, val/acc {result['val_acc']}, {trainer.current_epoch} epochs")
-json.dump(result, open(out, "w"), indent=2)
-EOF
-)
-if ! importable "lightning, albumentations, jsonargparse"; then
-    note "fit: skipped, the training stack (lightning, albumentations, jsonargparse) is not importable"
-elif [[ -f configs/cifar10_speedrun.yaml ]]; then
-    CIFAR_DIR="$SCRATCH/cifar10"
-    mkdir -p "$CIFAR_DIR"
-    if [[ $DRY == 1 && ! -f $CIFAR_TAR ]]; then  # a tarball of the same layout: train|test/<class>/*.jpg
-        CIFAR_TAR="$SCRATCH/cifar10-tiny.tar.gz"
-        "$PY" - "$SCRATCH/tiny" "$CIFAR_TAR" <<'EOF'
-import sys, tarfile
-from pathlib import Path
-import numpy as np
-from PIL import Image
-root, rng = Path(sys.argv[1]), np.random.default_rng(0)
-for split in ("train", "test"):
-    for label in ("airplane", "cat"):
-        (root / split / label).mkdir(parents=True)
-        for i in range(16):
-            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(root / split / label / f"{i}.jpg")
-with tarfile.open(sys.argv[2], "w:gz") as tar:
-    for split in ("train", "test"):
-        tar.add(root / split, arcname=split)
-EOF
-    fi
-    if [[ -f $CIFAR_TAR ]] && tar -xzf "$CIFAR_TAR" -C "$CIFAR_DIR"; then
-        step speedrun 280 30 "$PY" - "$OUT/speedrun.json" "$SCRATCH/run" test "${SPEEDRUN[@]}" \
-            --data.data_dir "$CIFAR_DIR" <<<"$FIT_SCRIPT"
-    else
-        note "speedrun: skipped, $CIFAR_TAR not found or unreadable (copy it into the repository's data/)"
-    fi
-else
-    note "speedrun: skipped, configs/cifar10_speedrun.yaml not found; synthetic fit instead"
-    step fit 150 30 "$PY" - "$OUT/fit.json" "$SCRATCH/run" no-test --config configs/vit_small.yaml \
-        --data.dataset synthetic --trainer.max_time "$FIT_TIME" "${FIT_ARGS[@]}" <<<"$FIT_SCRIPT"
 fi
 
 # 6. The data pipelines on one of this host's CPU cores, where albumentations and OpenCV are importable.
