@@ -37,7 +37,10 @@ def explain(capsys):
 
     def run(*args) -> Result:
         capsys.readouterr()
-        code = main([str(a) for a in args])
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as stop:  # bad input: one error line through vit.errors.fail
+            code = stop.code
         out = capsys.readouterr()
         return Result(code, out.out, out.err)
 
@@ -195,9 +198,8 @@ def test_validation_split(checkpoint, tmp_path, explain):
         (f"val/{i:05d}", str(p)) for i, p in zip(index, preds, strict=True)
     ]
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["attnlrp_grid.png"]
-    with pytest.raises(SystemExit) as stop:  # images and --split together
-        explain(checkpoint, tmp_path, "--split", "val")
-    assert stop.value.code == 2
+    result = explain(checkpoint, tmp_path, "--split", "val")  # images and --split together
+    assert result.returncode == 2 and result.stderr.startswith("error: vit explain: give image files"), result.stderr
 
 
 def test_plain_weights_need_a_fitting_model(checkpoint, tmp_path, explain):
@@ -398,6 +400,8 @@ def test_progress_on_stderr_one_line_per_method_and_phase_stdout_only_the_result
     assert result.returncode == 0, result.stderr
     time = r"in \d+\.\d s"
     expected = [
+        rf"load: checkpoint and 5 images {time}; \d+ threads? of \d+ cores, load average \d+\.\d\d \(cores minus .*\)",
+        rf"predictions: classes, rollout and attention statistics of 5 images {time}",
         rf"rollout: maps of 5 images {time} \(\d+\.\d ms/img\)",
         rf"attnlrp: maps of 5 images {time} \(\d+\.\d ms/img\)",
         rf"rollout: deletion/insertion curves of 5 images \(2 steps\) {time}",
@@ -405,7 +409,7 @@ def test_progress_on_stderr_one_line_per_method_and_phase_stdout_only_the_result
         rf"random: deletion/insertion curves of 5 images x 5 seeds \(2 steps\) {time}",
         rf"rollout: overlays of 5 images {time}",
         rf"attnlrp: overlays of 5 images {time}",
-        rf"explained 5 images: overlays of rollout, attnlrp in {re.escape(str(out))}/, JSON .*",
+        rf"explained 5 images {time}: overlays of rollout, attnlrp in {re.escape(str(out))}/, JSON .*",
     ]
     lines = result.stderr.splitlines()
     assert len(lines) == len(expected) and "\r" not in result.stderr, result.stderr
@@ -422,7 +426,8 @@ def test_progress_on_stderr_one_line_per_method_and_phase_stdout_only_the_result
     # Without --faithfulness: the maps of the methods rollout does not already give, then the overlays.
     result = explain(checkpoint, "--split", "val", "--limit", "5", "--methods", "rollout,attnlrp", "--out", out / "b")
     lines = result.stderr.splitlines()
-    assert result.returncode == 0 and len(lines) == 4 and len(result.stdout.splitlines()) == 5, result.stderr
-    assert re.fullmatch(rf"attnlrp: maps of 5 images {time} \(\d+\.\d ms/img\)", lines[0])
-    for line, method in zip(lines[1:3], ("rollout", "attnlrp"), strict=True):
+    assert result.returncode == 0 and len(lines) == 6 and len(result.stdout.splitlines()) == 5, result.stderr
+    assert lines[0].startswith("load: ") and lines[1].startswith("predictions: ")
+    assert re.fullmatch(rf"attnlrp: maps of 5 images {time} \(\d+\.\d ms/img\)", lines[2])
+    for line, method in zip(lines[3:5], ("rollout", "attnlrp"), strict=True):
         assert re.fullmatch(rf"{method}: overlays of 5 images {time}", line)

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from vit.allocator import keep_freed_memory
-from vit.bench.harness import BenchError, environment, log, write_report
+from vit.bench.harness import BenchError, available_cores, busy_load, default_threads, environment, log, write_report
 from vit.errors import ArgumentParser, fail
 
 SUITES = ("model", "attention", "data", "explorer", "recipe")
@@ -67,7 +67,14 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     parser.add_argument(
         "--precision", choices=("fp32", "bf16"), default=None, help="bf16 = autocast (default: recipe bf16, else fp32)"
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads (default: the cores this process may use "
+        "minus the 1-minute load average, at least 1, as vit explain: all cores on an idle machine; see "
+        "vit.bench.harness.default_threads)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--keep-freed-memory",
@@ -150,10 +157,14 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
-    """Parse ``argv`` and fill the device-dependent defaults; sets torch's thread count when ``--threads`` is given,
+    """Parse ``argv`` and fill the device-dependent defaults; sets torch's thread count (``--threads``, by default
+    :func:`~vit.bench.harness.default_threads`),
     and glibc's malloc thresholds unless ``--no-keep-freed-memory`` (``args.freed_memory_kept`` says whether they
     are set)."""
-    args = (parser or build_parser()).parse_args(argv)
+    parser = parser or build_parser()
+    args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be positive, got {args.threads}")
     cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
     args.device = "cuda" if cuda else "cpu"
     if args.precision is None:
@@ -168,8 +179,10 @@ def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParse
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads is None:
+        args.threads = default_threads(available_cores(), busy_load())
+    torch.set_num_threads(args.threads)
+    log(f"threads: {args.threads} of {available_cores()} cores, load average {busy_load():.2f}")
     args.freed_memory_kept = keep_freed_memory() if args.keep_freed_memory else False
     return args
 

@@ -15,7 +15,9 @@ time per image (:func:`~vit.explain.benchmark_methods`), prints the table and wr
 ``<out>/faithfulness.json``) with the curves as ``<out>/faithfulness_curves.png``. Bad input (an unknown method, one
 that does not apply to the model, a method whose optional extra is missing) is one ``error:`` line and exit status 2,
 before anything is written; every file is written to a temporary name and renamed. Results go to stdout, progress to
-stderr: a bar per method and phase (maps, curves, overlays) on a terminal, else one line per finished phase.
+stderr: a bar per method and phase (maps, curves, overlays) on a terminal, else a plain line every 10 s with the
+count and the elapsed time, and one line per finished phase either way: loading (with the thread count:
+``--threads``, by default the cores not already busy), predictions, each method's maps and curves, overlays, report.
 """
 
 from __future__ import annotations
@@ -36,19 +38,21 @@ import torch
 from torch import nn
 
 from ..atomic import write_bytes
-from ..bench.harness import device_name
+from ..bench.harness import available_cores, busy_load, default_threads, device_name
 from ..checkpoints import check_checkpoint_path, data_settings, load_checkpoint, load_file, rebuild_datamodule
-from ..errors import ArgumentParser, InputError, UsageError, VitError
+from ..errors import ArgumentParser, InputError, UsageError, VitError, error_message, fail
 from ..normalize import IMAGENET_MEAN, IMAGENET_STD, normalize
 from .colors import is_signed
 from .method_benchmark import MethodBenchmark, benchmark_methods, timed_maps
 from .methods import ALIASES, DEFAULT_METHOD, METHODS, get_method, require_extras
 from .panels import png_bytes, render_grid, render_panel
-from .progress import Progress
+from .progress import Progress, stop_all
 from .report import render_report
 from .results import Results, benchmark_scores, block_index, compute
 from .rollout import HeadFusion
 
+MAX_IMAGE_PIXELS = 50_000_000
+"""``--max-image-pixels``' default: the limit of ``vit predict`` (:data:`vit.data.datasets.MAX_IMAGE_PIXELS`)."""
 LEGACY_METHODS = {"rollout": ["rollout"], "attribution": ["attribution"], "both": ["rollout", "attribution"]}
 """``--method``, the option before ``--methods``: kept as an alias for scripts written against it."""
 GRID_IMAGES = 32  # the grid PNG shows the first images only
@@ -166,9 +170,20 @@ def output_stems(files: Sequence[Path]) -> list[str]:
     return [f"{name}_{i}" if names.count(name) > 1 else name for i, name in enumerate(names)]
 
 
-def load_images(explainer: Explainer, files: Sequence[Path]) -> torch.Tensor:
-    """``(B, 3, img_size, img_size)`` uint8 pixels through the run's eval transform (normalised later, once)."""
+def load_images(explainer: Explainer, files: Sequence[Path], max_pixels: int | None = MAX_IMAGE_PIXELS) -> torch.Tensor:
+    """``(B, 3, img_size, img_size)`` uint8 pixels through the run's eval transform (normalised later, once).
+
+    Args:
+        explainer: The loaded checkpoint with its preprocessing.
+        files: Image files.
+        max_pixels: Refuse an image whose header claims more pixels (width x height), before decoding it; ``None``:
+            no limit (``--max-image-pixels``).
+
+    Raises:
+        InputError: If a file cannot be read, or is above ``max_pixels`` (naming ``--max-image-pixels``).
+    """
     from ..data import build_transforms, load_rgb
+    from ..data.datasets import ImageTooLargeError
 
     transform = build_transforms(
         explainer.preset, explainer.img_size, False, explainer.mean, explainer.std, "none", normalize=False
@@ -176,7 +191,10 @@ def load_images(explainer: Explainer, files: Sequence[Path]) -> torch.Tensor:
     images = []
     for file in files:
         try:
-            images.append(transform(image=load_rgb(file))["image"])
+            images.append(transform(image=load_rgb(file, max_pixels))["image"])
+        except ImageTooLargeError as err:
+            raise InputError(f"{err}: raise the limit with --max-image-pixels (e.g. --max-image-pixels 200000000, or "
+                             "--max-image-pixels none for no limit)") from None  # fmt: skip
         except Exception as err:
             message = _first_line(err)
             raise InputError(message if str(file) in message else f"cannot read image {file}: {message}") from None
@@ -228,6 +246,26 @@ def parse_methods(args: argparse.Namespace) -> list[str]:
     return names
 
 
+def check_options(explainer: Explainer, args: argparse.Namespace) -> int | None:
+    """Check the options that depend on the model (before the images are read); returns ``--target``'s class.
+
+    Raises:
+        InputError: If ``--target`` or ``--report-block`` does not exist in the model.
+        UsageError: If a method does not apply to the model (naming those that do).
+    """
+    target = parse_target(args.target, explainer)
+    try:
+        block_index(explainer.model, args.report_block)
+    except ValueError as err:
+        raise InputError(f"--report-{err}") from None
+    for name in args.methods:
+        try:
+            get_method(name, explainer.model)
+        except ValueError as err:
+            raise UsageError(f"--methods: {err}") from None
+    return target
+
+
 def compute_for(explainer: Explainer, pixels: torch.Tensor, args: argparse.Namespace,
                 labels: torch.Tensor | None = None) -> Results:  # fmt: skip
     """:func:`~vit.explain.results.compute` (predictions, rollout, statistics, per-head maps) with the command's
@@ -239,21 +277,14 @@ def compute_for(explainer: Explainer, pixels: torch.Tensor, args: argparse.Names
         UsageError: If a method does not apply to the model (naming those that do).
     """
     model = explainer.model
-    target = parse_target(args.target, explainer)
-    try:
-        block_index(model, args.report_block)
-    except ValueError as err:
-        raise InputError(f"--report-{err}") from None
-    for name in args.methods:
-        try:
-            get_method(name, model)
-        except ValueError as err:
-            raise UsageError(f"--methods: {err}") from None
+    target = check_options(explainer, args)
+    progress = Progress("predictions", len(pixels), enabled=True)
     results = compute(
         model, pixels, mean=explainer.mean, std=explainer.std, labels=labels, class_names=explainer.class_names,
         method="rollout", target=target, block=args.report_block, head_fusion=args.head_fusion,
         discard_ratio=args.discard_ratio, batch_size=args.batch_size,
     )  # fmt: skip
+    progress.close(f"classes, rollout and attention statistics of {len(pixels)} images in {progress.seconds:.1f} s")
     inputs = normalize(pixels, explainer.mean, explainer.std)
     options = {"rollout": {"head_fusion": args.head_fusion, "discard_ratio": args.discard_ratio}}
     if args.faithfulness:
@@ -355,7 +386,40 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--alpha", type=float, default=0.6, help="heatmap opacity in [0, 1]")
     parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default: 64)")
     parser.add_argument("--no-overlays", action="store_true", help="write no per-image PNGs (grids and report only)")
+    parser.add_argument(
+        "--max-image-pixels", type=pixel_limit, default=MAX_IMAGE_PIXELS, metavar="{N,none}",
+        help="refuse image files whose header claims more pixels (width x height), before decoding them; none: no "
+        "limit (default: 50000000, as vit predict's --data.max_image_pixels)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: the cores this process may use minus the "
+        "1-minute load average, at least 1: one thread per core, PyTorch's default, makes every parallel step wait "
+        "for a core another process holds; measured 8x slower beside one busy process on 2 cores)",
+    )  # fmt: skip
     return parser
+
+
+def pixel_limit(value: str) -> int | None:
+    """``--max-image-pixels``: a positive number of pixels, or ``none``."""
+    if value.lower() == "none":
+        return None
+    try:
+        limit = int(value)
+    except ValueError:
+        limit = 0
+    if limit < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a positive number of pixels nor none")
+    return limit
+
+
+def set_threads(requested: int | None) -> str:
+    """Set torch's intra-op threads to ``requested``, or to :func:`~vit.bench.harness.default_threads` of this
+    machine's cores and load; returns the words saying which, for the first progress line."""
+    cores, load = available_cores(), busy_load()
+    threads = requested or default_threads(cores, load)
+    torch.set_num_threads(threads)
+    how = "--threads" if requested else "cores minus the 1-minute load average; --threads N to choose"
+    return f"{threads} thread{'s' * (threads > 1)} of {cores} cores, load average {load:.2f} ({how})"
 
 
 def explorer_bits(value: str) -> int | str:
@@ -380,6 +444,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--alpha must be in [0, 1], got {args.alpha}")
     if args.steps < 1 or args.batch_size < 1:
         parser.error("--steps and --batch-size must be positive")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be positive, got {args.threads}")
     if bool(args.images) == bool(args.split):
         parser.error("give image files or folders, or --split val (not both)")
     if args.json is not None and not args.faithfulness:
@@ -390,31 +456,43 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    """Run the command; returns the exit status (2 on bad input, with one ``error:`` line on stderr)."""
+    """Run the command; returns 0.
+
+    Raises:
+        SystemExit: On bad input, after one ``error:`` line on stderr (:func:`vit.errors.fail`, the progress bars
+            closed first), with the error's exit status (2).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     check_arguments(parser, args)
     if args.out is None:  # a fresh folder: one run never overwrites another's pictures
         args.out = new_folder(Path("explanations") / f"{args.checkpoint.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    start = time.perf_counter()
     try:
         args.methods = parse_methods(args)
         files = find_images(args.images) if args.images else []
+        threads = set_threads(args.threads)
+        progress = Progress("load", args.limit or len(files), enabled=True)
         explainer = load_explainer(args.checkpoint, args.model, args.img_size)
+        check_options(explainer, args)
         labels = None
         if args.split:
             files, pixels, labels = load_split(explainer, args.limit)
         else:
-            pixels = load_images(explainer, files)
+            pixels = load_images(explainer, files, args.max_image_pixels)
+        progress.close(f"checkpoint and {len(files)} images in {progress.seconds:.1f} s; {threads}")
         results = compute_for(explainer, pixels, args, labels)
         command = f"{parser.prog} {shlex.join(argv)}"
         write_outputs(args, files, results, explainer, pixels, command)
     except VitError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_status
+        stop_all()
+        fail(error_message(err), err.exit_status)
     except OSError as err:  # an unwritable --out, --json or --html
-        print(f"error: cannot write the outputs: {err}", file=sys.stderr)
-        return 2
+        stop_all()
+        fail(f"cannot write the outputs: {err}")
+    finally:
+        stop_all()
     explanation = results.explanation
     confidence = explanation.probs.gather(1, explanation.preds[:, None])[:, 0].tolist()
     width = max(len(str(file)) for file in files)
@@ -425,7 +503,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(faithfulness_table(results.benchmark))
         written += [f"JSON {args.json or args.out / 'faithfulness.json'}", f"curves {args.out / CURVES}"]
     written += [f"report {args.html}"] if args.html else []
-    print(f"explained {len(files)} images: {', '.join(written)}", file=sys.stderr)
+    seconds = time.perf_counter() - start
+    print(f"explained {len(files)} images in {seconds:.1f} s: {', '.join(written)}", file=sys.stderr)
     return 0
 
 
@@ -461,8 +540,10 @@ def write_outputs(args: argparse.Namespace, files: Sequence[Path], results: Resu
         write_atomic(args.json or args.out / "faithfulness.json", (json.dumps(report, indent=2) + "\n").encode())
         results.benchmark.plot(args.out / CURVES, title=f"{report['model']}: {report['images']}")
     if args.html is not None:
+        progress = Progress("report", len(files), enabled=True)
         html = render_report(
             files, results, title=f"{args.checkpoint.name}: {len(files)} images", alpha=args.alpha,
             model=explainer.model, pixels=pixels, mean=explainer.mean, std=explainer.std, bits=args.explorer_bits,
         )  # fmt: skip
         write_atomic(args.html, html.encode())
+        progress.close(f"{args.html} with the explorer, {len(html) / 1e6:.1f} MB in {progress.seconds:.1f} s")
