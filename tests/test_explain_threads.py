@@ -1,3 +1,4 @@
+# ruff: noqa: F811 (the fixtures imported from test_explain_script are arguments of the tests)
 """``vit explain`` and ``vit bench`` on a shared machine: the thread count, plain progress lines in logs, the pixel
 limit of image files."""
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_explain_script import checkpoint, explain, one_error_line  # noqa: F401 (fixtures)
+from test_explain_script import checkpoint, explain, one_error_line  # noqa: F401 (its fixtures, used by name)
 
 from vit.bench import cli as bench_cli
 from vit.bench.harness import default_threads
