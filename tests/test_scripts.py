@@ -274,9 +274,13 @@ def test_gpu_check_usage_and_no_pythonpath(tmp_path):
     assert done.returncode == 2 and done.stderr == "usage: scripts/gpu_check.sh OUTDIR\n"
     text = GPU_CHECK.read_text()
     assert "PYTHONPATH" not in text.split("set -uo pipefail")[1] and "scripts/benchmark.py" not in text
-    steps = [line.split()[1] for line in text.splitlines() if line.strip().startswith("step ")]
-    # every issue's step, each under its own timeout (the step helper), the model comparison compiled last
-    assert {"environment", "model_eager", "attention", "attribution", "speedrun", "fit", "data"} <= set(steps)
+    steps = [line.split()[1] for line in text.splitlines() if line.strip().startswith(("step ", "fit "))]
+    # every step under its own timeout (the step helper; fit wraps it), the recipes first in their order, then the
+    # benchmarks, the model comparison compiled last
+    recipes = ["speedrun", "vit_small", "speedrun_lr2x", "vit_small_lr2x", "prepare_shards", "imagenet_stream"]
+    assert [s for s in steps if s in recipes] == recipes
+    assert {"environment", "model_eager", "attention", "attribution", "data"} <= set(steps)
+    assert max(steps.index(s) for s in recipes) < steps.index("model_eager")
     assert steps[-1] == "model_compiled"
 
 
