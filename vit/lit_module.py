@@ -30,7 +30,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from .callbacks.metadata import CheckpointMetadata
 from .callbacks.patch_dropout import UnmaskedEpochs
 from .callbacks.throughput import TrainingThroughput
-from .callbacks.time_budget import TimeBudget, budget_seconds
+from .callbacks.time_budget import TimeBudget, budget_seconds, steps_in_epoch
 from .checkpoints.state import check_checkpoint_fits
 from .errors import ConfigError
 from .models import VisionTransformer, create_model, load_pretrained
@@ -234,7 +234,7 @@ class ImageClassifier(LightningModule):
         """
         max_epochs, max_steps, unmasked = trainer.max_epochs, trainer.max_steps, self.hparams.unmasked_epochs
         endless = max_epochs in (None, -1)
-        if self.hparams.get("schedule", "steps") == "time":
+        if self._time_schedule:
             if budget_seconds(trainer) is None:
                 raise ConfigError(
                     "model.schedule time fits the run to trainer.max_time, which is not set: set trainer.max_time "
@@ -402,10 +402,10 @@ class ImageClassifier(LightningModule):
         return groups
 
     def _steps_per_epoch(self) -> float:
-        trainer = self.trainer
-        if trainer.train_dataloader is None:  # max_epochs -1: Lightning has not loaded it yet
-            trainer.fit_loop.setup_data()
-        return math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+        """Optimiser steps per epoch (``inf`` for an unsized loader), the training data loaded first if need be."""
+        if self.trainer.train_dataloader is None:  # max_epochs -1: Lightning has not loaded it yet
+            self.trainer.fit_loop.setup_data()
+        return steps_in_epoch(self.trainer)
 
     def schedule_steps(self) -> tuple[int, int]:
         """``(warmup_steps, total_steps)`` in optimiser steps, from the trainer's length of training. With
@@ -415,9 +415,10 @@ class ImageClassifier(LightningModule):
         total = trainer.estimated_stepping_batches  # finite, except for schedule "time": check_trainer ran in setup
         warmup = self.hparams.warmup_steps
         if not warmup and self.hparams.warmup_epochs > 0:
-            if math.isinf(self._steps_per_epoch()):
+            steps_per_epoch = self._steps_per_epoch()
+            if math.isinf(steps_per_epoch):
                 raise ConfigError("model.warmup_epochs needs a sized training dataloader; set model.warmup_steps")
-            warmup = round(self.hparams.warmup_epochs * self._steps_per_epoch())
+            warmup = round(self.hparams.warmup_epochs * steps_per_epoch)
         if math.isinf(total):
             total = max(10 * warmup, 1000)
         total = int(total)
