@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -128,9 +127,9 @@ def test_model_suite_compares_with_timm_on_the_same_weights(tmp_path):
 
 def test_grad_checkpointing_row_counts_the_step_peak_with_and_without():
     """Without checkpointing the peak holds every block's activations; with it, the block inputs and one block's."""
-    args = argparse.Namespace(override={**TINY, "depth": 6}, seed=0, precision="fp32")
-    result = bench_grad_checkpointing("vit_tiny_patch4_32", 8, args, torch.device("cpu"))
-    model = VisionTransformer(**model_config("vit_tiny_patch4_32", **args.override))
+    override = {**TINY, "depth": 6}
+    result = bench_grad_checkpointing("vit_tiny_patch4_32", 8, device=torch.device("cpu"), override=override)
+    model = VisionTransformer(**model_config("vit_tiny_patch4_32", **override))
     grads = sum(p.numel() for p in model.parameters()) * 4 / 2**20
     tokens = 8 * 65 * 32 * 4 / 2**20  # one (B, N, C) fp32 tensor
     assert result["without_peak_mib"] > grads + 6 * 8 * tokens  # at least eight token-sized tensors per block
@@ -190,7 +189,7 @@ def test_attention_checks_read_the_per_token_series(monkeypatch):
 
     per_token = {"global": {16: 1.0, 64: 10.0}, "window 7": {16: 1.0, 64: 1.1}, "sliding 7": {16: 1.0, 64: 2.1}}
 
-    def fake_cases(grid, args, device, windows, kernels=()):
+    def fake_cases(grid, *, device, windows, kernels=(), **layer):
         names = ["global"] + [f"window {w}" for w in windows] + [f"sliding {k}" for k in kernels]
         return [
             {
@@ -340,9 +339,30 @@ def test_per_sample_rate_counts_wall_clock_and_cpu_time():
 def test_cpu_grids_above_64_leave_global_attention_out():
     from vit.bench import attention_suite
 
-    args = argparse.Namespace(attn_dim=8, attn_heads=2, attn_tokens=16, seed=0, precision="fp32", linear_maps=["relu"])
+    layer = {"dim": 8, "heads": 2, "tokens_per_call": 16, "linear_maps": ["relu"]}
     cpu = torch.device("cpu")
-    at_64 = attention_suite.attention_cases(64, args, cpu, [4], [3])
-    above = attention_suite.attention_cases(65, args, cpu, [4], [3])
+    at_64 = attention_suite.attention_cases(64, device=cpu, windows=[4], kernels=[3], **layer)
+    above = attention_suite.attention_cases(65, device=cpu, windows=[4], kernels=[3], **layer)
     assert [c["layer"] for c in at_64] == ["global", "window 4", "sliding 3", "linear relu"]
     assert [c["layer"] for c in above] == ["window 4", "sliding 3", "linear relu"]
+
+
+def test_report_header_is_the_run_header_with_the_settings(tmp_path):
+    """The report opens with vit.env.run_header (what ran, when, where, versions, threads, load), the flat version
+    keys that the result tables read, and every setting."""
+    from vit.bench.cli import run
+
+    argv = ["--suite", "attention", "--device", "cpu", "--attn-grids", "4", "--window-sizes", "--sliding-sizes"]
+    args = parse_args([*argv, "--linear-maps", "--attn-dim", "8", "--attn-heads", "2", "--attn-reps", "1"])
+    report = run(args, command="vit bench --suite attention")
+    assert report["command"] == "vit bench --suite attention" and report["device"] == "cpu"
+    assert report["versions"]["torch"] == report["torch"] == torch.__version__ and report["timm"]
+    assert report["machine"].startswith(report["device_name"]) and report["threads"] == torch.get_num_threads()
+    assert report["settings"]["attn_dim"] == 8 and report["settings"]["freed_memory_kept"] in (True, False)
+
+
+def test_explorer_cases_match_the_command_line():
+    from vit.bench.defaults import EXPLORER_CASES
+    from vit.bench.explorer_suite import CASES
+
+    assert tuple(CASES) == EXPLORER_CASES

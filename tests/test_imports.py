@@ -1,10 +1,19 @@
 """No two modules of ``vit`` import each other, directly or around a circle (imports inside functions count: they are
-the same dependency, only deferred). The graph is read from the source with ``ast``; nothing is imported."""
+the same dependency, only deferred). The graph is read from the source with ``ast``; nothing is imported.
+
+And the ``vit`` command answers ``--help`` and bad arguments before torch: each case runs in a fresh interpreter and
+reports the heavy packages it loaded.
+"""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "vit"
 
@@ -115,3 +124,94 @@ def test_the_data_package_has_no_import_circle() -> None:
 
 def test_the_package_has_no_import_circle() -> None:
     assert cycles(import_graph()) == []
+
+
+HEAVY = ("torch", "lightning", "wandb", "timm", "numpy")
+"""Packages the command line must not import to show help or reject an argument."""
+
+_PROBE = """
+import json, sys
+from vit.main import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as stop:
+    status = stop.code
+print(json.dumps({"status": status, "loaded": sorted({m.split('.')[0] for m in sys.modules} & set(HEAVY))}))
+"""
+
+
+def _loaded_by(argv: list[str], tmp_path: Path) -> tuple[int, list[str]]:
+    code = f"HEAVY = {HEAVY!r}\n{_PROBE}"
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result["status"], result["loaded"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["compare", "--help"],
+        ["bench", "--help"],
+        ["export", "--help"],
+        ["explain", "--help"],
+        ["data", "--help"],
+        pytest.param(
+            ["data", "prepare", "--help"],
+            marks=pytest.mark.xfail(
+                reason="vit/data/__init__.py imports the data module (Lightning, torch) with any vit.data module",
+                strict=True,
+            ),
+        ),
+        ["bench", "--suit", "model"],
+        ["compare", "--metri", "val/acc"],
+        ["compare", "no-such-folder"],
+        ["export", "--ckpt_path", "missing.ckpt", "--out", "exported"],
+        ["export", "--out", "exported"],
+        ["fti"],
+    ],
+    ids=" ".join,
+)
+def test_the_command_line_answers_before_torch(argv, tmp_path):
+    status, loaded = _loaded_by(argv, tmp_path)
+    assert status == (0 if "--help" in argv else 2)
+    assert loaded == [], f"vit {' '.join(argv)} imported {loaded}"
+    assert not (tmp_path / "exported").exists()
+
+
+def test_import_vit_loads_no_other_module_and_names_are_lazy(tmp_path):
+    """``import vit`` runs its ``__init__`` only; every public name and subpackage comes on first use."""
+    code = (
+        "import sys\n"
+        "import vit\n"
+        "assert [m for m in sys.modules if m.startswith('vit.')] == [], sorted(sys.modules)\n"
+        "assert not {'torch', 'numpy'} & set(sys.modules)\n"
+        "assert set(vit.__all__) <= set(dir(vit))\n"
+        "from vit import VisionTransformer, create_model, load\n"
+        "import vit.layers as layers\n"
+        "assert vit.Attention is layers.Attention and vit.load is load and vit.layers is layers\n"
+        "assert all(getattr(vit, name) is not None for name in ('WindowAttention', 'load_pretrained', 'list_models'))\n"
+        "assert 'vit.checkpoints' not in sys.modules or 'vit.checkpoints.loading' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_model_layer_does_not_import_the_checkpoints_package(tmp_path):
+    """``vit.models`` is the floor ``vit.checkpoints`` builds on: importing it loads no checkpoint reader."""
+    code = "import sys\nimport vit.models\nprint(sorted(m for m in sys.modules if m.startswith('vit.checkpoints')))\n"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_python_m_vit_help_imports_nothing_heavy(tmp_path):
+    """``python -m vit --help`` as users run it, read with ``-X importtime``: no heavy package among the imports."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "vit", "--help"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "usage: vit SUBCOMMAND" in done.stdout
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in done.stderr.splitlines() if "|" in line}
+    assert "vit" in imported and not imported & set(HEAVY), sorted(imported & set(HEAVY))

@@ -1,4 +1,4 @@
-"""Fault tolerance (vit/callbacks/resume.py, nonfinite.py, vit/checkpoint_io.py, vit/checkpoints/files.py,
+"""Fault tolerance (vit/callbacks/resume.py, nonfinite.py, vit/checkpoints/writing.py, vit/checkpoints/files.py,
 vit/data/sampler.py), each fault injected for real: runs stopped and resumed
 bit-identically, SIGKILL, SIGTERM and SIGINT, a crash in the middle of a checkpoint write, a truncated file, a loss
 or gradient made non-finite, a pickle carrying code, a checkpoint of another architecture, an unreachable W&B server.
@@ -32,7 +32,7 @@ from lightning.pytorch import Callback
 from vit import ImageClassifier, ImageDataModule
 from vit.callbacks.nonfinite import NonFiniteGuard
 from vit.callbacks.resume import rng_state, set_rng_state
-from vit.checkpoint_io import AtomicCheckpointIO
+from vit.checkpoints.writing import AtomicCheckpointIO
 from vit.cli import cli_main
 from vit.errors import EXIT_BAD_INPUT as EXIT_BAD_CHECKPOINT
 from vit.errors import EXIT_NON_FINITE, CorruptCheckpointError, NonFiniteError, UnsafeCheckpointError

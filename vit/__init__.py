@@ -4,73 +4,76 @@ A plain install (``pip install vit``) brings every dependency listed in ``pyproj
 timm), the training stack's (Lightning, torchmetrics, jsonargparse, albumentations, OpenCV, scikit-learn, W&B,
 LitData, simplejpeg) and the drawing of explanations (matplotlib, Pillow); the ``export`` extra adds ONNX and ONNX
 Runtime for ``vit export --onnx``, the ``explain`` extra captum and grad-cam for the integrated-gradients and
-Grad-CAM baselines of ``vit.explain``. ``import vit`` loads the model layer only (``vit.layers``, ``vit.models``);
-everything else is imported on first use (PEP 562), so the models and ``vit.load`` also work where only torch and
-timm (with timm's own dependencies) are installed.
+Grad-CAM baselines of ``vit.explain``.
+
+``import vit`` runs this file only: it imports no other module of ``vit`` and nothing outside the standard library's
+``os`` and ``importlib``, so the ``vit`` command answers ``--help`` before torch is loaded. Every public name is
+imported from its module on first use (PEP 562): ``vit.VisionTransformer``, ``vit.create_model`` and the layers load
+the model layer (``vit.layers``, ``vit.models``: torch and timm), ``vit.load`` :mod:`vit.checkpoints`,
+``vit.ImageClassifier`` the training stack (Lightning), and so on; ``vit.layers``, ``vit.data`` and the other
+subpackages are imported on first use too. The models and ``vit.load`` also work where only torch and timm (with
+timm's own dependencies) are installed.
 """
 
 import os
 from importlib import import_module
-from typing import Any
 
 # albumentations asks PyPI for a newer version on every import (every DataLoader worker too); training must
 # never wait on the network, so that check is off unless the user turned it on explicitly.
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
-from .layers import (
-    Attention,
-    AttentionPoolLatent,
-    Block,
-    CrossAttention,
-    LinearAttention,
-    NeighborhoodAttention,
-    PatchEmbed,
-    WindowAttention,
-    build_sincos_2d_pos_embed,
-    resample_pos_embed,
-)
-from .models import VisionTransformer, create_model, list_models, load_pretrained
-
 __version__ = "0.1.0"
 
-# name -> module of the training stack, imported lazily (PEP 562).
 _LAZY = {
+    # the model layer: torch and timm
+    "Attention": "vit.layers",
+    "AttentionPoolLatent": "vit.layers",
+    "Block": "vit.layers",
+    "CrossAttention": "vit.layers",
+    "LinearAttention": "vit.layers",
+    "NeighborhoodAttention": "vit.layers",
+    "PatchEmbed": "vit.layers",
+    "WindowAttention": "vit.layers",
+    "build_sincos_2d_pos_embed": "vit.layers",
+    "resample_pos_embed": "vit.layers",
+    "VisionTransformer": "vit.models",
+    "create_model": "vit.models",
+    "list_models": "vit.models",
+    "load_pretrained": "vit.models",
+    "load": "vit.checkpoints",
+    "Predictor": "vit.inference",
+    "Prediction": "vit.inference",
+    # the training stack: Lightning, albumentations, W&B
     "ImageClassifier": "vit.lit_module",
     "ImageDataModule": "vit.data",
+    "ExplanationLogger": "vit.callbacks",
     "AttentionRolloutLogger": "vit.callbacks",
     "cli_main": "vit.cli",
+    # explanations
     "capture_attention": "vit.explain",
     "attention_rollout": "vit.explain",
     "rollout_map": "vit.explain",
     "explain_images": "vit.explain",
     "attention_attribution": "vit.explain",
     "faithfulness": "vit.explain",
-    "load": "vit.checkpoints",
-    "Predictor": "vit.inference",
-    "Prediction": "vit.inference",
 }
+"""Public name -> the module that defines it, imported when the name is first asked for."""
+
+__all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if not name.startswith("_"):  # a subpackage or module (``vit.layers``), imported as ``import vit.layers`` does
+        from importlib.util import find_spec
+
+        if find_spec(f"{__name__}.{name}") is not None:
+            return import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'vit' has no attribute {name!r}")
 
 
-__all__ = [
-    "Attention",
-    "AttentionPoolLatent",
-    "Block",
-    "CrossAttention",
-    "LinearAttention",
-    "NeighborhoodAttention",
-    "PatchEmbed",
-    "VisionTransformer",
-    "WindowAttention",
-    "build_sincos_2d_pos_embed",
-    "create_model",
-    "list_models",
-    "load_pretrained",
-    "resample_pos_embed",
-    *_LAZY,
-]
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

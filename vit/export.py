@@ -18,25 +18,27 @@ The folder is written under a temporary name beside ``DIR`` and renamed at the e
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import io
 import json
 import logging
 import shutil
-import sys
 import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from .atomic import write_text
-from .checkpoints import CONFIG_FILE, WEIGHTS_FILE, Loaded, check_checkpoint_path, load_checkpoint
+from .checkpoints.files import check_checkpoint_path
 from .errors import ArgumentParser, UsageError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from .checkpoints import Loaded
 
 ONNX_FILE = "model.onnx"
 ONNX_TOLERANCE = 1e-4
@@ -114,6 +116,8 @@ def export_onnx(model: nn.Module, path: Path, batch_sizes: Sequence[int] = (1, 3
         UsageError: If the ``export`` extra is missing, or ONNX Runtime's logits differ by more than
             :data:`ONNX_TOLERANCE`.
     """
+    import torch
+
     try:
         import onnxruntime
     except ImportError:
@@ -164,13 +168,15 @@ def export(ckpt_path: str | Path, out: str | Path, onnx: bool = False, ema: bool
         UsageError: If ``out`` is a file or a folder that is not empty, ``ema`` asks for absent EMA weights, or the
             ONNX check fails. Nothing is left behind.
     """
-    from safetensors.torch import save_file
-
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out} exists and is not an empty folder: give a new folder name")
     ckpt = Path(ckpt_path)
-    check_checkpoint_path(ckpt)  # a folder: named with the .ckpt files in it
+    check_checkpoint_path(ckpt)  # a folder: named with the .ckpt files in it; answered before torch loads
+    from safetensors.torch import save_file
+
+    from .checkpoints.loading import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
+
     loaded = load_checkpoint(ckpt, ema=bool(ema))
     config = hub_config(loaded)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +196,7 @@ def export(ckpt_path: str | Path, out: str | Path, onnx: bool = False, ema: bool
     return config
 
 
-def build_parser(prog: str = "vit export") -> ArgumentParser:
+def build_parser(prog: str = "vit export") -> argparse.ArgumentParser:
     """The options of ``vit export``."""
     parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--ckpt_path", required=True, help="the .ckpt written by `vit fit` (e.g. last.ckpt)")
@@ -200,14 +206,16 @@ def build_parser(prog: str = "vit export") -> ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "vit export") -> int:
     """Run ``vit export`` on ``argv`` (default ``sys.argv[1:]``); returns 0.
 
     Raises:
         VitError: For bad input (the ``vit`` entry point prints one ``error:`` line and exits 2).
     """
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    config = export(args.ckpt_path, args.out, onnx=args.onnx, ema=args.ema)
+    args = build_parser(prog).parse_args(argv)
+    config = export(ckpt_path=args.ckpt_path, out=args.out, onnx=args.onnx, ema=args.ema)
+    from .checkpoints.loading import CONFIG_FILE, WEIGHTS_FILE
+
     files = [WEIGHTS_FILE, CONFIG_FILE] + ([ONNX_FILE] if args.onnx else [])
     opener = (
         f'timm.create_model("local-dir:{args.out}", pretrained=True)'

@@ -7,6 +7,8 @@
     vit export --ckpt_path CKPT --out DIR [--onnx] [--ema]                   # vit.export
     vit data prepare --data.dataset NAME --data.data_dir SRC --out DEST      # vit.data.prepare
 
+``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's; every other subcommand is a command module with
+``build_parser(prog)`` and ``main(argv, prog)`` that imports torch only when its work needs it.
 Every subcommand reports bad input the same way: one ``error: <message>`` line on stderr, no traceback, and an exit
 status from :mod:`vit.errors` (``2`` for bad input). ``vit SUB --help`` shows a subcommand's options.
 """
@@ -30,38 +32,39 @@ def _lightning(sub: str) -> Callable[[list[str]], int]:
     return run
 
 
-def _module(path: str, **kwargs: str) -> Callable[[list[str]], int]:
+def _command(module: str, prog: str) -> Callable[[list[str]], int]:
+    """``vit SUB`` of a command module: ``module.main(argv, prog=prog)``, imported when the subcommand runs. Every such
+    module exposes ``build_parser(prog)`` and ``main(argv, prog)`` and imports only the standard library and light
+    modules of ``vit`` at its top, so that ``--help`` and argument errors answer before torch is imported."""
+
     def run(argv: list[str]) -> int:
-        module, _, function = path.partition(":")
-        return int(getattr(import_module(module), function)(argv, **kwargs) or 0)
+        status = import_module(module).main(argv, prog=prog)
+        return status if isinstance(status, int) else EXIT_OK  # vit.bench's main returns its report
 
     return run
 
 
-def _bench(argv: list[str]) -> int:
-    from vit.bench.cli import main
-
-    main(argv, prog="vit bench")
-    return EXIT_OK
+DATA_ACTIONS = {
+    "prepare": (
+        "write a dataset as streaming shards (LitData) that training reads with --data.dataset streaming",
+        "vit.data.prepare",
+    ),
+}
+"""``vit data ACTION``: its one-line description and its command module."""
 
 
 def _data(argv: list[str]) -> int:
-    actions = {
-        "prepare": "write a dataset as streaming shards (LitData) that training reads with --data.dataset streaming"
-    }
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: vit data ACTION [...]\n\nactions:")
-        for name, text in actions.items():
+        for name, (text, _) in DATA_ACTIONS.items():
             print(f"  {name:10s}{text}")
         print("\n`vit data ACTION --help` shows an action's options.")
         return EXIT_OK if argv else EXIT_BAD_INPUT
-    if argv[0] not in actions:
+    if argv[0] not in DATA_ACTIONS:
         raise UsageError(
-            f"vit data: unknown action {argv[0]!r}{suggest(argv[0], actions)}; actions: {', '.join(actions)}"
+            f"vit data: unknown action {argv[0]!r}{suggest(argv[0], DATA_ACTIONS)}; actions: {', '.join(DATA_ACTIONS)}"
         )
-    from vit.data.prepare import main
-
-    return int(main(argv[1:]) or 0)
+    return _command(DATA_ACTIONS[argv[0]][1], f"vit data {argv[0]}")(argv[1:])
 
 
 SUBCOMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
@@ -71,13 +74,16 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "predict": ("classify a folder of images with a checkpoint, writing predictions.csv", _lightning("predict")),
     "explain": (
         "rollout and attribution maps, faithfulness and an HTML report for a checkpoint's predictions",
-        _module("vit.explain.command:main", prog="vit explain"),
+        _command("vit.explain.command", "vit explain"),
     ),
-    "compare": ("compare W&B runs (offline folders or a project): a table and a plot", _module("vit.compare:main")),
-    "bench": ("benchmarks of the model, attention and data pipelines", _bench),
+    "compare": (
+        "compare W&B runs (offline folders or a project): a table and a plot",
+        _command("vit.compare.command", "vit compare"),
+    ),
+    "bench": ("benchmarks of the model, attention and data pipelines", _command("vit.bench.cli", "vit bench")),
     "export": (
         "write a checkpoint as a timm / Hugging Face Hub folder (safetensors, config.json, ONNX)",
-        _module("vit.export:main"),
+        _command("vit.export", "vit export"),
     ),
     "data": ("prepare datasets: `vit data prepare` writes streaming shards", _data),
 }

@@ -1,9 +1,11 @@
 """Benchmarks: our ViT against timm's, global against local attention, the data pipelines and the attention explorer.
 
-One module per concern: ``cli`` (the arguments and the loop over the suites; its docstring, the text of
-``vit bench --help``, describes every suite), ``harness`` (timing, spread, tables, the report), ``memory`` (peak
-tensor bytes), ``model_suite``, ``attention_suite``, ``data_suite``, ``explorer_suite`` and ``photos`` (synthetic
-photographs).
+One module per concern: ``cli`` (the command: the arguments, and each chosen suite called with its settings as
+keywords; its docstring, the text of ``vit bench --help``, describes every suite), ``defaults`` (the defaults the
+options show), ``harness`` (timing, spread, tables, the report), ``memory`` (peak tensor bytes), ``model_suite``,
+``attention_suite``, ``data_suite``, ``explorer_suite``, ``recipe_suite`` and ``photos`` (synthetic photographs).
+The report's header (date, machine, versions, threads, load) is :func:`vit.env.run_header`. Importing the package
+and ``cli`` loads no torch: each suite imports it when it runs.
 
 Example::
 

@@ -3,7 +3,7 @@
 ``vit.layers.Attention`` against ``vit.layers.WindowAttention`` (non-overlapping windows, Liu et al., "Swin
 Transformer", ICCV 2021) and ``vit.layers.NeighborhoodAttention`` (sliding windows, Hassani et al., "Neighborhood
 Attention Transformer", CVPR 2023) as the patch grid grows, for several window and kernel sizes, and
-``vit.layers.LinearAttention`` (Katharopoulos et al., ICML 2020) for the feature maps in ``args.linear_maps``
+``vit.layers.LinearAttention`` (Katharopoulos et al., ICML 2020) for the feature maps in ``linear_maps``
 (``--linear-maps elu relu``), all layers sharing one set of weights.
 Local and linear attention cost a fixed amount per token, so their time per token should stay flat while global
 attention's grows with the number of tokens. Imports only torch and ``vit``'s layers.
@@ -11,7 +11,6 @@ attention's grows with the number of tokens. Imports only torch and ``vit``'s la
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,8 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vit.bench.harness import autocast, check, device_name, log, print_table, timed, write_report
+from vit.bench.harness import autocast, check, log, print_table, timed, write_report
 from vit.bench.memory import peak_bytes
+from vit.env import device_name
 from vit.kernels import neighborhood as neighborhood_kernel
 from vit.layers import Attention, LinearAttention, NeighborhoodAttention, WindowAttention
 
@@ -31,43 +31,62 @@ WINDOW_SPEEDUP_GRID = 64
 
 
 def attention_cases(
-    grid: int, args: argparse.Namespace, device: torch.device, windows: Sequence[int], kernels: Sequence[int] = ()
+    grid: int,
+    *,
+    device: torch.device,
+    windows: Sequence[int],
+    kernels: Sequence[int] = (),
+    linear_maps: Sequence[str] = (),
+    dim: int = 384,
+    heads: int = 6,
+    tokens_per_call: int = 4096,
+    seed: int = 0,
+    precision: str = "fp32",
 ) -> list[dict[str, Any]]:
     """Global, window, sliding-window and linear attention layers (shared weights) over a ``grid × grid`` patch grid
     plus a class token, each with a forward + backward closure ``run``; windows and kernels larger than the grid are
-    left out; one linear layer per feature map in ``args.linear_maps`` (none when absent). On the CPU, grids above
-    :data:`GLOBAL_CPU_MAX_GRID` leave the global layer out (its weights are still the others')."""
+    left out; one linear layer per feature map in ``linear_maps``. On the CPU, grids above
+    :data:`GLOBAL_CPU_MAX_GRID` leave the global layer out (its weights are still the others').
+
+    Args:
+        grid: Side of the patch grid.
+        device: Where the layers run.
+        windows: Block-window sides.
+        kernels: Sliding-window kernel sides.
+        linear_maps: Feature maps of the linear-attention layers.
+        dim: Embedding width.
+        heads: Attention heads.
+        tokens_per_call: Tokens of one call: the batch is ``max(1, tokens_per_call // (1 + grid²))``.
+        seed: Seed of the weights.
+        precision: ``fp32``, or ``bf16`` autocast.
+    """
     tokens = 1 + grid * grid
-    batch = max(1, args.attn_tokens // tokens)
-    torch.manual_seed(args.seed)
-    reference = Attention(args.attn_dim, args.attn_heads, qkv_bias=True)
+    batch = max(1, tokens_per_call // tokens)
+    torch.manual_seed(seed)
+    reference = Attention(dim, heads, qkv_bias=True)
     layers: dict[str, nn.Module] = {"global": reference}
     for w in windows:
         if w <= grid:
-            layer = WindowAttention(
-                args.attn_dim, args.attn_heads, qkv_bias=True, grid_size=grid, window_size=w, num_prefix_tokens=1
-            )
+            layer = WindowAttention(dim, heads, qkv_bias=True, grid_size=grid, window_size=w, num_prefix_tokens=1)
             layer.load_state_dict(reference.state_dict())
             layers[f"window {w}"] = layer
     for k in kernels:
         if k <= grid:
-            layer = NeighborhoodAttention(
-                args.attn_dim, args.attn_heads, qkv_bias=True, grid_size=grid, kernel_size=k, num_prefix_tokens=1
-            )
+            layer = NeighborhoodAttention(dim, heads, qkv_bias=True, grid_size=grid, kernel_size=k, num_prefix_tokens=1)
             layer.load_state_dict(reference.state_dict())
             layers[f"sliding {k}"] = layer
-    for feature_map in linear_maps(args):
-        layer = LinearAttention(args.attn_dim, args.attn_heads, qkv_bias=True, feature_map=feature_map)
+    for feature_map in linear_maps:
+        layer = LinearAttention(dim, heads, qkv_bias=True, feature_map=feature_map)
         layer.load_state_dict(reference.state_dict())
         layers[f"linear {feature_map}"] = layer
     if device.type == "cpu" and grid > GLOBAL_CPU_MAX_GRID:
         del layers["global"]
-    x = torch.randn(batch, tokens, args.attn_dim, device=device, requires_grad=True)
-    grad = torch.randn(batch, tokens, args.attn_dim, device=device)
+    x = torch.randn(batch, tokens, dim, device=device, requires_grad=True)
+    grad = torch.randn(batch, tokens, dim, device=device)
 
     def step(layer: nn.Module) -> Callable[[], None]:
         def run() -> None:
-            with autocast(device, args.precision):
+            with autocast(device, precision):
                 out = layer(x)
             out.backward(grad.to(out.dtype))
             x.grad = None
@@ -86,17 +105,46 @@ def attention_cases(
     return cases
 
 
-def linear_maps(args: argparse.Namespace) -> list[str]:
-    """The feature maps of the linear rows: ``args.linear_maps`` (``--linear-maps``), none when it is not set."""
-    return list(getattr(args, "linear_maps", None) or ())
+def run_attention_suite(
+    *,
+    device: torch.device,
+    report: dict[str, Any],
+    grids: Sequence[int] | None = None,
+    windows: Sequence[int] = (7, 8),
+    kernels: Sequence[int] = (7, 9),
+    linear_maps: Sequence[str] = ("elu", "relu"),
+    dim: int = 384,
+    heads: int = 6,
+    tokens_per_call: int = 4096,
+    reps: int = 9,
+    seed: int = 0,
+    precision: str = "fp32",
+    freed_memory_kept: bool = False,
+    json_path: str | None = None,
+) -> None:
+    """Measure every layer on every grid, print the table and the checks, and fill ``report["attention"]``.
 
-
-def run_attention_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
-    grids = args.attn_grids or ([16, 24, 32, 48, 56, 64] if device.type == "cpu" else [32, 48, 64, 96, 112, 128])
-    windows, kernels = args.window_sizes, args.sliding_sizes
+    Args:
+        device: Where the layers run.
+        report: The report to fill (written to ``json_path`` when given).
+        grids: Patch grid sides (default: cpu 16..64, cuda 32..128).
+        windows: Block-window sides.
+        kernels: Sliding-window kernel sides (odd).
+        linear_maps: Feature maps of the linear-attention rows (none: no such rows).
+        dim: Embedding width.
+        heads: Attention heads.
+        tokens_per_call: Tokens per call (``vit bench``: cpu 4096, cuda 2**17).
+        reps: Timed calls per layer, interleaved (``vit bench``: cpu 9, cuda 10).
+        seed: Seed of the weights.
+        precision: ``fp32``, or ``bf16`` autocast.
+        freed_memory_kept: Whether malloc keeps freed memory (:mod:`vit.allocator`), for the table's title.
+        json_path: Where the report is written.
+    """
+    grids = list(grids or ([16, 24, 32, 48, 56, 64] if device.type == "cpu" else [32, 48, 64, 96, 112, 128]))
+    layers = {"dim": dim, "heads": heads, "tokens_per_call": tokens_per_call, "seed": seed, "precision": precision}
     suite = report.setdefault("attention", {})
     suite["notes"] = [
-        f"dim {args.attn_dim}, {args.attn_heads} heads, 1 class token, qkv bias; forward + backward (input grads "
+        f"dim {dim}, {heads} heads, 1 class token, qkv bias; forward + backward (input grads "
         "included) under the chosen precision; batch = max(1, attn_tokens // tokens)",
         "memory: "
         + (
@@ -106,28 +154,46 @@ def run_attention_suite(args: argparse.Namespace, device: torch.device, report: 
         )
         + " during one forward + backward, per token; parameters excluded",
     ]
-    rows, sliding_path = measure_attention(grids, windows, kernels, args, device, suite)
-    print_attention_table(rows, args, device, sliding_path)
-    suite["checks"] = attention_checks(rows, windows, kernels, args, device)
-    write_report(args, report)
+    cases = [
+        case
+        for grid in grids
+        for case in attention_cases(
+            grid, device=device, windows=windows, kernels=kernels, linear_maps=linear_maps, **layers
+        )
+    ]
+    rows, sliding_path = measure_attention(
+        cases, grids=grids, kernels=kernels, device=device, reps=reps, precision=precision, suite=suite
+    )
+    print_attention_table(
+        rows,
+        device=device,
+        precision=precision,
+        reps=reps,
+        freed_memory_kept=freed_memory_kept,
+        sliding_path=sliding_path,
+    )
+    suite["checks"] = attention_checks(rows, windows=windows, kernels=kernels, linear_maps=linear_maps, device=device)
+    write_report(json_path, report)
 
 
 def measure_attention(
-    grids: list[int],
-    windows: Sequence[int],
+    cases: list[dict[str, Any]],
+    *,
+    grids: Sequence[int],
     kernels: Sequence[int],
-    args: argparse.Namespace,
     device: torch.device,
+    reps: int,
+    precision: str,
     suite: dict[str, Any],
 ) -> tuple[list[dict[str, Any]], str]:
-    """Time and measure every attention layer on every grid; fills ``suite["results"]`` and returns its rows and
-    which CPU path the sliding rows measure (``""`` when that does not apply)."""
-    cases = [case for grid in grids for case in attention_cases(grid, args, device, windows, kernels)]
+    """Time and measure every case of :func:`attention_cases` on ``grids`` (``reps`` interleaved rounds); fills
+    ``suite["results"]`` and returns its rows and which CPU path the sliding rows (``kernels``) measure (``""`` when
+    that does not apply)."""
     log(f"attention: warm-up of {len(cases)} layers on grids {grids}")
     for case in cases:
         timed(case["run"], 1, device)
     sliding_path = ""  # which CPU path the sliding rows measure, for the table's title and the report
-    if device.type == "cpu" and kernels and args.precision == "fp32":
+    if device.type == "cpu" and kernels and precision == "fp32":
         kernel = neighborhood_kernel.available()
         sliding_path = "the fused kernel" if kernel else "tiles"
         reason = "" if kernel else f"; the kernel is unavailable: {neighborhood_kernel.status()}"
@@ -135,10 +201,10 @@ def measure_attention(
         log(suite["notes"][-1])
     # Every round times every layer on every grid, so load changes on a shared machine hit all grids alike.
     seconds: list[list[tuple[float, float]]] = [[] for _ in cases]
-    for r in range(args.attn_reps):
+    for r in range(reps):
         for case, times in zip(cases, seconds, strict=True):
             times.append(timed(case["run"], 1, device))
-        log(f"attention round {r + 1}/{args.attn_reps}")
+        log(f"attention round {r + 1}/{reps}")
     rows = suite["results"] = []
     for case, times in zip(cases, seconds, strict=True):
         run = case.pop("run")
@@ -162,14 +228,20 @@ def measure_attention(
 
 
 def print_attention_table(
-    rows: list[dict[str, Any]], args: argparse.Namespace, device: torch.device, sliding_path: str
+    rows: list[dict[str, Any]],
+    *,
+    device: torch.device,
+    precision: str,
+    reps: int,
+    freed_memory_kept: bool,
+    sliding_path: str,
 ) -> None:
     """Print the attention table."""
     threads = torch.get_num_threads()
     print_table(
-        f"attention ({device_name(device)}, {args.precision}, {threads} thread{'s' * (threads != 1)}, "
-        f"median of {args.attn_reps} interleaved rounds, malloc "
-        f"{'keeps freed memory' if args.freed_memory_kept else 'defaults'}"
+        f"attention ({device_name(device)}, {precision}, {threads} thread{'s' * (threads != 1)}, "
+        f"median of {reps} interleaved rounds, malloc "
+        f"{'keeps freed memory' if freed_memory_kept else 'defaults'}"
         f"{f', sliding: {sliding_path}' if sliding_path else ''})",
         rows,
         [
@@ -190,9 +262,10 @@ def print_attention_table(
 
 def attention_checks(
     rows: list[dict[str, Any]],
+    *,
     windows: Sequence[int],
     kernels: Sequence[int],
-    args: argparse.Namespace,
+    linear_maps: Sequence[str],
     device: torch.device,
 ) -> list[dict[str, Any]]:
     """Flatness and speed-up checks of the window, sliding and linear layers."""
@@ -205,7 +278,7 @@ def attention_checks(
     by_key = {(r["layer"], r["grid"]): r for r in rows}
     checks = []
     names = [f"window {w}" for w in windows] + [f"sliding {k}" for k in kernels]
-    for name in names + [f"linear {feature_map}" for feature_map in linear_maps(args)]:
+    for name in names + [f"linear {feature_map}" for feature_map in linear_maps]:
         series = sorted((r["grid"], r[measure]) for r in rows if r["layer"] == name)
         if len(series) >= 2:
             base = series[0][1]

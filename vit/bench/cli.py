@@ -1,4 +1,4 @@
-"""``vit bench`` (``python -m vit.bench``): our ViT against timm's, global against local attention, the data pipelines
+"""``vit bench`` (``python -m vit.bench``): our ViT against timm's, global against local attention, the data pipelines,
 the attention explorer, and the learning-rate sensitivity of a training recipe.
 
 Suites (``--suite model|attention|data|explorer|recipe|all``), each printing a table and writing one JSON report
@@ -45,13 +45,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from vit.allocator import keep_freed_memory
-from vit.bench.harness import BenchError, available_cores, busy_load, default_threads, environment, log, write_report
+from vit.bench.defaults import EXPLORER_CASES, RECIPE_LRS, RECIPE_VARIANTS
+from vit.bench.harness import BenchError, log, write_report
+from vit.env import available_cores, busy_load, default_threads, run_header
 from vit.errors import ArgumentParser, fail
 
 SUITES = ("model", "attention", "data", "explorer", "recipe")
@@ -59,7 +61,8 @@ ALL_SUITES = ("model", "attention", "data", "explorer")  # --suite all: the reci
 
 
 def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
-    """Every option of every suite; defaults that depend on the device are ``None`` here (see ``parse_args``)."""
+    """Every option of every suite; defaults that depend on the device are ``None`` here (see ``parse_args``). Over 80
+    lines on purpose: one ``add_argument`` per option, in the order ``--help`` shows them."""
     parser = ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=(*SUITES, "all"), default="all", help="what to measure")
     parser.add_argument("--json", help="write the full report here")
@@ -73,7 +76,7 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
         default=None,
         help="torch.set_num_threads (default: the cores this process may use "
         "minus the 1-minute load average, at least 1, as vit explain: all cores on an idle machine; see "
-        "vit.bench.harness.default_threads)",
+        "vit.env.default_threads)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -123,23 +126,38 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     data.add_argument(
         "--cifar-mini", help="folder of small photos (<class>/*.jpg or train/<class>/*.jpg) for realistic content"
     )
-    from vit.bench.explorer_suite import add_arguments as explorer_arguments
+    from vit.explain.command import explorer_bits
 
-    explorer_arguments(parser)
-    from vit.bench.recipe_suite import DEFAULT_LRS, DEFAULT_VARIANTS
-
+    explorer = parser.add_argument_group("explorer suite")
+    explorer.add_argument("--explorer-weights", help="state dict of a trained cifar10_cpu model (default: initialised)")
+    explorer.add_argument("--explorer-browser", default=None, help="Chromium executable (default: chromium on PATH)")
+    explorer.add_argument(
+        "--explorer-bits",
+        type=explorer_bits,
+        choices=("auto", *range(2, 9)),
+        metavar="{auto,2..8}",
+        default="auto",
+        help="bits per attention code (default: auto, the finest of 6 to 3 that fits the case's budget)",
+    )
+    explorer.add_argument(
+        "--explorer-cases",
+        nargs="+",
+        choices=EXPLORER_CASES,
+        default=list(EXPLORER_CASES),
+        help="models to measure (default: all)",
+    )
     recipe = parser.add_argument_group("recipe suite")
     recipe.add_argument(
         "--recipe-lrs",
         nargs="+",
         type=float,
-        default=list(DEFAULT_LRS),
+        default=list(RECIPE_LRS),
         help="peak learning rates (default: %(default)s)",
     )
     recipe.add_argument(
         "--recipe-variants",
         nargs="+",
-        default=list(DEFAULT_VARIANTS),
+        default=list(RECIPE_VARIANTS),
         help="changes joined by '+': baseline qk_norm layer_scale z_loss beta2_095 warmup_3x (default: %(default)s)",
     )
     recipe.add_argument("--recipe-steps", type=int, default=300, help="optimiser steps per run (10%% warm-up)")
@@ -158,13 +176,15 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
 
 def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
     """Parse ``argv`` and fill the device-dependent defaults; sets torch's thread count (``--threads``, by default
-    :func:`~vit.bench.harness.default_threads`),
+    :func:`~vit.env.default_threads`),
     and glibc's malloc thresholds unless ``--no-keep-freed-memory`` (``args.freed_memory_kept`` says whether they
     are set)."""
     parser = parser or build_parser()
     args = parser.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be positive, got {args.threads}")
+    import torch
+
     cuda = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
     args.device = "cuda" if cuda else "cpu"
     if args.precision is None:
@@ -187,47 +207,122 @@ def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParse
     return args
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the chosen suites, print their tables and checks, write the JSON report; returns the report.
+def run(args: argparse.Namespace, command: str = "vit bench") -> dict[str, Any]:
+    """Run the suites that ``args`` (from :func:`parse_args`) chose, each with its settings as keywords: print their
+    tables and checks, write the JSON report; returns the report. Over 80 lines on purpose: one branch per suite,
+    each naming its settings, side by side.
+
+    Args:
+        args: The parsed command line.
+        command: The command line, for the report's header.
 
     Raises:
         BenchError: a setting that cannot be measured (no CUDA device, batch sizes that do not match the models).
     """
-    from vit.bench.attention_suite import run_attention_suite
-    from vit.bench.model_suite import run_model_suite
+    import torch
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise BenchError("--device cuda: no CUDA device is visible; use --device cpu")
-    report: dict[str, Any] = environment(args, device)
+    import timm
+
+    header = run_header(command, device=device)
+    report: dict[str, Any] = {
+        **header,
+        "torch": header["versions"]["torch"],
+        "timm": timm.__version__,
+        "python": header["versions"]["python"],
+        "settings": dict(vars(args)),
+    }
+    common = {"report": report, "seed": args.seed, "json_path": args.json}
     suites = ALL_SUITES if args.suite == "all" else (args.suite,)
     for suite in suites:
         log(f"suite {suite}")
-        if suite == "data":  # albumentations, OpenCV and vit.data: imported only when asked for
+        if suite == "model":
+            from vit.bench.model_suite import run_model_suite
+
+            run_model_suite(
+                device=device,
+                models=args.models,
+                batch_sizes=args.batch_sizes,
+                override=args.override,
+                compile=args.compile,
+                rounds=args.rounds,
+                steps=args.steps,
+                warmup=args.warmup,
+                precision=args.precision,
+                **common,
+            )
+        elif suite == "attention":
+            from vit.bench.attention_suite import run_attention_suite
+
+            run_attention_suite(
+                device=device,
+                grids=args.attn_grids,
+                windows=args.window_sizes,
+                kernels=args.sliding_sizes,
+                linear_maps=args.linear_maps,
+                dim=args.attn_dim,
+                heads=args.attn_heads,
+                tokens_per_call=args.attn_tokens,
+                reps=args.attn_reps,
+                precision=args.precision,
+                freed_memory_kept=args.freed_memory_kept,
+                **common,
+            )
+        elif suite == "data":  # albumentations, OpenCV and vit.data: imported only when asked for
             from vit.bench.data_suite import run_data_suite
 
-            run_data_suite(args, device, report)
+            run_data_suite(
+                images=args.data_images,
+                samples=args.data_samples,
+                rounds=args.data_rounds,
+                jpeg_size=args.jpeg_size,
+                cifar_mini=args.cifar_mini,
+                **common,
+            )
         elif suite == "explorer":  # writes HTML files and drives a browser: imported only when asked for
             from vit.bench.explorer_suite import run_explorer_suite
 
-            run_explorer_suite(args, device, report)
-        elif suite == "recipe":  # trains models for minutes: only when asked for
+            run_explorer_suite(
+                device=device,
+                cases=args.explorer_cases,
+                weights=args.explorer_weights,
+                browser=args.explorer_browser,
+                bits=args.explorer_bits,
+                cifar_mini=args.cifar_mini,
+                **common,
+            )
+        else:  # the recipe sweep trains models for minutes: only when asked for
             from vit.bench.recipe_suite import run_recipe_suite
 
-            run_recipe_suite(args, device, report)
-        else:
-            {"model": run_model_suite, "attention": run_attention_suite}[suite](args, device, report)
+            run_recipe_suite(
+                device=device,
+                lrs=args.recipe_lrs,
+                variants=args.recipe_variants,
+                steps=args.recipe_steps,
+                batch_size=args.recipe_batch_size,
+                width=args.recipe_width,
+                depth=args.recipe_depth,
+                heads=args.recipe_heads,
+                probe_every=args.recipe_probe_every,
+                train_images=args.recipe_train_images,
+                eval_images=args.recipe_eval_images,
+                data_dir=args.data_dir,
+                precision=args.precision,
+                **common,
+            )
     report["checks"] = [c for s in suites for c in report.get(s, {}).get("checks", [])]
-    write_report(args, report)
+    write_report(args.json, report)
     return report
 
 
-def main(
-    argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None, prog: str = "vit bench"
-) -> dict[str, Any]:
-    """The command line: parse, run, and turn a bad setting into one ``error:`` line and exit status 2."""
-    args = parse_args(argv, parser or build_parser(prog))
+def main(argv: Sequence[str] | None = None, prog: str = "vit bench") -> dict[str, Any]:
+    """The command line: parse, run, and turn a bad setting into one ``error:`` line and exit status 2; returns the
+    report (:func:`run`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv, build_parser(prog))
     try:
-        return run(args)
+        return run(args, command=shlex.join([*prog.split(), *argv]))
     except BenchError as err:
         fail(err)

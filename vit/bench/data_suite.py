@@ -4,11 +4,13 @@ The CIFAR preset on 32x32 images (per image in a worker, and batched on a whole 
 runs it, ``vit.data.BatchAugment``), and JPEG decode -> random-resized crop 224 -> flip -> normalise, with the
 normalisation in the worker or, as ``ImageDataModule`` does it, on the device after the copy. Albumentations, OpenCV,
 torchvision and ``vit.data`` are imported here only, inside the suite.
+
+Over 450 lines on purpose: each pipeline and its torchvision twin sit side by side, so that what is compared
+is read in one place.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import tempfile
@@ -20,8 +22,9 @@ from typing import Any
 
 import torch
 
-from vit.bench.harness import check, device_name, log, print_table, summarize, write_report
+from vit.bench.harness import check, log, print_table, summarize, write_report
 from vit.bench.photos import make_data, real_photos
+from vit.env import device_name
 
 DATA_CIFAR_TARGET = 5000.0  # images/s per worker
 DATA_JPEG_TARGET = 600.0
@@ -119,7 +122,7 @@ def ours(preset: str, size: int, mean: Any, std: Any, normalize: bool, jitter: b
     return transform
 
 
-def cifar_pipelines(args: argparse.Namespace, cifar_images: Sequence[Any]) -> tuple[list[Pipeline], torch.Tensor]:
+def cifar_pipelines(cifar_images: Sequence[Any], *, seed: int = 0) -> tuple[list[Pipeline], torch.Tensor]:
     """The CIFAR rows (per image, and batched on a whole uint8 batch), and the batch they read."""
     from torchvision.transforms import v2
 
@@ -139,7 +142,7 @@ def cifar_pipelines(args: argparse.Namespace, cifar_images: Sequence[Any]) -> tu
             v2.Normalize(CIFAR10_MEAN, CIFAR10_STD),
         ]
     )
-    generator = torch.Generator().manual_seed(args.seed)
+    generator = torch.Generator().manual_seed(seed)
     basic_batch, strong_batch = BatchAugment("cifar", 32, "basic"), BatchAugment("cifar", 32, "strong")
     batch = torch.stack([chw(cifar_images[i % len(cifar_images)]) for i in range(BATCH)]).contiguous()
     pipelines: list[Pipeline] = [
@@ -247,51 +250,77 @@ def check_outputs(pipelines: Sequence[Pipeline], inputs: dict[str, Sequence[Any]
 
 
 def time_pipelines(
-    pipelines: Sequence[Pipeline], inputs: dict[str, Sequence[Any]], args: argparse.Namespace
+    pipelines: Sequence[Pipeline], inputs: dict[str, Sequence[Any]], *, rounds: int, samples: int
 ) -> list[list[tuple[float, float]]]:
-    """(wall, CPU) images/s of every pipeline in every round, the rounds alternating the order."""
+    """(wall, CPU) images/s of every pipeline in every round, the rounds alternating the order; ``samples`` JPEG
+    samples per round and pipeline (four times as many CIFAR ones)."""
+    per_round = samples
     rates: list[list[tuple[float, float]]] = [[] for _ in pipelines]  # (wall, CPU) images/s per round
-    for r in range(args.data_rounds):
+    for r in range(rounds):
         order = range(len(pipelines)) if r % 2 == 0 else reversed(range(len(pipelines)))  # drift hits all alike
         for i in order:
             *_, fn, kind = pipelines[i]
             if kind == "batch":  # as many images as the per-image CIFAR rows, at least two calls
-                calls = max(2, args.data_samples * 4 // BATCH)
+                calls = max(2, per_round * 4 // BATCH)
                 wall, cpu = per_sample_rate(fn, inputs[kind], calls)
                 rates[i].append((wall * BATCH, cpu * BATCH))
             else:
-                samples = args.data_samples * (4 if kind == "cifar" else 1)
-                rates[i].append(per_sample_rate(fn, inputs[kind], samples))
-        log(f"data round {r + 1}/{args.data_rounds} done")
+                count = per_round * (4 if kind == "cifar" else 1)
+                rates[i].append(per_sample_rate(fn, inputs[kind], count))
+        log(f"data round {r + 1}/{rounds} done")
     return rates
 
 
-def run_data_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
+def run_data_suite(
+    *,
+    report: dict[str, Any],
+    images: int = 200,
+    samples: int = 300,
+    rounds: int = 5,
+    jpeg_size: Sequence[int] = (375, 500),
+    cifar_mini: str | None = None,
+    seed: int = 0,
+    json_path: str | None = None,
+) -> None:
+    """Measure every pipeline with one worker on the CPU, print the table and the checks, and fill
+    ``report["data"]``.
+
+    Args:
+        report: The report to fill (written to ``json_path`` when given).
+        images: JPEG files to generate.
+        samples: JPEG samples per round and pipeline (CIFAR: four times as many).
+        rounds: Rounds, alternating the order of the pipelines.
+        jpeg_size: Height and width of the JPEG files.
+        cifar_mini: Folder of small photos (``<class>/*.jpg`` or ``train/<class>/*.jpg``) for realistic content.
+        seed: Seed of the generated images and the augmentations.
+        json_path: Where the report is written.
+    """
+    height, width = jpeg_size
     with one_worker(), tempfile.TemporaryDirectory(prefix="vit-bench-") as tmp:
-        log(f"data: writing {args.data_images} JPEG files of {args.jpeg_size[0]}x{args.jpeg_size[1]}")
-        cifar_dir = Path(args.cifar_mini) if args.cifar_mini else None
+        log(f"data: writing {images} JPEG files of {height}x{width}")
+        cifar_dir = Path(cifar_mini) if cifar_mini else None
         (Path(tmp) / "small").mkdir()
-        cifar_images, _, _ = make_data(Path(tmp) / "small", args.data_images, (32, 32), args.seed, cifar_dir)
+        cifar_images, _, _ = make_data(Path(tmp) / "small", images, (32, 32), seed, cifar_dir)
         # real photographs: random crops of scikit-learn's two sample photographs, rescaled to ImageNet's size
-        files = real_photos(Path(tmp), args.data_images, tuple(args.jpeg_size), args.seed)
+        files = real_photos(Path(tmp), images, (height, width), seed)
         source = "random crops of sklearn.datasets.load_sample_images (china.jpg, flower.jpg) rescaled"
         shard_items = shard_samples(Path(tmp), files)
         sizes = [f.stat().st_size for f in files]
-        cifar_rows, batch = cifar_pipelines(args, cifar_images)
-        pipelines = cifar_rows + jpeg_pipelines() + shard_pipelines(args.seed)
+        cifar_rows, batch = cifar_pipelines(cifar_images, seed=seed)
+        pipelines = cifar_rows + jpeg_pipelines() + shard_pipelines(seed)
         inputs = {"cifar": cifar_images, "jpeg": files, "batch": [batch], "shard": shard_items}
         check_outputs(pipelines, inputs)
-        rates = time_pipelines(pipelines, inputs, args)
+        rates = time_pipelines(pipelines, inputs, rounds=rounds, samples=samples)
 
-    rows = data_rows(pipelines, rates, args)
-    report["data"] = data_report(rows, sizes, source, args)
-    print_data_table(rows, report["data"]["jpeg"]["mean_kib"], len(sizes), args)
+    rows = data_rows(pipelines, rates, jpeg_size=(height, width))
+    report["data"] = data_report(rows, sizes, source, jpeg_size=(height, width))
+    print_data_table(rows, report["data"]["jpeg"]["mean_kib"], len(sizes), rounds=rounds, jpeg_size=(height, width))
     report["data"]["checks"] = data_checks(rows)
-    write_report(args, report)
+    write_report(json_path, report)
 
 
 def data_rows(
-    pipelines: Sequence[Pipeline], rates: Sequence[Sequence[tuple[float, float]]], args: argparse.Namespace
+    pipelines: Sequence[Pipeline], rates: Sequence[Sequence[tuple[float, float]]], *, jpeg_size: Sequence[int]
 ) -> list[dict[str, Any]]:
     """One table row per pipeline: its labels and the medians and spreads of its wall-clock and CPU rates."""
     rows = []
@@ -307,7 +336,7 @@ def data_rows(
                 "input": {
                     "cifar": "32x32 uint8 array",
                     "batch": f"{BATCH}x3x32x32 uint8 tensor",
-                    "jpeg": f"{args.jpeg_size[0]}x{args.jpeg_size[1]} JPEG q90",
+                    "jpeg": f"{jpeg_size[0]}x{jpeg_size[1]} JPEG q90",
                     "shard": f"shard sample (shorter side {SHORT_SIDE}, q90)",
                 }[kind],
                 "images_per_s": spread["median"],
@@ -321,7 +350,7 @@ def data_rows(
 
 
 def data_report(
-    rows: list[dict[str, Any]], sizes: Sequence[int], source: str, args: argparse.Namespace
+    rows: list[dict[str, Any]], sizes: Sequence[int], source: str, *, jpeg_size: Sequence[int]
 ) -> dict[str, Any]:
     """The report's data section (its checks are added later): the rows, the JPEG files and notes."""
     return {
@@ -329,7 +358,7 @@ def data_report(
         "results": rows,
         "jpeg": {
             "files": len(sizes),
-            "height_width": list(args.jpeg_size),
+            "height_width": list(jpeg_size),
             "quality": 90,
             "mean_kib": sum(sizes) / len(sizes) / 1024,
             "content": source + " upscaled with 1/f texture",
@@ -352,10 +381,12 @@ def data_report(
     }
 
 
-def print_data_table(rows: list[dict[str, Any]], mean_kib: float, files: int, args: argparse.Namespace) -> None:
+def print_data_table(
+    rows: list[dict[str, Any]], mean_kib: float, files: int, *, rounds: int, jpeg_size: Sequence[int]
+) -> None:
     """Print the data table, the JPEG files' size and what decoding alone allows one worker."""
     print_table(
-        f"data (one worker: 1 thread, {device_name(torch.device('cpu'))}, median of {args.data_rounds} rounds)",
+        f"data (one worker: 1 thread, {device_name('cpu')}, median of {rounds} rounds)",
         rows,
         [
             ("pipeline", "pipeline", ""),
@@ -367,7 +398,7 @@ def print_data_table(rows: list[dict[str, Any]], mean_kib: float, files: int, ar
             ("images_per_cpu_s", "images per CPU s", ".0f"),
         ],
     )
-    print(f"\nJPEG files: {files} × {args.jpeg_size[0]}x{args.jpeg_size[1]}, quality 90, mean {mean_kib:.0f} KiB")
+    print(f"\nJPEG files: {files} × {jpeg_size[0]}x{jpeg_size[1]}, quality 90, mean {mean_kib:.0f} KiB")
     decode_rate = next(r["images_per_s"] for r in rows if r["pipeline"] == DECODE and r["implementation"] == "vit.data")
     print(f"decoding alone (load_rgb) caps one worker at {decode_rate:.0f} images/s on this core")
 

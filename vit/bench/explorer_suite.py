@@ -1,4 +1,4 @@
-"""The explorer suite: size and speed of the attention explorer (:mod:`vit.explain.explorer`).
+"""The explorer suite: size and speed of the attention explorer (:mod:`vit.explain.render.explorer`).
 
 For each case (the ``cifar10_cpu`` model with 16 images, ``vit_small_patch16_224`` with 8), the file's size in
 bytes, the Python time to write it, and, where Playwright and a Chromium are found, the browser's time to open the
@@ -12,19 +12,19 @@ bits at which the case's images fit its budget, as ``vit explain`` and the train
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from vit.bench.defaults import EXPLORER_CASES
 from vit.bench.harness import BenchError, check, log, print_table, write_report
 from vit.bench.photos import photo_like
-from vit.explain.command import explorer_bits
 
 CASES = {  # name: (preset, overrides, images, size budget in bytes)
     "cifar10_cpu": (
@@ -45,28 +45,6 @@ MEAN, STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
 def find_chromium() -> str | None:
     """The Chromium on ``PATH`` (Debian's ``chromium``, or ``chromium-browser``), or ``None``."""
     return next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The suite's options."""
-    group = parser.add_argument_group("explorer suite")
-    group.add_argument("--explorer-weights", help="state dict of a trained cifar10_cpu model (default: initialised)")
-    group.add_argument("--explorer-browser", default=None, help="Chromium executable (default: chromium on PATH)")
-    group.add_argument(
-        "--explorer-bits",
-        type=explorer_bits,
-        choices=("auto", *range(2, 9)),
-        metavar="{auto,2..8}",
-        default="auto",
-        help="bits per attention code (default: auto, the finest of 6 to 3 that fits the case's budget)",
-    )
-    group.add_argument(
-        "--explorer-cases",
-        nargs="+",
-        choices=tuple(CASES),
-        default=list(CASES),
-        help="models to measure (default: all)",
-    )
 
 
 def images_for(img_size: int, count: int, seed: int, cifar_dir: str | None) -> torch.Tensor:
@@ -117,12 +95,38 @@ def browser_times(path: Path, executable: str, grid: tuple[int, int], opens: int
             "click_max_ms": max(clicks), "switch_ms": switch}  # fmt: skip
 
 
-def run_explorer_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
-    """Measure every case of :data:`CASES`; the checks are the size budgets and the browser's 200 ms."""
-    from vit.explain.explorer import AUTO_BITS, ExplorerTooLarge, explorer_payload, render_explorer
+def run_explorer_suite(
+    *,
+    device: torch.device,
+    report: dict[str, Any],
+    cases: Sequence[str] = EXPLORER_CASES,
+    weights: str | None = None,
+    browser: str | None = None,
+    bits: str | int = "auto",
+    cifar_mini: str | None = None,
+    seed: int = 0,
+    json_path: str | None = None,
+) -> None:
+    """Measure every case of :data:`CASES`; the checks are the size budgets and the browser's 200 ms.
+
+    Args:
+        device: Where the models run.
+        report: The report to fill (written to ``json_path`` after every case).
+        cases: Keys of :data:`CASES`.
+        weights: State dict of a trained ``cifar10_cpu`` model (default: initialised weights).
+        browser: Chromium executable (default: ``chromium`` on ``PATH``).
+        bits: Bits per attention code, or ``"auto"``: the finest of 6 to 3 that fits the case's budget.
+        cifar_mini: Folder of CIFAR pictures to draw the images from (default: photograph-like ones).
+        seed: Seed of the weights and the images.
+        json_path: Where the report is written.
+
+    Raises:
+        BenchError: No case measured.
+    """
+    from vit.explain.render.explorer import AUTO_BITS, ExplorerTooLarge, explorer_payload, render_explorer
     from vit.models import create_model
 
-    executable = args.explorer_browser or find_chromium()
+    executable = browser or find_chromium()
     try:
         import playwright  # noqa: F401
     except ImportError:
@@ -131,43 +135,43 @@ def run_explorer_suite(args: argparse.Namespace, device: torch.device, report: d
         log("explorer: no Chromium or no playwright: browser times are not measured")
     rows, checks = [], []
     suite = report.setdefault("explorer", {"rows": rows, "checks": checks})
-    for name in args.explorer_cases:
+    for name in cases:
         preset, overrides, count, budget = CASES[name]
-        torch.manual_seed(args.seed)
+        torch.manual_seed(seed)
         model = create_model(preset, **overrides).eval().to(device)
-        weights = "initialised"
-        if name == "cifar10_cpu" and args.explorer_weights:
-            state = torch.load(args.explorer_weights, map_location=device, weights_only=True)
+        kind = "initialised"
+        if name == "cifar10_cpu" and weights:
+            state = torch.load(weights, map_location=device, weights_only=True)
             model.load_state_dict(state.get("state_dict", state))
-            weights = f"trained ({Path(args.explorer_weights).name})"
+            kind = f"trained ({Path(weights).name})"
         size = model.patch_embed.img_size[0]
-        images = images_for(size, count, args.seed, getattr(args, "cifar_mini", None))
+        images = images_for(size, count, seed, cifar_mini)
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / f"{name}.html"
             start = time.perf_counter()
-            limit = budget if args.explorer_bits == "auto" else None  # auto: the bits that fit the budget
+            limit = budget if bits == "auto" else None  # auto: the bits that fit the budget
             try:
-                payload = explorer_payload(model, images, mean=MEAN, std=STD, max_bytes=limit, bits=args.explorer_bits)
+                payload = explorer_payload(model, images, mean=MEAN, std=STD, max_bytes=limit, bits=bits)
             except ExplorerTooLarge:  # not even auto's coarsest fits: measured at it, and the budget check fails
                 start = time.perf_counter()
                 payload = explorer_payload(model, images, mean=MEAN, std=STD, max_bytes=None, bits=AUTO_BITS[-1])
             path.write_text(render_explorer(payload), encoding="utf-8")
-            seconds, bits = time.perf_counter() - start, payload["bits"]
-            row = {"case": name, "images": count, "weights": weights, "bits": bits,
+            seconds = time.perf_counter() - start
+            row = {"case": name, "images": count, "weights": kind, "bits": payload["bits"],
                    "bytes": path.stat().st_size, "write_s": seconds, "budget": budget}  # fmt: skip
             if executable is not None:
                 row.update(browser_times(path, executable, tuple(model.patch_embed.grid_size)))
         rows.append(row)
         log(f"explorer {name}: {row['bytes']:,} bytes in {seconds:.1f} s")
         checks.append(check(f"{name}: {count} images <= {budget / 1e6:.0f} MB", row["bytes"] <= budget,
-                            f"{row['bytes']:,} bytes ({weights} weights)"))  # fmt: skip
+                            f"{row['bytes']:,} bytes ({kind} weights)"))  # fmt: skip
         if "open_ms" in row:
             slowest = max(row["open_ms"], row["click_max_ms"])
             checks.append(check(f"{name}: opens (median) and answers a click in < {BROWSER_TARGET_MS:.0f} ms",
                                 slowest < BROWSER_TARGET_MS,
                                 f"open {row['open_ms']:.0f} ms (max {row['open_max_ms']:.0f}), click "
                                 f"{row['click_ms']:.0f} ms (max {row['click_max_ms']:.0f})"))  # fmt: skip
-        write_report(args, report)
+        write_report(json_path, report)
     if not rows:
         raise BenchError("explorer suite: no case measured")
     print_table(

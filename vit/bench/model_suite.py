@@ -6,14 +6,16 @@ are faster) and their median; peak tensor memory; FLOPs per image and, on CUDA, 
 Chowdhery et al., "PaLM", 2022, appendix B); and the peak activation memory of a training step with gradient
 checkpointing against without it (Chen et al., "Training Deep Nets with Sublinear Memory Cost", 2016). Imports only
 torch, timm and ``vit``'s model code.
+
+Over 450 lines on purpose: the measurement of our model and of timm's stays in one file, step for step, so that
+both are visibly measured the same way.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -24,7 +26,6 @@ from vit.bench.harness import (
     BenchError,
     autocast,
     check,
-    device_name,
     log,
     print_table,
     summarize,
@@ -32,6 +33,7 @@ from vit.bench.harness import (
     write_report,
 )
 from vit.bench.memory import peak_bytes, tensor_bytes
+from vit.env import device_name
 from vit.models import VisionTransformer, model_config
 from vit.models.flops import forward_flops
 
@@ -113,10 +115,35 @@ def alternate(
     return speeds
 
 
-def bench_model(name: str, batch: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    """Train and inference throughput, memory and FLOPs of preset ``name`` (ours, and timm's when it exists)."""
-    config = model_config(name, **args.override)
-    torch.manual_seed(args.seed)
+def bench_model(
+    name: str,
+    batch: int,
+    *,
+    device: torch.device,
+    override: dict[str, Any] | None = None,
+    seed: int = 0,
+    precision: str = "fp32",
+    compile: bool = False,
+    warmup: int = 1,
+    rounds: int = 6,
+    steps: int = 1,
+) -> dict[str, Any]:
+    """Train and inference throughput, memory and FLOPs of preset ``name`` (ours, and timm's when it exists).
+
+    Args:
+        name: A preset of :func:`vit.create_model`.
+        batch: Images per step.
+        device: Where the models run.
+        override: ``model_config`` overrides (``{"depth": 2}``).
+        seed: Seed of the weights.
+        precision: ``fp32``, or ``bf16`` autocast.
+        compile: ``torch.compile`` both models.
+        warmup: Untimed steps per model and phase.
+        rounds: Alternating rounds.
+        steps: Steps per model per round.
+    """
+    config = model_config(name, **(override or {}))
+    torch.manual_seed(seed)
     models: dict[str, nn.Module] = {"ours": VisionTransformer(**config)}
     baseline, why_no_timm = build_timm(config)
     logit_diff = None
@@ -148,11 +175,11 @@ def bench_model(name: str, batch: int, args: argparse.Namespace, device: torch.d
     for key, model in models.items():
         model.to(device)
         optimizers[key] = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
-        runners[key] = torch.compile(model) if args.compile else model
+        runners[key] = torch.compile(model) if compile else model
 
     def train_step(key: str) -> Callable[[], None]:
         def step() -> None:
-            with autocast(device, args.precision):
+            with autocast(device, precision):
                 loss = F.cross_entropy(runners[key](x), y)
             loss.backward()
             optimizers[key].step()
@@ -162,12 +189,12 @@ def bench_model(name: str, batch: int, args: argparse.Namespace, device: torch.d
 
     def infer_step(key: str) -> Callable[[], None]:
         def step() -> None:
-            with torch.inference_mode(), autocast(device, args.precision):
+            with torch.inference_mode(), autocast(device, precision):
                 runners[key](x)
 
         return step
 
-    if device.type == "cpu" and args.compile:
+    if device.type == "cpu" and compile:
         memory_note = "not measured: compiled CPU kernels allocate outside the dispatcher"
     elif device.type == "cpu":
         memory_note = "tensor bytes tracked per op (TorchDispatchMode), not process RSS"
@@ -176,8 +203,21 @@ def bench_model(name: str, batch: int, args: argparse.Namespace, device: torch.d
     result["memory_note"] = memory_note + "; peaks include parameters and AdamW state"
 
     for phase, make in (("train", train_step), ("inference", infer_step)):
-        steps = {key: make(key) for key in models}
-        result[phase] = bench_phase(phase, steps, models, optimizers, name, batch, args, device, flops, memory_note)
+        result[phase] = bench_phase(
+            phase,
+            {key: make(key) for key in models},
+            models,
+            optimizers,
+            name=name,
+            batch=batch,
+            device=device,
+            flops=flops,
+            memory_note=memory_note,
+            compile=compile,
+            warmup=warmup,
+            rounds=rounds,
+            steps_per_round=steps,
+        )
     return result
 
 
@@ -186,21 +226,25 @@ def bench_phase(
     steps: dict[str, Callable[[], None]],
     models: dict[str, nn.Module],
     optimizers: dict[str, torch.optim.Optimizer],
+    *,
     name: str,
     batch: int,
-    args: argparse.Namespace,
     device: torch.device,
     flops: dict[str, float],
     memory_note: str,
+    compile: bool,
+    warmup: int,
+    rounds: int,
+    steps_per_round: int,
 ) -> dict[str, Any]:
     """Throughput, ours/timm ratios, peak memory and (on CUDA) MFU of one phase (``"train"`` or ``"inference"``)
     of :func:`bench_model`, from the prepared step of each model."""
     for model in models.values():
         model.train(phase == "train")
-    log(f"{name} batch {batch}: {phase} warm-up ({args.warmup} steps each{', compiling' if args.compile else ''})")
+    log(f"{name} batch {batch}: {phase} warm-up ({warmup} steps each{', compiling' if compile else ''})")
     for fn in steps.values():
-        timed(fn, args.warmup, device)
-    speeds = alternate(steps, args.rounds, args.steps, batch, device, phase)
+        timed(fn, warmup, device)
+    speeds = alternate(steps, rounds, steps_per_round, batch, device, phase)
     phase_result: dict[str, Any] = {}
     for key, values in speeds.items():
         phase_result[f"{key}_images_per_s"] = summarize(values["wall"])
@@ -234,21 +278,29 @@ def bench_phase(
     return phase_result
 
 
-def bench_grad_checkpointing(name: str, batch: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+def bench_grad_checkpointing(
+    name: str,
+    batch: int,
+    *,
+    device: torch.device,
+    override: dict[str, Any] | None = None,
+    seed: int = 0,
+    precision: str = "fp32",
+) -> dict[str, Any]:
     """Peak activation memory and time of one training step of preset ``name``, with and without checkpointing.
 
     The step is forward, cross-entropy and backward (eager, whatever ``--compile`` says: the CPU tracker does not see
     compiled kernels); its peak counts every tensor it allocates (activations, their gradients and the parameters'
     gradients), not the parameters themselves.
     """
-    config = model_config(name, **args.override)
-    torch.manual_seed(args.seed)
+    config = model_config(name, **(override or {}))
+    torch.manual_seed(seed)
     model = VisionTransformer(**config).to(device).train()
     x = torch.randn(batch, 3, *model.patch_embed.img_size, device=device)
     y = torch.randint(0, max(1, model.num_classes), (batch,), device=device)
 
     def step() -> None:
-        with autocast(device, args.precision):
+        with autocast(device, precision):
             loss = F.cross_entropy(model(x), y)
         loss.backward()
 
@@ -266,14 +318,52 @@ def bench_grad_checkpointing(name: str, batch: int, args: argparse.Namespace, de
     return result
 
 
-def run_model_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
+def run_model_suite(
+    *,
+    device: torch.device,
+    report: dict[str, Any],
+    models: Sequence[str] | None = None,
+    batch_sizes: Sequence[int] | None = None,
+    override: dict[str, Any] | None = None,
+    compile: bool = False,
+    rounds: int = 6,
+    steps: int = 1,
+    warmup: int = 1,
+    seed: int = 0,
+    precision: str = "fp32",
+    json_path: str | None = None,
+) -> None:
+    """Measure every model against timm's and gradient checkpointing, print the tables and the checks, and fill
+    ``report["model"]``.
+
+    Args:
+        device: Where the models run.
+        report: The report to fill (written to ``json_path`` after every model).
+        models: Presets (default: vit_small_patch16_224, its MAP-head variant, and on the CPU vit_small_patch4_32).
+        batch_sizes: One for all models or one per model (default: cpu 8 64 8, cuda 256).
+        override: ``model_config`` overrides for every model.
+        compile: ``torch.compile`` both models.
+        rounds: Alternating rounds.
+        steps: Steps per model per round (``vit bench``: cpu 1, cuda 10).
+        warmup: Untimed steps per model (``vit bench``: cpu 1, cuda 5).
+        seed: Seed of the weights.
+        precision: ``fp32``, or ``bf16`` autocast.
+        json_path: Where the report is written.
+
+    Raises:
+        BenchError: ``batch_sizes`` neither one nor one per model.
+    """
     # vit_small_map_patch16_224: the same model with timm's attention-pooling (MAP) head instead of the class token.
-    models = args.models or (
-        ["vit_small_patch16_224", "vit_small_patch4_32", "vit_small_map_patch16_224"]
-        if device.type == "cpu"
-        else ["vit_small_patch16_224", "vit_small_map_patch16_224"]
+    given = models
+    models = list(
+        models
+        or (
+            ["vit_small_patch16_224", "vit_small_patch4_32", "vit_small_map_patch16_224"]
+            if device.type == "cpu"
+            else ["vit_small_patch16_224", "vit_small_map_patch16_224"]
+        )
     )
-    batches = args.batch_sizes or ([8, 64, 8] if device.type == "cpu" else [256])
+    batches = list(batch_sizes or ([8, 64, 8] if device.type == "cpu" else [256]))
     if len(batches) == 1:
         batches = batches * len(models)
     if len(batches) != len(models):
@@ -290,21 +380,32 @@ def run_model_suite(args: argparse.Namespace, device: torch.device, report: dict
         f"set_grad_checkpointing, parameters not counted; {CHECKPOINT_DEFAULT[0]} at batch {CHECKPOINT_DEFAULT[1]}, "
         "or the first of --models at its batch size",
     ]
+    weights = {"override": override, "seed": seed, "precision": precision}
     for name, batch in zip(models, batches, strict=True):
-        result = bench_model(name, batch, args, device)
+        timing = {"compile": compile, "warmup": warmup, "rounds": rounds, "steps": steps}
+        result = bench_model(name, batch, device=device, **weights, **timing)
         suite["results"].append(result)
-        write_report(args, report)
-    ckpt_name, ckpt_batch = (models[0], batches[0]) if args.models else CHECKPOINT_DEFAULT
-    ckpt = suite["grad_checkpointing"] = bench_grad_checkpointing(ckpt_name, ckpt_batch, args, device)
-    write_report(args, report)
+        write_report(json_path, report)
+    ckpt_name, ckpt_batch = (models[0], batches[0]) if given else CHECKPOINT_DEFAULT
+    ckpt = suite["grad_checkpointing"] = bench_grad_checkpointing(ckpt_name, ckpt_batch, device=device, **weights)
+    write_report(json_path, report)
 
-    print_model_tables(suite["results"], ckpt, args, device)
+    print_model_tables(
+        suite["results"], ckpt, device=device, precision=precision, compile=compile, rounds=rounds, steps=steps
+    )
     suite["checks"] = model_checks(suite["results"], ckpt)
-    write_report(args, report)
+    write_report(json_path, report)
 
 
 def print_model_tables(
-    results: list[dict[str, Any]], ckpt: dict[str, Any], args: argparse.Namespace, device: torch.device
+    results: list[dict[str, Any]],
+    ckpt: dict[str, Any],
+    *,
+    device: torch.device,
+    precision: str,
+    compile: bool,
+    rounds: int,
+    steps: int,
 ) -> None:
     """Print the throughput table (one row per model and phase) and the gradient-checkpointing table."""
     rows = []
@@ -330,8 +431,8 @@ def print_model_tables(
                 }
             )
     print_table(
-        f"model ({device_name(device)}, {args.precision}{', compiled' if args.compile else ''}, "
-        f"{torch.get_num_threads()} threads, {args.rounds} rounds × {args.steps} steps)",
+        f"model ({device_name(device)}, {precision}{', compiled' if compile else ''}, "
+        f"{torch.get_num_threads()} threads, {rounds} rounds × {steps} steps)",
         rows,
         [
             ("model", "model", ""),
@@ -350,7 +451,7 @@ def print_model_tables(
         ],
     )
     print_table(
-        f"gradient checkpointing ({device_name(device)}, {args.precision}; peak of forward + backward)",
+        f"gradient checkpointing ({device_name(device)}, {precision}; peak of forward + backward)",
         [ckpt],
         [
             ("model", "model", ""),

@@ -18,11 +18,13 @@ mean attention entropy, the gradient norm and the update/weight ratio ``‖ΔW�
 largest output logit and the mean log-partition ``logsumexp(logits)`` (the quantity the z-loss pulls to zero). Per
 variant the verdict is a number: the largest learning rate whose final loss is finite and within 10 % of that
 variant's best (and of the best of all variants).
+
+Over 450 lines, and ``train_run`` over 80, on purpose: the proxy's training loop and its per-block probes
+read top to bottom in one place, as a plain PyTorch loop a reader can check line by line against the paper.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import random
@@ -35,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit.bench.defaults import RECIPE_LRS, RECIPE_VARIANTS
 from vit.bench.harness import BenchError, autocast, log, print_table, write_report
 from vit.models import VisionTransformer, create_model
 
@@ -47,16 +50,8 @@ CHANGES: dict[str, dict[str, Any]] = {
     "beta2_095": {"betas": (0.9, 0.95)},
     "warmup_3x": {"warmup_factor": 3.0},
 }
-DEFAULT_VARIANTS = (
-    "baseline",
-    "qk_norm",
-    "layer_scale",
-    "z_loss",
-    "beta2_095",
-    "warmup_3x",
-    "qk_norm+z_loss+beta2_095",
-)
-DEFAULT_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+DEFAULT_VARIANTS = RECIPE_VARIANTS
+DEFAULT_LRS = RECIPE_LRS
 # The recipe the proxy copies (configs/cifar10_speedrun.yaml), narrowed and shortened by the suite's settings.
 RECIPE: dict[str, Any] = {
     "model": "vit_small_patch4_32",
@@ -370,55 +365,95 @@ def stable_range(runs: Sequence[dict[str, Any]], best: float | None = None) -> d
     }
 
 
-def run_recipe_suite(args: argparse.Namespace, device: torch.device, report: dict[str, Any]) -> None:
-    """Every variant at every learning rate; a table per variant, the stable ranges, written into ``report``."""
-    variants = list(args.recipe_variants)
+def run_recipe_suite(
+    *,
+    device: torch.device,
+    report: dict[str, Any],
+    lrs: Sequence[float] = RECIPE_LRS,
+    variants: Sequence[str] = RECIPE_VARIANTS,
+    steps: int = 300,
+    batch_size: int = 256,
+    width: int = 128,
+    depth: int = 4,
+    heads: int = 2,
+    probe_every: int = 25,
+    train_images: int = 10000,
+    eval_images: int = 1000,
+    data_dir: str | None = None,
+    seed: int = 0,
+    precision: str = "bf16",
+    json_path: str | None = None,
+) -> None:
+    """Every variant at every learning rate; a table per variant, the stable ranges, written into ``report``.
+
+    Args:
+        device: Where the proxies train.
+        report: The report to fill (written to ``json_path`` after every run).
+        lrs: Peak learning rates.
+        variants: Changes joined by ``+`` (:data:`CHANGES`).
+        steps: Optimiser steps per run (10 % warm-up).
+        batch_size: Images per step.
+        width: ``embed_dim`` of the proxy.
+        depth: Blocks of the proxy.
+        heads: Attention heads of the proxy.
+        probe_every: Steps between attention and update probes.
+        train_images: Random training images decoded.
+        eval_images: Of them, held out for accuracy (0: none).
+        data_dir: Folder of ``train/<class>/*.jpg`` (default: scikit-learn's digits upscaled to 32x32 RGB).
+        seed: Seed of the data split, the weights and the batches.
+        precision: ``bf16`` autocast (the recipe's), or ``fp32``.
+        json_path: Where the report is written.
+
+    Raises:
+        BenchError: An unknown variant, or a width that the heads do not divide.
+    """
+    variants = list(variants)
     for v in variants:
         parse_variant(v)  # an unknown change fails before any training
-    if args.recipe_width % args.recipe_heads:
-        raise BenchError(f"--recipe-width {args.recipe_width} is not divisible by --recipe-heads {args.recipe_heads}")
-    images, labels, source = load_images(args.data_dir, args.recipe_train_images, args.seed)
-    eval_images = eval_labels = None
-    if args.recipe_eval_images:
-        perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(args.seed + 1))
-        held, kept = perm[: args.recipe_eval_images], perm[args.recipe_eval_images :]
-        eval_images, eval_labels, images, labels = images[held], labels[held], images[kept], labels[kept]
-    log(f"recipe: {source}; {len(labels)} training images, {len(variants)} variants x {len(args.recipe_lrs)} lrs")
+    if width % heads:
+        raise BenchError(f"--recipe-width {width} is not divisible by --recipe-heads {heads}")
+    images, labels, source = load_images(data_dir, train_images, seed)
+    held_images = held_labels = None
+    if eval_images:
+        perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + 1))
+        held, kept = perm[:eval_images], perm[eval_images:]
+        held_images, held_labels, images, labels = images[held], labels[held], images[kept], labels[kept]
+    log(f"recipe: {source}; {len(labels)} training images, {len(variants)} variants x {len(lrs)} lrs")
     section: dict[str, Any] = {
         "data": source,
         "recipe": {**RECIPE, "variants": {v: parse_variant(v) for v in variants}},
         "proxy": {
-            "width": args.recipe_width,
-            "depth": args.recipe_depth,
-            "heads": args.recipe_heads,
-            "batch_size": args.recipe_batch_size,
-            "steps": args.recipe_steps,
-            "precision": args.precision,
+            "width": width,
+            "depth": depth,
+            "heads": heads,
+            "batch_size": batch_size,
+            "steps": steps,
+            "precision": precision,
             "train_images": len(labels),
-            "eval_images": 0 if eval_labels is None else len(eval_labels),
+            "eval_images": 0 if held_labels is None else len(held_labels),
         },
         "runs": [],
         "stable": {},
     }
     report["recipe"] = section
     for variant in variants:
-        for lr in args.recipe_lrs:
+        for lr in lrs:
             run = train_run(
                 images,
                 labels,
                 lr,
                 variant,
-                steps=args.recipe_steps,
-                batch_size=args.recipe_batch_size,
-                width=args.recipe_width,
-                depth=args.recipe_depth,
-                heads=args.recipe_heads,
+                steps=steps,
+                batch_size=batch_size,
+                width=width,
+                depth=depth,
+                heads=heads,
                 device=device,
-                precision=args.precision,
-                probe_every=args.recipe_probe_every,
-                seed=args.seed,
-                eval_images=eval_images,
-                eval_labels=eval_labels,
+                precision=precision,
+                probe_every=probe_every,
+                seed=seed,
+                eval_images=held_images,
+                eval_labels=held_labels,
             )
             section["runs"].append(run)
             log(
@@ -426,9 +461,9 @@ def run_recipe_suite(args: argparse.Namespace, device: torch.device, report: dic
                 f"{' DIVERGED' if run['diverged'] else ''}, max attention logit {run['max_attn_logit_end']}, "
                 f"{run['seconds']:.1f} s"
             )
-            write_report(args, report)
+            write_report(json_path, report)
     summarize_recipe(section)
-    write_report(args, report)
+    write_report(json_path, report)
 
 
 def summarize_recipe(section: dict[str, Any]) -> None:

@@ -6,67 +6,44 @@ its model, loading a model from a checkpoint or an export folder, and rebuilding
 - :mod:`~vit.checkpoints.state`: :func:`extract_state_dict` and :func:`check_checkpoint_fits`;
 - :mod:`~vit.checkpoints.metadata`: the schema under :data:`METADATA_KEY` (:func:`inference_metadata`);
 - :mod:`~vit.checkpoints.loading`: :func:`load` (``vit.load``) and :class:`Loaded`;
-- :mod:`~vit.checkpoints.data`: :func:`rebuild_datamodule` from a checkpoint's data settings.
+- :mod:`~vit.checkpoints.data`: :func:`rebuild_datamodule` from a checkpoint's data settings;
+- :mod:`~vit.checkpoints.writing`: :class:`~vit.checkpoints.writing.AtomicCheckpointIO`, the Lightning plugin that
+  writes checkpoint files atomically and reads them through :mod:`~vit.checkpoints.files` (imported by ``vit.cli``
+  only, not here: it imports Lightning).
 
-The errors are :class:`vit.errors.CheckpointError` and its subclasses.
+The errors are :class:`vit.errors.CheckpointError` and its subclasses. Names are imported on first use (PEP 562):
+``import vit.checkpoints.files`` and checking a path (:func:`check_checkpoint_path`) load no torch, so a command
+answers a missing or misplaced checkpoint at once.
 """
 
-from ..errors import (
-    CheckpointError,
-    CheckpointFolderError,
-    CorruptCheckpointError,
-    IncompatibleCheckpointError,
-    MissingCheckpointError,
-    UnsafeCheckpointError,
-)
-from .data import data_settings, rebuild_datamodule
-from .files import (
-    check_checkpoint_path,
-    check_is_checkpoint,
-    checkpoint_errors,
-    folder_message,
-    load_file,
-    read_checkpoint,
-)
-from .loading import CONFIG_FILE, WEIGHTS_FILE, Loaded, build, load, load_any, load_checkpoint, load_export
-from .metadata import (
-    METADATA_KEY,
-    inference_metadata,
-    model_args,
-    pretrained_cfg,
-    read_metadata,
-)
-from .state import check_checkpoint_fits, describe_mismatch, extract_state_dict
+from importlib import import_module
 
-__all__ = [
-    "CONFIG_FILE",
-    "METADATA_KEY",
-    "WEIGHTS_FILE",
-    "CheckpointError",
-    "CheckpointFolderError",
-    "CorruptCheckpointError",
-    "IncompatibleCheckpointError",
-    "Loaded",
-    "MissingCheckpointError",
-    "UnsafeCheckpointError",
-    "build",
-    "check_checkpoint_fits",
-    "check_checkpoint_path",
-    "check_is_checkpoint",
-    "checkpoint_errors",
-    "data_settings",
-    "describe_mismatch",
-    "extract_state_dict",
-    "folder_message",
-    "inference_metadata",
-    "load",
-    "load_any",
-    "load_checkpoint",
-    "load_export",
-    "load_file",
-    "model_args",
-    "pretrained_cfg",
-    "read_checkpoint",
-    "read_metadata",
-    "rebuild_datamodule",
-]
+_NAMES = {
+    "vit.errors": (
+        "CheckpointError", "CheckpointFolderError", "CorruptCheckpointError", "IncompatibleCheckpointError",
+        "MissingCheckpointError", "UnsafeCheckpointError",
+    ),
+    "vit.checkpoints.data": ("data_settings", "rebuild_datamodule"),
+    "vit.checkpoints.files": (
+        "check_checkpoint_path", "check_is_checkpoint", "checkpoint_errors", "folder_message", "load_file",
+        "read_checkpoint",
+    ),
+    "vit.checkpoints.loading": (
+        "CONFIG_FILE", "WEIGHTS_FILE", "Loaded", "build", "load", "load_any", "load_checkpoint", "load_export",
+    ),
+    "vit.checkpoints.metadata": ("METADATA_KEY", "inference_metadata", "model_args", "pretrained_cfg", "read_metadata"),
+    "vit.checkpoints.state": ("check_checkpoint_fits", "describe_mismatch", "extract_state_dict"),
+}  # fmt: skip
+_LAZY = {name: module for module, names in _NAMES.items() for name in names}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'vit.checkpoints' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

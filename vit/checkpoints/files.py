@@ -13,9 +13,7 @@ import pickle
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     CheckpointError,
@@ -24,6 +22,9 @@ from ..errors import (
     MissingCheckpointError,
     UnsafeCheckpointError,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 _PICKLE_PROTOCOL_2 = b"\x80\x02"  # torch.save's legacy (pre-zip) format starts with a protocol-2 pickle
 
@@ -151,6 +152,8 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device | Callabl
         CorruptCheckpointError: If it is not a PyTorch checkpoint (text, random bytes, empty, truncated).
         UnsafeCheckpointError: If its pickle needs arbitrary code (never executed).
     """
+    import torch  # here, not at the top: checking a path answers before torch loads
+
     check_is_checkpoint(path)
     with checkpoint_errors(path):
         return torch.load(path, map_location=map_location, weights_only=True)

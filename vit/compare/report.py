@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, get_args
 
-from vit.compare.runs import Run, number
+from vit.compare.runs import X_AXES, Run, number
 from vit.runs import AttentionKind, attention_of
 
 IGNORED_PREFIXES = ("_wandb", "trainer.logger", "config", "trainer.default_root_dir", "checkpoint.dirpath")
@@ -15,10 +15,6 @@ IGNORED_PREFIXES = ("_wandb", "trainer.logger", "config", "trainer.default_root_
 where outputs were written."""
 
 ATTENTION_KINDS = get_args(AttentionKind)
-
-
-X_AXES = {"epoch": "epoch", "minutes": "minutes of run time (W&B _runtime)"}
-"""What a curve can be drawn against, and the axis label."""
 
 
 def series(run: Run, metric: str, x_axis: str = "epoch") -> tuple[list[float], list[float]]:
@@ -195,3 +191,10 @@ def plot(runs: list[Run], metric: str, path: Path, x_axis: str = "epoch") -> boo
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(figure).print_png(str(path))
     return True
+
+
+def default_plot(metric: str, x_axis: str = "epoch") -> Path:
+    """``runs/compare/<metric>.png`` (``val/acc`` -> ``val_acc``; ``val_acc_minutes.png`` against time), beside the
+    runs and never in the repository root."""
+    suffix = "" if x_axis == "epoch" else f"_{x_axis}"
+    return Path("runs") / "compare" / f"{metric.replace('/', '_')}{suffix}.png"

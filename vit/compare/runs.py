@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from vit.errors import InputError
+
+X_AXES = {"epoch": "epoch", "minutes": "minutes of run time (W&B _runtime)"}
+"""What a curve can be drawn against, and the axis label."""
 
 
 @dataclass
@@ -270,3 +274,21 @@ def read_online_runs(project: str, group: str | None, last: int | None, metric: 
     if not runs:
         raise InputError(f"no runs in W&B project {project}" + (f" with group {group!r}" if group else ""))
     return runs
+
+
+def select(runs: list[Run], everything: bool = False) -> tuple[list[Run], str | None]:
+    """The runs to compare (finished fit runs, or all with ``everything``) and a note on what was left out."""
+    if everything:
+        return runs, None
+    kept, left = [], Counter()
+    for run in runs:
+        if not run.is_fit():
+            left[f"{run.kind or 'non-fit'}"] += 1
+        elif run.state != "finished":
+            left[run.state] += 1
+        else:
+            kept.append(run)
+    if not left:
+        return kept, None
+    what = ", ".join(f"{count} {reason}" for reason, count in sorted(left.items()))
+    return kept, f"left out {sum(left.values())} run(s): {what}; --all shows them"

@@ -10,6 +10,7 @@ started over; a DEST holding anything else is refused.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -29,7 +30,8 @@ from vit.data.shard_format import FORMAT, META, SPLITS, read_meta, write_meta
 from vit.data.specs import DATASETS, SMALL_IMAGE_MAX, SpecOptions
 from vit.errors import ArgumentParser, UsageError
 
-__all__ = ["META", "main", "prepare_shards", "read_meta"]  # the format's reader, re-exported beside its writer
+# the format's reader, re-exported beside its writer
+__all__ = ["META", "build_parser", "main", "prepare_shards", "read_meta"]
 
 _SKIPPED = ".skipped"
 _OURS = {META, _SKIPPED, *SPLITS}
@@ -219,20 +221,25 @@ def prepare_shards(
     return meta
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``vit data prepare``: parse ``argv`` (the arguments after ``vit data prepare``) and write the shards.
-
-    Raises:
-        UsageError: bad arguments, an unreadable source, or a DEST that holds something else.
-    """
-    parser = ArgumentParser(prog="vit data prepare", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "vit data prepare") -> argparse.ArgumentParser:
+    """The options of ``vit data prepare``."""
+    parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--data.dataset", dest="dataset", required=True,
                         choices=["imagefolder", "imagenet", "cifar10", "cifar100", "digits"])  # fmt: skip
     parser.add_argument("--data.data_dir", dest="data_dir", default=None, help="the dataset's root folder")
     parser.add_argument("--out", required=True, help="the shard folder to write")
     parser.add_argument("--short_side", type=int, default=256, help="shrink images to this shorter side at most")
     parser.add_argument("--workers", type=int, default=1, help="encoding processes")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "vit data prepare") -> int:
+    """``vit data prepare``: parse ``argv`` (the arguments after ``vit data prepare``) and write the shards.
+
+    Raises:
+        UsageError: bad arguments, an unreadable source, or a DEST that holds something else.
+    """
+    args = build_parser(prog).parse_args(argv)
     try:
         prepare_shards(
             dataset=args.dataset, data_dir=args.data_dir, out=args.out, short_side=args.short_side, workers=args.workers

@@ -2,7 +2,8 @@
 count dropped (timm's ``load_pretrained`` adaptations).
 
 Files are read by :mod:`vit.checkpoints` (``torch.load(weights_only=True)`` or safetensors: a pickle that needs
-arbitrary code to load is refused); this module only adapts what was read.
+arbitrary code to load is refused); this module only adapts what was read. It imports the readers when it is called,
+not at import: :mod:`vit.checkpoints` builds models, so the model layer never loads it first.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..checkpoints.files import load_file
-from ..checkpoints.state import describe_mismatch, extract_state_dict
 from ..errors import IncompatibleCheckpointError
 from ..layers import resample_pos_embed
 
@@ -44,6 +43,9 @@ def load_pretrained(
         IncompatibleCheckpointError: If keys or shapes do not fit.
         UnsafeCheckpointError: If the file needs arbitrary code to load.
     """
+    from ..checkpoints.files import load_file
+    from ..checkpoints.state import describe_mismatch, extract_state_dict
+
     source = "state dict"
     if not isinstance(checkpoint, Mapping):
         source = str(checkpoint)

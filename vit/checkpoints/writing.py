@@ -17,8 +17,8 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from .atomic import atomic_write, remove_stale_temporaries
-from .checkpoints.files import checkpoint_errors, read_checkpoint
+from ..atomic import atomic_write, remove_stale_temporaries
+from .files import checkpoint_errors, read_checkpoint
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
