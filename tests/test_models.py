@@ -11,8 +11,10 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vit
+from vit.layers import Attention, LinearAttention, NeighborhoodAttention, WindowAttention
 from vit.models import IncompatibleCheckpointError, UnsafeCheckpointError, model_config
 from vit.models.flops import forward_flops
+from vit.models.vision_transformer import block_attention_kinds
 
 
 def _input(model: vit.VisionTransformer, batch: int = 2) -> torch.Tensor:
@@ -214,6 +216,57 @@ def test_bad_arguments_raise_value_error(kwargs, message):
 
 
 # --- load_pretrained -------------------------------------------------------------------------------------
+
+
+LAYERS = {"global": Attention, "window": WindowAttention, "sliding": NeighborhoodAttention, "linear": LinearAttention}
+
+
+@pytest.mark.parametrize(
+    "overrides, kinds",
+    [
+        ({}, ["global"] * 4),
+        ({"window_size": 4, "global_attn_indexes": (2,)}, ["window", "window", "global", "window"]),
+        (
+            {"window_size": 4, "shift_windows": True, "global_attn_indexes": (1,)},
+            ["window", "global", "window", "window"],
+        ),
+        ({"window_size": 4, "global_attn_indexes": (0, 1, 2, 3)}, ["global"] * 4),
+        ({"window_size": 3, "window_type": "sliding"}, ["sliding"] * 4),
+        (
+            {"window_size": 3, "window_type": "sliding", "window_dilation": 2, "global_attn_indexes": (0, 3)},
+            ["global", "sliding", "sliding", "global"],
+        ),
+        ({"linear_attention": True, "global_attn_indexes": (1,)}, ["linear", "global", "linear", "linear"]),
+        ({"linear_attention": True, "linear_feature_map": "relu"}, ["linear"] * 4),
+    ],
+)
+def test_attention_kinds_name_each_block_by_its_layer(tiny_vit, overrides, kinds):
+    model = tiny_vit(depth=4, **overrides)
+    assert model.attention_kinds() == kinds
+    assert [type(block.attn) for block in model.blocks] == [LAYERS[kind] for kind in kinds]
+    assert block_attention_kinds({**tiny_vit.config(depth=4), **overrides}) == kinds  # the same, before building
+
+
+@pytest.mark.parametrize(
+    "name, local",
+    [
+        ("vit_tiny_patch4_32", "global"),
+        ("vit_tiny_window_patch4_32", "window"),
+        ("vit_tiny_sliding_patch4_32", "sliding"),
+        ("vit_tiny_linear_patch4_32", "linear"),
+    ],
+)
+def test_attention_kinds_of_the_presets(tiny_vit, name, local):
+    model = tiny_vit(name, depth=12)  # every third block global in the local presets
+    assert model.attention_kinds() == ([local, local, "global"] * 4 if local != "global" else ["global"] * 12)
+    assert [type(block.attn) for block in model.blocks] == [LAYERS[kind] for kind in model.attention_kinds()]
+    assert block_attention_kinds(model_config(name)) == model.attention_kinds()
+
+
+def test_attention_kinds_follow_pruned_blocks(tiny_vit):
+    model = tiny_vit("vit_tiny_window_patch4_32", depth=12)
+    model.prune_intermediate_layers(indices=[3])  # blocks 0 to 3 kept
+    assert model.attention_kinds() == ["window", "window", "global", "window"]
 
 
 def test_load_pretrained_from_timm_files(tmp_path):

@@ -75,6 +75,16 @@ def test_window_sliding_and_linear_runs_are_named_by_their_attention():
     assert attention_kind({"model": {"model": "vit_tiny_patch4_32", "model_overrides": overrides}}) == "linear"
 
 
+def test_attention_of_settings_is_the_kind_of_the_models_local_blocks():
+    from vit.runs import attention_of
+
+    assert attention_of({}) == "global"
+    assert attention_of({"window_size": 4, "global_attn_indexes": (2,)}) == "window"
+    assert attention_of({"window_size": 4, "depth": 2, "global_attn_indexes": (0, 1)}) == "global"  # no local block
+    assert attention_of({"window_size": 3, "window_type": "sliding", "linear_attention": None}) == "sliding"
+    assert attention_of({"linear_attention": True, "depth": 3, "global_attn_indexes": [0, 2]}) == "linear"
+
+
 def ckpt(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 

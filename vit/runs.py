@@ -24,17 +24,16 @@ import warnings
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from jsonargparse import Namespace
 
 from .errors import MissingCheckpointError
 from .models import model_config
+from .models.vision_transformer import AttentionKind, block_attention_kinds
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
-
-AttentionKind = Literal["global", "window", "sliding", "linear"]
 
 RUN_DIR_ENV = "VIT_RUN_DIR"
 """Environment variable through which the DDP processes Lightning starts find rank 0's run folder."""
@@ -80,9 +79,9 @@ def model_name(config: Namespace | Mapping[str, Any]) -> str:
 
 
 def attention_kind(config: Namespace | Mapping[str, Any]) -> AttentionKind:
-    """The attention a run's model uses: ``linear`` (``linear_attention``), ``global`` when ``window_size`` is 0,
-    else ``window`` (block windows) or ``sliding`` (``window_type: sliding``), read from the preset and
-    ``model.model_overrides``, or from a ``class_path`` network's ``init_args``."""
+    """The attention a run's model uses (:func:`attention_of`): ``linear`` (``linear_attention``), ``window`` (block
+    windows) or ``sliding`` (``window_type: sliding``) when some blocks are not global, else ``global``, read from the
+    preset and ``model.model_overrides``, or from a ``class_path`` network's ``init_args``."""
     model = _get(config, "model.model")
     overrides = dict(_get(config, "model.model_overrides") or {})
     if isinstance(model, str):
@@ -96,13 +95,10 @@ def attention_kind(config: Namespace | Mapping[str, Any]) -> AttentionKind:
 
 
 def attention_of(settings: Mapping[str, Any]) -> AttentionKind:
-    """The attention of a model's settings (``VisionTransformer`` arguments): ``linear`` with ``linear_attention``,
-    ``global`` when ``window_size`` is 0 or missing, else ``window`` or ``sliding`` (``window_type``)."""
-    if settings.get("linear_attention"):
-        return "linear"
-    if not settings.get("window_size"):
-        return "global"
-    return "sliding" if settings.get("window_type") == "sliding" else "window"
+    """The attention of a model's settings (``VisionTransformer`` arguments): the kind of its non-global blocks
+    (:meth:`VisionTransformer.attention_kinds`: ``linear``, ``window`` or ``sliding``), else ``global``."""
+    kinds = block_attention_kinds({key: value for key, value in settings.items() if value is not None})
+    return next((kind for kind in kinds if kind != "global"), "global")
 
 
 def run_name(config: str, model: str, attention: str, dataset: str, when: datetime | None = None) -> str:

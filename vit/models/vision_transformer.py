@@ -13,9 +13,10 @@ Parameter names and shapes follow timm's ``VisionTransformer``, so timm checkpoi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from timm.layers import PatchDropout, trunc_normal_
@@ -34,7 +35,10 @@ from ..layers import (
     resample_pos_embed,
 )
 from ..layers.linear_attention import FeatureMap
+from .checks import check_arguments, check_sliding
 from .intermediates import IntermediatesMixin
+
+AttentionKind = Literal["global", "window", "sliding", "linear"]
 
 
 class VisionTransformer(IntermediatesMixin, nn.Module):
@@ -139,57 +143,9 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         dynamic_img_size: bool = False,
         dynamic_img_pad: bool = False,
     ) -> None:
-        """Build the model from timm's flat argument list (documented on the class).
-
-        This is long on purpose: it assembles the whole architecture from timm's flat argument list, and the
-        parameters must be created in timm's order so that seeded initialisation and state dicts match timm's.
-        """
+        """Build the model from timm's flat argument list (documented on the class): check the arguments, then create
+        the modules in timm's order, so that seeded initialisation and state dicts match timm's."""
         super().__init__()
-        norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
-        if num_heads <= 0 or embed_dim % num_heads:
-            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
-        if global_pool not in ("token", "avg", "map"):
-            raise ValueError(f"global_pool must be 'token', 'avg' or 'map', got {global_pool!r}")
-        if latent_len < 1:
-            raise ValueError(f"latent_len must be >= 1, got {latent_len}")
-        if linear_attention and window_size:
-            raise ValueError(
-                f"linear_attention and window_size {window_size} both choose the non-global blocks' attention: "
-                "use one (window_size=0 with linear_attention)"
-            )
-        if linear_feature_map not in ("elu", "relu"):
-            raise ValueError(f"linear_feature_map must be 'elu' or 'relu', got {linear_feature_map!r}")
-        if global_pool == "token" and not class_token:
-            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without a class token")
-        if pos_embed not in ("learn", "sincos", "none"):
-            raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {pos_embed!r}")
-        if reg_tokens < 0:
-            raise ValueError(f"reg_tokens must be >= 0, got {reg_tokens}")
-        if depth <= 0:
-            raise ValueError(f"depth must be positive, got {depth}")
-        if window_size < 0:
-            raise ValueError(f"window_size must be >= 0 (0 = global attention), got {window_size}")
-        if window_type not in ("block", "sliding"):
-            raise ValueError(f"window_type must be 'block' or 'sliding', got {window_type!r}")
-        if window_type == "sliding" and shift_windows:
-            raise ValueError("shift_windows applies to window_type='block' only: a sliding window needs no shift")
-        if window_dilation <= 0:
-            raise ValueError(f"window_dilation must be positive, got {window_dilation}")
-        if window_type == "block" and window_dilation != 1:
-            raise ValueError(f"window_dilation {window_dilation} needs window_type='sliding'")
-        if not 0 <= patch_drop_rate < 1:
-            raise ValueError(f"patch_drop_rate must be in [0, 1), got {patch_drop_rate}")
-        bad = [i for i in global_attn_indexes if not 0 <= i < depth]
-        if bad:
-            raise ValueError(f"global_attn_indexes {bad} out of range for depth {depth} (valid: 0..{depth - 1})")
-        # after the range check: the indexes are then valid, so fewer distinct ones than depth means window blocks
-        if patch_drop_rate and window_size and len(set(global_attn_indexes)) < depth:
-            raise ValueError(
-                f"patch_drop_rate {patch_drop_rate} needs global attention in every block: a window block needs every "
-                "patch of the grid to form its windows; set patch_drop_rate=0 (--model.model_overrides.patch_drop_rate "
-                "0) with window_size > 0"
-            )
-
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.embed_dim = embed_dim
@@ -204,77 +160,36 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         self.linear_attention = linear_attention
         self.dynamic_img_size = dynamic_img_size
         self.grad_checkpointing = False
+        check_arguments(
+            self, num_heads, depth, latent_len, pos_embed, patch_drop_rate, shift_windows, linear_feature_map
+        )
+        norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
 
-        self.patch_embed = PatchEmbed(
-            img_size,
-            patch_size,
-            in_chans,
-            embed_dim,
-            conv_stem=conv_stem,
-            dynamic_img_size=dynamic_img_size,
-            dynamic_img_pad=dynamic_img_pad,
-            output_fmt="NHWC" if dynamic_img_size else "NLC",  # the grid of the input stays visible (timm)
-        )
-        grid_size = self.patch_embed.grid_size
-        if window_size and window_type == "sliding":
-            _check_sliding(grid_size, window_size, window_dilation)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
-        embed_len = self.patch_embed.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
-        if pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, embed_dim))
-        elif pos_embed == "sincos":
-            self.register_buffer("pos_embed", build_sincos_2d_pos_embed(grid_size, embed_dim), persistent=False)
-        else:
-            self.pos_embed = None
+        self._build_embedding(img_size, patch_size, in_chans, conv_stem, dynamic_img_pad, pos_embed)
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.patch_drop: nn.Module = nn.Identity()
         if patch_drop_rate:
             self.patch_drop = PatchDropout(patch_drop_rate, num_prefix_tokens=self.num_prefix_tokens)
-
+        block = partial(
+            Block,
+            embed_dim,
+            num_heads,
+            mlp_ratio=mlp_ratio,
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            proj_drop=proj_drop_rate,
+            attn_drop=attn_drop_rate,
+            init_values=init_values,
+            fused_attn=fused_attn,
+            norm_layer=norm_layer,
+        )
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth, linear in depth
-        blocks = []
-        window_blocks = 0
-        for i in range(depth):
-            attn_layer: type[nn.Module] = Attention
-            if linear_attention and i not in self.global_attn_indexes:
-                attn_layer = partial(LinearAttention, feature_map=linear_feature_map)
-            elif window_size and window_type == "sliding" and i not in self.global_attn_indexes:
-                attn_layer = partial(
-                    NeighborhoodAttention,
-                    grid_size=grid_size,
-                    kernel_size=window_size,
-                    dilation=window_dilation,
-                    num_prefix_tokens=self.num_prefix_tokens,
-                )
-            elif window_size and i not in self.global_attn_indexes:
-                shift = window_size // 2 if shift_windows and window_blocks % 2 == 1 else 0
-                attn_layer = partial(
-                    WindowAttention,
-                    grid_size=grid_size,
-                    window_size=window_size,
-                    shift=shift,
-                    num_prefix_tokens=self.num_prefix_tokens,
-                )
-                window_blocks += 1
-            blocks.append(
-                Block(
-                    embed_dim,
-                    num_heads,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    qk_norm=qk_norm,
-                    proj_drop=proj_drop_rate,
-                    attn_drop=attn_drop_rate,
-                    init_values=init_values,
-                    drop_path=dpr[i],
-                    fused_attn=fused_attn,
-                    norm_layer=norm_layer,
-                    attn_layer=attn_layer,
-                )
-            )
-        self.blocks = nn.Sequential(*blocks)
+        kinds = block_attention_kinds({**vars(self), "depth": depth})
+        layers = self._attention_layers(kinds, shift_windows, linear_feature_map)
+        self.blocks = nn.Sequential(
+            *(block(drop_path=rate, attn_layer=layer) for rate, layer in zip(dpr, layers, strict=True))
+        )
         self.norm = norm_layer(embed_dim) if not use_fc_norm else nn.Identity()
         self.attn_pool: AttentionPoolLatent | None = None
         if global_pool == "map":
@@ -290,6 +205,67 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
+
+    def _build_embedding(
+        self,
+        img_size: int | tuple[int, int],
+        patch_size: int | tuple[int, int],
+        in_chans: int,
+        conv_stem: bool,
+        dynamic_img_pad: bool,
+        pos_embed: str,
+    ) -> None:
+        """The patch embedding, the prefix tokens and the position embedding (zeros until :meth:`init_weights`)."""
+        embed_dim = self.embed_dim
+        self.patch_embed = PatchEmbed(
+            img_size,
+            patch_size,
+            in_chans,
+            embed_dim,
+            conv_stem=conv_stem,
+            dynamic_img_size=self.dynamic_img_size,
+            dynamic_img_pad=dynamic_img_pad,
+            output_fmt="NHWC" if self.dynamic_img_size else "NLC",  # the grid of the input stays visible (timm)
+        )
+        grid_size = self.patch_embed.grid_size
+        if self.window_size and self.window_type == "sliding":
+            check_sliding(grid_size, self.window_size, self.window_dilation)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if self.has_class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, self.num_reg_tokens, embed_dim)) if self.num_reg_tokens else None
+        embed_len = self.patch_embed.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
+        if pos_embed == "learn":
+            self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, embed_dim))
+        elif pos_embed == "sincos":
+            self.register_buffer("pos_embed", build_sincos_2d_pos_embed(grid_size, embed_dim), persistent=False)
+        else:
+            self.pos_embed = None
+
+    def _attention_layers(
+        self, kinds: list[AttentionKind], shift_windows: bool, feature_map: FeatureMap
+    ) -> list[type[nn.Module]]:
+        """The attention layer of each block, of its kind; every second window block is shifted by half a window with
+        ``shift_windows`` (Swin)."""
+        grid = dict(grid_size=self.patch_embed.grid_size, num_prefix_tokens=self.num_prefix_tokens)
+        layers: list[type[nn.Module]] = []
+        for i, kind in enumerate(kinds):
+            if kind == "linear":
+                layers.append(partial(LinearAttention, feature_map=feature_map))
+            elif kind == "sliding":
+                layers.append(
+                    partial(NeighborhoodAttention, kernel_size=self.window_size, dilation=self.window_dilation, **grid)
+                )
+            elif kind == "window":
+                shift = self.window_size // 2 if shift_windows and kinds[:i].count("window") % 2 == 1 else 0
+                layers.append(partial(WindowAttention, window_size=self.window_size, shift=shift, **grid))
+            else:
+                layers.append(Attention)
+        return layers
+
+    def attention_kinds(self) -> list[AttentionKind]:
+        """The attention of each block, in order: ``"global"`` (softmax over all tokens), ``"window"`` (fixed windows,
+        :class:`~vit.layers.WindowAttention`), ``"sliding"`` (the neighbourhood of each patch,
+        :class:`~vit.layers.NeighborhoodAttention`) or ``"linear"`` (:class:`~vit.layers.LinearAttention`)."""
+        return block_attention_kinds({**vars(self), "depth": len(self.blocks)})  # attributes named as the arguments
 
     def init_weights(self) -> None:
         """ViT/DeiT initialisation (see the class docstring)."""
@@ -425,16 +401,17 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def _check_sliding(grid_size: tuple[int, int], window_size: int, dilation: int) -> None:
-    """Sliding-window arguments, checked with the model's argument names."""
-    if window_size % 2 == 0:
-        raise ValueError(f"window_size must be odd for window_type='sliding' (centred on its patch), got {window_size}")
-    if window_size * dilation > min(grid_size):
-        rows, cols = grid_size
-        raise ValueError(
-            f"window_size {window_size} x window_dilation {dilation} = {window_size * dilation} is larger than the "
-            f"patch grid {rows}x{cols}: use window_size * window_dilation <= {min(grid_size)}"
-        )
+def block_attention_kinds(settings: Mapping[str, Any]) -> list[AttentionKind]:
+    """The attention kind of each block (:meth:`VisionTransformer.attention_kinds`) of a model built with ``settings``,
+    its keyword arguments (those missing at their defaults). Nothing is checked: arguments it refuses get kinds too."""
+    args = {**_DEFAULTS, **settings}
+    local = "linear" if args["linear_attention"] else "global" if not args["window_size"] else "window"
+    if local == "window" and args["window_type"] == "sliding":
+        local = "sliding"
+    return ["global" if i in args["global_attn_indexes"] else local for i in range(args["depth"])]
+
+
+_DEFAULTS = {name: parameter.default for name, parameter in inspect.signature(VisionTransformer).parameters.items()}
 
 
 def _init_vit_weights(module: nn.Module) -> None:
