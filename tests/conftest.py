@@ -1,4 +1,5 @@
-"""Shared test settings: deterministic CPU runs, offline W&B, no network."""
+"""Shared test settings (deterministic CPU runs, offline W&B, no network) and factories: a tiny model, a tiny
+``ImageClassifier``, a CPU ``Trainer``, the digits data module and a checkpoint trained on them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -66,6 +68,104 @@ def random_vit():
         return model
 
     return build
+
+
+class TinyViT:
+    """``tiny_vit(name="vit_tiny_patch4_32", **overrides)``: preset ``name`` at the tests' size (:attr:`size`: width 32,
+    two blocks, two heads; the preset's 32 px images in 4 px patches, 10 classes), ``overrides`` on top;
+    ``tiny_vit.config(name, **overrides)``: its constructor arguments (for a timm twin)."""
+
+    size = {"embed_dim": 32, "depth": 2, "num_heads": 2}
+
+    def config(self, name: str = "vit_tiny_patch4_32", **overrides: Any) -> dict[str, Any]:
+        from vit.models import model_config
+
+        return model_config(name, **{**self.size, **overrides})
+
+    def __call__(self, name: str = "vit_tiny_patch4_32", **overrides: Any):
+        from vit import create_model
+
+        return create_model(name, **{**self.size, **overrides})
+
+
+@pytest.fixture(scope="session")
+def tiny_vit() -> TinyViT:
+    """:class:`TinyViT`: ``tiny_vit(name, **overrides)`` builds a tiny ``VisionTransformer``."""
+    return TinyViT()
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier():
+    """``tiny_classifier(name="vit_tiny_patch4_32", model_overrides=None, seed=None, **kwargs)``: an ``ImageClassifier``
+    of :class:`TinyViT`'s size (``model_overrides`` on top of it), 10 classes and 32 px images unless ``kwargs`` say
+    otherwise; ``seed``: ``torch.manual_seed(seed)`` just before, for runs compared weight for weight."""
+    from vit import ImageClassifier
+
+    def build(name: str = "vit_tiny_patch4_32", model_overrides: dict | None = None, seed: int | None = None, **kwargs):
+        if seed is not None:
+            torch.manual_seed(seed)
+        kwargs = {"num_classes": 10, "img_size": 32, **kwargs}
+        return ImageClassifier(name, model_overrides={**TinyViT.size, **(model_overrides or {})}, **kwargs)
+
+    return build
+
+
+@pytest.fixture
+def cpu_trainer(tmp_path):
+    """``cpu_trainer(**overrides)``: a Lightning ``Trainer`` on one CPU writing to ``tmp_path``, with no logger,
+    checkpoints, progress bar, model summary or sanity validation unless ``overrides`` ask for them."""
+    import lightning.pytorch as pl
+
+    def build(**overrides) -> pl.Trainer:
+        defaults = dict(
+            accelerator="cpu",
+            devices=1,
+            default_root_dir=tmp_path,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+        )
+        return pl.Trainer(**{**defaults, **overrides})
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def digits():
+    """``digits(**overrides)``: a fresh digits ``ImageDataModule`` (scikit-learn's, offline): 32 px, batches of 16,
+    no worker processes, seed 0, ``overrides`` on top."""
+    from vit import ImageDataModule
+
+    def build(**overrides) -> ImageDataModule:
+        return ImageDataModule(**{"dataset": "digits", "img_size": 32, "batch_size": 16, "num_workers": 0, **overrides})
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(tmp_path_factory, tiny_classifier, digits) -> Path:
+    """A Lightning checkpoint of :func:`tiny_classifier` (seed 0) after three steps on :func:`digits`, without
+    validation; shared by the whole session, so read it, never write it."""
+    import lightning.pytorch as pl
+
+    folder = tmp_path_factory.mktemp("trained")
+    module = tiny_classifier(seed=0)
+    trainer = pl.Trainer(
+        default_root_dir=folder,
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=3,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, digits())
+    trainer.save_checkpoint(folder / "tiny.ckpt")
+    return folder / "tiny.ckpt"
 
 
 PHOTO_CLASSES = ["china", "flower"]

@@ -7,6 +7,7 @@ import csv
 import math
 import sys
 import warnings
+from functools import partial
 
 import lightning.pytorch as pl
 import numpy as np
@@ -16,43 +17,39 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from PIL import Image
 
 import vit.loggers
-from vit import ImageClassifier, ImageDataModule
 from vit.callbacks import AttentionRolloutLogger, explained_model, forward_flops, select_indices
-from vit.callbacks import rollout as rollout_module
 from vit.explain import attention_statistics, capture_attention, explain_map, rollout_map
+from vit.explain import methods as method_registry
 from vit.explain.attribution import attention_attribution
 from vit.explain.faithfulness import faithfulness
 from vit.explain.selection import fixed_images
 from vit.normalize import normalize
 
-TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
+
+@pytest.fixture
+def tiny_module(tiny_classifier):
+    """``tiny_module(**kwargs)``: the tiny classifier at lr 3e-3, seeded, so that two fits can be compared."""
+    return partial(tiny_classifier, lr=3e-3, seed=0)
 
 
-def tiny_module(**kwargs) -> ImageClassifier:
-    torch.manual_seed(0)
-    return ImageClassifier("vit_tiny_patch4_32", num_classes=10, img_size=32, model_overrides=TINY, lr=3e-3, **kwargs)
+@pytest.fixture
+def trainer(cpu_trainer):
+    """``trainer(root, callbacks, logger=False, max_epochs=1, max_steps=-1)``: three training batches and one
+    validation batch per epoch, every step logged."""
 
+    def build(root, callbacks, logger=False, max_epochs=1, max_steps=-1) -> pl.Trainer:
+        return cpu_trainer(
+            default_root_dir=root,
+            max_epochs=max_epochs,
+            max_steps=max_steps,
+            limit_train_batches=3,
+            limit_val_batches=1,
+            callbacks=callbacks,
+            logger=logger,
+            log_every_n_steps=1,
+        )
 
-def digits() -> ImageDataModule:
-    return ImageDataModule(dataset="digits", img_size=32, batch_size=16, num_workers=0, seed=0)
-
-
-def trainer(tmp_path, callbacks, logger=False, max_epochs=1, max_steps=-1) -> pl.Trainer:
-    return pl.Trainer(
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        max_epochs=max_epochs,
-        max_steps=max_steps,
-        limit_train_batches=3,
-        limit_val_batches=1,
-        num_sanity_val_steps=0,
-        callbacks=callbacks,
-        logger=logger,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        log_every_n_steps=1,
-    )
+    return build
 
 
 def read_metrics(path) -> dict[str, list[float]]:
@@ -94,7 +91,7 @@ def test_fixed_images_keep_the_data_as_given_and_skip_unreadable_items():
         fixed_images([(np.zeros((4, 4, 3)), 0)], num_images=1)
 
 
-def test_rollout_pngs_and_attention_metrics_without_wandb(tmp_path):
+def test_rollout_pngs_and_attention_metrics_without_wandb(tmp_path, tiny_module, trainer, digits):
     rollout = AttentionRolloutLogger(num_images=6, every_n_epochs=1, attribution=True, faithfulness_every_n=2)
     module = tiny_module()
     fit = trainer(tmp_path, [rollout], CSVLogger(tmp_path), max_epochs=2)
@@ -102,7 +99,7 @@ def test_rollout_pngs_and_attention_metrics_without_wandb(tmp_path):
 
     # Fixed images: the first validation image of each of the first six classes to appear, sorted by class.
     first: dict[int, int] = {}
-    for index, label in enumerate(digits_val_labels().tolist()):
+    for index, label in enumerate(digits_val_labels(digits()).tolist()):
         first.setdefault(label, index)
     classes = sorted(sorted(first, key=first.get)[:6])
     assert rollout.labels.tolist() == classes
@@ -132,7 +129,7 @@ def test_rollout_pngs_and_attention_metrics_without_wandb(tmp_path):
     stats = attention_statistics(
         capture_attention(model, inputs), model.patch_embed.grid_size, model.patch_embed.patch_size, 1
     )
-    for i in range(TINY["depth"]):
+    for i in range(len(model.blocks)):  # two
         assert len(metrics[f"attn/entropy/block_{i}"]) == 2  # once per epoch
         assert metrics[f"attn/entropy/block_{i}"][-1] == pytest.approx(stats["mean_entropy"][i].item(), rel=1e-5)
         assert metrics[f"attn/distance/block_{i}"][-1] == pytest.approx(stats["mean_distance"][i].item(), rel=1e-5)
@@ -156,13 +153,12 @@ def test_rollout_pngs_and_attention_metrics_without_wandb(tmp_path):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
-def digits_val_labels() -> np.ndarray:
-    data = digits()
+def digits_val_labels(data) -> np.ndarray:
     data.setup("validate")
     return np.asarray(data.val_dataset.labels)
 
 
-def test_every_n_epochs_and_the_final_model(tmp_path):
+def test_every_n_epochs_and_the_final_model(tmp_path, tiny_module, trainer, digits):
     fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, every_n_epochs=2, statistics=False)], max_epochs=3)
     fit.fit(tiny_module(), digits())
     pngs = sorted(p.name for p in (tmp_path / "rollout").glob("*.png"))  # epoch 1 (every 2nd) and epoch 2, the last
@@ -195,7 +191,7 @@ def collapse_warnings(record) -> list[str]:
     return [str(w.message) for w in record if "attention collapse" in str(w.message)]
 
 
-def test_collapse_warning_on_uniform_attention_only(tmp_path):
+def test_collapse_warning_on_uniform_attention_only(tmp_path, tiny_module, trainer, digits):
     collapsed = tiny_module()
     for block in collapsed.model.blocks:  # q = k = 0: every row of every head is exactly uniform
         torch.nn.init.zeros_(block.attn.qkv.weight)
@@ -232,7 +228,9 @@ class FailingWandb(Logger):
         raise OSError(28, "No space left on device")
 
 
-def test_wandb_media_failure_is_a_warning_and_the_png_is_still_written(tmp_path, monkeypatch):
+def test_wandb_media_failure_is_a_warning_and_the_png_is_still_written(
+    tmp_path, monkeypatch, tiny_module, trainer, digits
+):
     logger = FailingWandb()
     monkeypatch.setattr(vit.loggers, "wandb_loggers", lambda trainer: [logger])
     fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2)], logger)
@@ -244,7 +242,7 @@ def test_wandb_media_failure_is_a_warning_and_the_png_is_still_written(tmp_path,
     ).is_file()
 
 
-def test_png_failure_is_a_warning(tmp_path):
+def test_png_failure_is_a_warning(tmp_path, tiny_module, trainer, digits):
     (tmp_path / "rollout").write_text("a file where the rollout folder should be")
     fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2)])
     with pytest.warns(UserWarning, match=r"could not log the explanation PNGs at epoch 0: FileExistsError"):
@@ -253,7 +251,7 @@ def test_png_failure_is_a_warning(tmp_path):
 
 
 @pytest.mark.slow
-def test_grid_png_and_wandb_media_with_an_offline_wandb_logger(tmp_path, monkeypatch):
+def test_grid_png_and_wandb_media_with_an_offline_wandb_logger(tmp_path, monkeypatch, tiny_module, trainer, digits):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     logger = WandbLogger(project="test", save_dir=str(tmp_path), offline=True)
@@ -280,13 +278,13 @@ def test_grid_png_and_wandb_media_with_an_offline_wandb_logger(tmp_path, monkeyp
         np.testing.assert_array_equal(np.asarray(logged.convert("RGB")), png)
 
 
-def test_explains_the_validated_weights_with_ema():
+def test_explains_the_validated_weights_with_ema(tiny_module):
     module = tiny_module(ema_decay=0.9)
     assert explained_model(module) is module.model_ema.module
     assert explained_model(tiny_module()) is not None
 
 
-def test_forward_flops_match_the_matmul_count():
+def test_forward_flops_match_the_matmul_count(tiny_module):
     module = tiny_module()
     model = module.model
     D, L, N, P, C = 32, 2, 65, 64, 10  # dim, depth, tokens (class + 8x8 patches), patches, classes
@@ -297,11 +295,11 @@ def test_forward_flops_match_the_matmul_count():
     assert model.training and all(block.attn.fused_attn for block in model.blocks)  # left as it was
 
 
-def test_attribution_failure_warns_once_and_rollout_goes_on(tmp_path, monkeypatch):
+def test_attribution_failure_warns_once_and_rollout_goes_on(tmp_path, monkeypatch, tiny_module, trainer, digits):
     def unreadable(model, images, target=None):
         raise RuntimeError("blocks[0].attn: its dense attention_weights do not reproduce its output")
 
-    monkeypatch.setattr(rollout_module, "attention_attribution", unreadable)
+    monkeypatch.setattr(method_registry, "attention_attribution", unreadable)
     fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, statistics=False)], max_epochs=2)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -313,7 +311,7 @@ def test_attribution_failure_warns_once_and_rollout_goes_on(tmp_path, monkeypatc
     ]  # fmt: skip
 
 
-def test_main_map_is_any_method_checked_before_training(tmp_path, monkeypatch):
+def test_main_map_is_any_method_checked_before_training(tmp_path, monkeypatch, tiny_module, trainer, digits):
     """``method`` picks the main grid; rollout draws no further one; an unknown name or a missing extra fails at
     construction, before any training."""
     fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, statistics=False, method="gradxinput")])

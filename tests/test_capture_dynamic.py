@@ -11,7 +11,6 @@ from vit.explain import capture_attention
 from vit.layers import LinearAttention, NeighborhoodAttention, WindowAttention
 from vit.models import VisionTransformer
 
-TINY = dict(img_size=32, patch_size=4, embed_dim=32, depth=3, num_heads=2, num_classes=5, reg_tokens=1)
 # An 8 x 8 grid at the native size; block 1 stays global (softmax over every token).
 KINDS = {
     "window": (dict(window_size=3, global_attn_indexes=(1,)), WindowAttention),
@@ -34,10 +33,10 @@ def _record_inputs(model: VisionTransformer) -> tuple[list[tuple[torch.Tensor, d
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_capture_at_another_image_size_uses_the_input_grid(kind):
+def test_capture_at_another_image_size_uses_the_input_grid(kind, tiny_vit):
     torch.manual_seed(0)
     config, local_type = KINDS[kind]
-    model = VisionTransformer(**TINY, **config, dynamic_img_size=True).eval()
+    model = tiny_vit(depth=3, num_classes=5, reg_tokens=1, **config, dynamic_img_size=True).eval()
     assert isinstance(model.blocks[0].attn, local_type) and isinstance(model.blocks[2].attn, local_type)
     images = torch.randn(2, 3, *SHAPE)
 
@@ -54,7 +53,7 @@ def test_capture_at_another_image_size_uses_the_input_grid(kind):
         for block, weights, (x, kwargs) in zip(model.blocks, record, seen, strict=True):
             attn = block.attn
             assert kwargs.get("grid_size") == GRID  # the block told its attention the input's grid
-            assert weights.shape == (2, TINY["num_heads"], n, n)
+            assert weights.shape == (2, 2, n, n)  # two heads
             # The layer's own dense computation over the input's grid.
             torch.testing.assert_close(weights, attn.attention_weights(x, grid_size=GRID), atol=0, rtol=0)
             # Those weights are the ones the block applied: A @ v through the projection is the block's

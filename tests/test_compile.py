@@ -10,12 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vit
 from vit.layers import Attention, NeighborhoodAttention, neighborhood_attention
 
 pytestmark = pytest.mark.slow
-
-TINY = {"depth": 3, "embed_dim": 64, "num_heads": 2}
 
 
 @pytest.mark.parametrize(
@@ -32,9 +29,9 @@ TINY = {"depth": 3, "embed_dim": 64, "num_heads": 2}
         ("vit_tiny_map_patch4_32", {"reg_tokens": 1}, "aot_eager"),
     ],
 )
-def test_fullgraph_compile_matches_eager_forward_and_backward(name, overrides, backend):
+def test_fullgraph_compile_matches_eager_forward_and_backward(name, overrides, backend, tiny_vit):
     torch._dynamo.reset()
-    model = vit.create_model(name, **TINY, **overrides).train()
+    model = tiny_vit(name, depth=3, embed_dim=64, **overrides).train()
     x = torch.randn(3, 3, 32, 32)
     target = torch.randint(0, 10, (3,))
 

@@ -451,22 +451,19 @@ class _TinyClassifier(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def test_skip_corrupt_under_a_lightning_trainer(folder_root: Path) -> None:
+def test_skip_corrupt_under_a_lightning_trainer(folder_root: Path, cpu_trainer) -> None:
     _add_unreadable(folder_root / "train/dog", "truncated")
     dm = _datamodule(
         "imagefolder", data_dir=str(folder_root), skip_corrupt=True, img_size=8, batch_size=11, decode_once=False
     )
-    trainer = pl.Trainer(
-        max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False,
-    )  # fmt: skip
+    trainer = cpu_trainer(max_epochs=2)
     with pytest.warns(UserWarning, match=r"skipped 1 unreadable image file\(s\) out of 11 in this pass \(2 in total"):
         trainer.fit(_TinyClassifier(dm.num_classes), datamodule=dm)
     assert trainer.global_step == 2 and dm.train_dataset.num_skipped == 2
 
 
 @pytest.mark.parametrize("stage", ["fit", "validate", "predict"])
-def test_uint8_batches_are_normalised_on_the_device_through_the_trainer(stage: str) -> None:
+def test_uint8_batches_are_normalised_on_the_device_through_the_trainer(stage: str, cpu_trainer) -> None:
     # What reaches the module with normalize_on_device=True equals the batches normalised in the workers.
     seen: dict[bool, list[torch.Tensor]] = {True: [], False: []}
 
@@ -487,10 +484,7 @@ def test_uint8_batches_are_normalised_on_the_device_through_the_trainer(stage: s
 
     for on_device in (True, False):
         dm = _datamodule("digits", img_size=8, batch_size=16, normalize_on_device=on_device)
-        trainer = pl.Trainer(
-            max_steps=2, limit_val_batches=2, limit_predict_batches=2, num_sanity_val_steps=0, accelerator="cpu",
-            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        )  # fmt: skip
+        trainer = cpu_trainer(max_steps=2, limit_val_batches=2, limit_predict_batches=2)
         getattr(trainer, stage)(Record(on_device), datamodule=dm)
     assert len(seen[True]) == len(seen[False]) >= 2
     for on_device, in_workers in zip(seen[True], seen[False], strict=True):

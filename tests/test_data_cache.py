@@ -72,12 +72,12 @@ def test_split_is_decoded_once_and_read_back_from_the_cache(tmp_path: Path, monk
 
 
 def test_prepare_data_decodes_into_the_cache_the_other_processes_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cpu_trainer
 ) -> None:
     # Lightning calls prepare_data on one process per node and setup on every process after it: under DDP only the
     # first decodes. Fitting needs both splits; testing needs the train split too, for a folder's own statistics.
     root = _folder(tmp_path / "data")
-    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer = cpu_trainer()
     trainer.state.fn = "test"
     first = _dm(root)
     first.trainer = trainer
@@ -283,12 +283,9 @@ def test_worker_default_fits_the_machine(monkeypatch: pytest.MonkeyPatch, cpus: 
     assert ImageDataModule("synthetic").num_workers == expected
 
 
-def test_no_worker_warning_on_this_machine(tmp_path: Path) -> None:
+def test_no_worker_warning_on_this_machine(cpu_trainer) -> None:
     dm = ImageDataModule("synthetic", img_size=8, batch_size=4, synthetic_size=8, pin_memory=False)
-    trainer = pl.Trainer(
-        max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=1, default_root_dir=tmp_path,
-    )  # fmt: skip
+    trainer = cpu_trainer(max_steps=1, limit_val_batches=1)
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:

@@ -20,25 +20,29 @@ from vit.export import export
 
 NAMES = [f"class_{i}" for i in range(7)]
 MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
-TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2}
 
 
-def save_checkpoint(path: Path, ema: bool = False) -> ImageClassifier:
-    """A checkpoint of a tiny 7-class model, as ``vit fit`` writes its inference entry; EMA weights differ."""
-    torch.manual_seed(0)
-    module = ImageClassifier("vit_tiny_patch4_32", num_classes=7, model_overrides=TINY, ema_decay=0.9 if ema else None)
-    if ema:
-        with torch.no_grad():
-            for p in module.model_ema.module.parameters():
-                p.add_(0.01 * torch.randn_like(p))
-    checkpoint = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}
-    checkpoint[METADATA_KEY] = inference_metadata(module.model, module.hparams, NAMES, MEAN, STD, "cifar")
-    torch.save(checkpoint, path)
-    return module
+@pytest.fixture(scope="session")
+def save_checkpoint(tiny_classifier):
+    """``save_checkpoint(path, ema=False) -> module``: a checkpoint of a tiny 7-class model, as ``vit fit`` writes its
+    inference entry; EMA weights differ."""
+
+    def save(path: Path, ema: bool = False) -> ImageClassifier:
+        module = tiny_classifier(num_classes=7, img_size=None, ema_decay=0.9 if ema else None, seed=0)
+        if ema:
+            with torch.no_grad():
+                for p in module.model_ema.module.parameters():
+                    p.add_(0.01 * torch.randn_like(p))
+        checkpoint = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}
+        checkpoint[METADATA_KEY] = inference_metadata(module.model, module.hparams, NAMES, MEAN, STD, "cifar")
+        torch.save(checkpoint, path)
+        return module
+
+    return save
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> tuple[Path, ImageClassifier]:
+def checkpoint(tmp_path_factory, save_checkpoint) -> tuple[Path, ImageClassifier]:
     path = tmp_path_factory.mktemp("inference") / "tiny.ckpt"
     return path, save_checkpoint(path)
 
@@ -57,7 +61,7 @@ def test_load_a_checkpoint_and_an_export_folder(checkpoint, tmp_path):
         torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
 
 
-def test_ema_weights_are_chosen_when_present(tmp_path):
+def test_ema_weights_are_chosen_when_present(tmp_path, save_checkpoint):
     module = save_checkpoint(tmp_path / "ema.ckpt", ema=True)
     x = torch.randn(2, 3, 32, 32)
     ema, trained = module.model_ema.module.eval()(x), module.model.eval()(x)
@@ -120,10 +124,10 @@ def test_a_lightning_checkpoint_without_its_description_is_refused_by_name(check
         vit.load(tmp_path / "bare.ckpt")
 
 
-def test_describing_a_model_in_a_checkpoint_leaves_the_random_stream_alone(tmp_path):
+def test_describing_a_model_in_a_checkpoint_leaves_the_random_stream_alone(tmp_path, tiny_classifier):
     """A resumed run replays the random stream exactly: writing a checkpoint (which rebuilds the model once to check
     its arguments) and loading one must not draw from it."""
-    module = ImageClassifier("vit_tiny_patch4_32", num_classes=7, model_overrides=TINY)
+    module = tiny_classifier(num_classes=7, img_size=None)
     before = torch.random.get_rng_state()
     checkpoint = {"state_dict": module.state_dict()}
     CheckpointMetadata().on_save_checkpoint(SimpleNamespace(datamodule=None), module, checkpoint)
@@ -144,12 +148,12 @@ FIRST_RELEASE_ARGS = {
 }  # fmt: skip
 
 
-def test_an_older_release_reads_a_new_checkpoint_that_uses_no_new_argument(checkpoint, tmp_path):
+def test_an_older_release_reads_a_new_checkpoint_that_uses_no_new_argument(checkpoint, tmp_path, tiny_classifier):
     path, module = checkpoint
     args = torch.load(path, weights_only=False)[METADATA_KEY]["model_args"]
     assert set(args) == FIRST_RELEASE_ARGS  # every argument it knows, nothing it would refuse
 
-    dynamic = ImageClassifier("vit_tiny_patch4_32", num_classes=7, model_overrides={**TINY, "dynamic_img_size": True})
+    dynamic = tiny_classifier(num_classes=7, img_size=None, model_overrides={"dynamic_img_size": True})
     meta = inference_metadata(dynamic.model, dynamic.hparams, NAMES, MEAN, STD, "cifar")
     assert set(meta["model_args"]) == FIRST_RELEASE_ARGS | {"dynamic_img_size"}  # used: written, so refused there
     assert meta["model_args"]["dynamic_img_size"] is True

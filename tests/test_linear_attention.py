@@ -114,13 +114,18 @@ def test_memory_grows_linearly_from_1k_to_4k_tokens():
     assert _peak(linear, 4096) < 4096 * 4096 * 4  # less than one float32 N x N matrix in all
 
 
-def test_model_argument_selects_linear_blocks_outside_global_attn_indexes():
-    model = vit.VisionTransformer(
-        img_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=2, linear_attention=True,
-        linear_feature_map="relu", global_attn_indexes=(1,),
-    )  # fmt: skip
+def test_model_argument_selects_linear_blocks_outside_global_attn_indexes(tiny_vit):
+    model = tiny_vit(
+        img_size=16,
+        depth=3,
+        num_classes=1000,
+        linear_attention=True,
+        linear_feature_map="relu",
+        global_attn_indexes=(1,),
+    )
     kinds = [type(block.attn) for block in model.blocks]
     assert kinds == [LinearAttention, Attention, LinearAttention]
+    assert model.attention_kinds() == ["linear", "global", "linear"]
     assert model.blocks[0].attn.feature_map == "relu"
     preset = vit.create_model("vit_tiny_linear_patch4_32")
     assert [i for i, b in enumerate(preset.blocks) if not isinstance(b.attn, LinearAttention)] == [2, 5, 8, 11]
@@ -128,15 +133,9 @@ def test_model_argument_selects_linear_blocks_outside_global_attn_indexes():
     preset.load_state_dict(vit.create_model("vit_tiny_patch4_32").state_dict(), strict=True)
 
 
-def _tiny_linear(**kwargs) -> vit.VisionTransformer:
+def test_capture_and_statistics_of_a_linear_model(tiny_vit):
     torch.manual_seed(0)
-    return vit.VisionTransformer(
-        img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5, linear_attention=True, **kwargs
-    ).eval()
-
-
-def test_capture_and_statistics_of_a_linear_model():
-    model = _tiny_linear(global_attn_indexes=(1,))
+    model = tiny_vit(img_size=16, num_classes=5, linear_attention=True, global_attn_indexes=(1,)).eval()
     x = torch.randn(2, 3, 16, 16)
     attentions = capture_attention(model, x)
     assert [a.shape for a in attentions] == [(2, 2, 17, 17)] * 2

@@ -16,17 +16,21 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import vit.lit_module
-from vit import VisionTransformer, create_model
+from vit import VisionTransformer
 from vit.callbacks import CheckpointMetadata, TrainingThroughput, UnmaskedEpochs, training_throughput
 from vit.errors import ConfigError
 from vit.lit_module import ImageClassifier, fused_adamw, warmup_cosine
 
-TINY = dict(embed_dim=32, depth=3, num_heads=2)
 
+@pytest.fixture
+def tiny(tiny_classifier):
+    """``tiny(**kwargs)``: the tiny classifier with three blocks, on 16 px images unless ``img_size`` says otherwise;
+    ``model_overrides`` go on top of its size."""
 
-def tiny(**kwargs) -> ImageClassifier:
-    kwargs.setdefault("model_overrides", TINY)
-    return ImageClassifier("vit_tiny_patch4_32", num_classes=kwargs.pop("num_classes", 10), img_size=16, **kwargs)
+    def build(model_overrides: dict | None = None, img_size: int = 16, **kwargs) -> ImageClassifier:
+        return tiny_classifier(model_overrides={"depth": 3, **(model_overrides or {})}, img_size=img_size, **kwargs)
+
+    return build
 
 
 def loader(n: int = 16, batch_size: int = 4, num_classes: int = 10, img_size: int = 16) -> DataLoader:
@@ -34,20 +38,6 @@ def loader(n: int = 16, batch_size: int = 4, num_classes: int = 10, img_size: in
     images = torch.randn(n, 3, img_size, img_size, generator=g)
     data = TensorDataset(images, torch.randint(0, num_classes, (n,), generator=g))
     return DataLoader(data, batch_size=batch_size)
-
-
-def trainer(tmp_path, **kwargs) -> L.Trainer:
-    defaults = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
-    )
-    return L.Trainer(**{**defaults, **kwargs})
 
 
 class FixedLogits(nn.Module):
@@ -74,22 +64,22 @@ def test_preset_receives_num_classes_img_size_and_overrides():
     assert module(torch.randn(2, 3, 16, 16)).shape == (2, 7)
 
 
-def test_module_gets_new_head_when_class_count_differs_and_size_is_checked():
-    net = create_model("vit_tiny_patch4_32", num_classes=10, **TINY)
+def test_module_gets_new_head_when_class_count_differs_and_size_is_checked(tiny_vit):
+    net = tiny_vit(num_classes=10, depth=3)
     module = ImageClassifier(net, num_classes=4, img_size=32)
     assert module.model is net and net.head.out_features == 4
     assert "model" not in module.hparams  # an object, not a hyper-parameter
     with pytest.raises(ConfigError, match="img_size"):
-        ImageClassifier(create_model("vit_tiny_patch4_32", **TINY), img_size=16)
+        ImageClassifier(tiny_vit(depth=3), img_size=16)
     with pytest.raises(ConfigError, match="model_overrides"):
-        ImageClassifier(create_model("vit_tiny_patch4_32", **TINY), model_overrides={"depth": 1})
+        ImageClassifier(tiny_vit(depth=3), model_overrides={"depth": 1})
     with pytest.raises(ConfigError, match="vit_nope"):
         ImageClassifier("vit_nope")
     with pytest.raises(ConfigError, match="depthh"):
         ImageClassifier("vit_tiny_patch4_32", model_overrides={"depthh": 1})
 
 
-def test_top5_only_with_five_or_more_classes():
+def test_top5_only_with_five_or_more_classes(tiny):
     assert set(tiny(num_classes=10).val_metrics.keys(keep_base=False)) == {"val/acc", "val/acc_top5"}
     assert set(tiny(num_classes=3).val_metrics.keys(keep_base=False)) == {"val/acc"}
 
@@ -107,7 +97,7 @@ def test_label_smoothing_in_training_loss():
     assert expected == pytest.approx(0.3365, abs=1e-4)  # the number itself, so the formula above is checked too
 
 
-def test_mixup_gives_soft_targets_and_finite_loss():
+def test_mixup_gives_soft_targets_and_finite_loss(tiny):
     module = tiny(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1)
     seen = {}
 
@@ -140,8 +130,8 @@ def test_mixup_gives_soft_targets_and_finite_loss():
 
 
 # ----------------------------------------------------------------------------------------------- optimisation
-def test_no_weight_decay_on_biases_norms_pos_embed_and_tokens():
-    module = tiny(weight_decay=0.05, model_overrides={**TINY, "reg_tokens": 2})
+def test_no_weight_decay_on_biases_norms_pos_embed_and_tokens(tiny):
+    module = tiny(weight_decay=0.05, model_overrides={"reg_tokens": 2})
     names = {id(p): n for n, p in module.model.named_parameters()}
     decay_of = {names[id(p)]: g["weight_decay"] for g in module.param_groups(1e-3) for p in g["params"]}
     assert set(decay_of) == set(names.values())  # every parameter is optimised, once
@@ -153,7 +143,7 @@ def test_no_weight_decay_on_biases_norms_pos_embed_and_tokens():
     }
 
 
-def test_layer_decay_scales_learning_rate_by_depth():
+def test_layer_decay_scales_learning_rate_by_depth(tiny):
     module = tiny(layer_decay=0.5, lr=1.0)  # depth 3
     lr_of = {}
     for group in module.param_groups(1.0):
@@ -180,7 +170,7 @@ def test_warmup_cosine_values():
     assert warmup_cosine(0, 0, 100) == pytest.approx(1.0)  # no warm-up
 
 
-def test_trainer_applies_schedule_per_step(tmp_path):
+def test_trainer_applies_schedule_per_step(tiny, cpu_trainer):
     lrs = []
 
     class Record(L.Callback):
@@ -189,7 +179,7 @@ def test_trainer_applies_schedule_per_step(tmp_path):
 
     # 4 batches per epoch, 3 epochs = 12 steps; half an epoch of warm-up = 2 steps.
     module = tiny(lr=1e-3, min_lr=1e-5, warmup_epochs=0.5)
-    trainer(tmp_path, max_epochs=3, limit_val_batches=0, callbacks=[Record()]).fit(module, loader(16, 4))
+    cpu_trainer(max_epochs=3, limit_val_batches=0, callbacks=[Record()]).fit(module, loader(16, 4))
     assert module.schedule_steps() == (2, 12)
     expected = [1e-3 * warmup_cosine(s, 2, 12, 1e-5 / 1e-3) for s in range(12)]
     assert lrs == pytest.approx(expected, rel=1e-9)
@@ -198,17 +188,17 @@ def test_trainer_applies_schedule_per_step(tmp_path):
     assert module.lr_schedulers().get_last_lr()[0] == pytest.approx(1e-5)  # after the last step: min_lr
 
 
-def test_warmup_epochs_with_max_steps_only(tmp_path):
+def test_warmup_epochs_with_max_steps_only(tiny, cpu_trainer):
     # max_epochs -1: Lightning estimates the length from max_steps without loading the loader; warm-up still counts
     # the loader's 4 batches per epoch.
     module = tiny(warmup_epochs=0.5)
-    trainer(tmp_path, max_epochs=-1, max_steps=6, limit_val_batches=0).fit(module, loader(16, 4))
+    cpu_trainer(max_epochs=-1, max_steps=6, limit_val_batches=0).fit(module, loader(16, 4))
     assert module.schedule_steps() == (2, 6)
     with pytest.raises(ConfigError, match="the cosine schedule needs a length"):
-        trainer(tmp_path, max_epochs=-1, limit_val_batches=0).fit(tiny(), loader(16, 4))
+        cpu_trainer(max_epochs=-1, limit_val_batches=0).fit(tiny(), loader(16, 4))
 
 
-def test_lr_scales_linearly_with_global_batch():
+def test_lr_scales_linearly_with_global_batch(tiny):
     module = tiny(lr=1e-3, lr_base_batch_size=512)
     fake = SimpleNamespace(datamodule=SimpleNamespace(batch_size=128), world_size=4, accumulate_grad_batches=2)
     module._trainer = fake  # peak_lr only reads these three
@@ -228,7 +218,9 @@ def test_fused_adamw_only_on_cuda_and_not_where_mixed_precision_clips():
 
 
 @pytest.mark.parametrize("decide", ["ours", "always fused"])
-def test_mixed_precision_with_clipping_trains_with_the_optimiser_chosen_for_cuda(decide, tmp_path, monkeypatch):
+def test_mixed_precision_with_clipping_trains_with_the_optimiser_chosen_for_cuda(
+    decide, monkeypatch, tiny, cpu_trainer
+):
     # The GPU configs train in bf16-mixed with gradient_clip_val 1.0. Lightning refuses to clip for a fused AdamW there
     # and stops the first step; the fused kernel also exists on the CPU, so the CUDA choice is replayed here.
     chosen = []
@@ -239,7 +231,7 @@ def test_mixed_precision_with_clipping_trains_with_the_optimiser_chosen_for_cuda
 
     monkeypatch.setattr(vit.lit_module, "fused_adamw", as_on_cuda)
     module = tiny()
-    fit = trainer(tmp_path, max_epochs=1, limit_val_batches=0, precision="bf16-mixed", gradient_clip_val=1.0)
+    fit = cpu_trainer(max_epochs=1, limit_val_batches=0, precision="bf16-mixed", gradient_clip_val=1.0)
     if decide == "always fused":
         with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
             fit.fit(module, loader(8, 4))
@@ -265,10 +257,10 @@ class CountTokens(L.Callback):
         self.handle.remove()
 
 
-def test_unmasked_epochs_train_the_last_epochs_on_every_patch(tmp_path, recwarn):
+def test_unmasked_epochs_train_the_last_epochs_on_every_patch(recwarn, tiny, cpu_trainer):
     count = CountTokens()
-    module = tiny(model_overrides={**TINY, "patch_drop_rate": 0.5}, unmasked_epochs=1)
-    trainer(tmp_path, max_epochs=3, limit_val_batches=0, callbacks=[count]).fit(module, loader(8, 4))
+    module = tiny(model_overrides={"patch_drop_rate": 0.5}, unmasked_epochs=1)
+    cpu_trainer(max_epochs=3, limit_val_batches=0, callbacks=[count]).fit(module, loader(8, 4))
     assert count.tokens == {0: {1 + 8}, 1: {1 + 8}, 2: {1 + 16}}  # class token + half, then all, of the 4x4 patches
     assert module.model.patch_drop.prob == 0.0
     assert not [w for w in recwarn if "unmasked_epochs" in str(w.message)]
@@ -276,46 +268,46 @@ def test_unmasked_epochs_train_the_last_epochs_on_every_patch(tmp_path, recwarn)
     with pytest.raises(ConfigError, match="unmasked_epochs 1 .*patch_drop_rate"):
         tiny(unmasked_epochs=1)
     with pytest.raises(ConfigError, match="unmasked_epochs must be >= 0"):
-        tiny(model_overrides={**TINY, "patch_drop_rate": 0.5}, unmasked_epochs=-1)
+        tiny(model_overrides={"patch_drop_rate": 0.5}, unmasked_epochs=-1)
     with pytest.warns(UserWarning, match="unmasked_epochs 3 is not less than trainer.max_epochs 3"):
-        fit = trainer(tmp_path, max_epochs=3, max_steps=1, limit_val_batches=0)
-        fit.fit(tiny(model_overrides={**TINY, "patch_drop_rate": 0.5}, unmasked_epochs=3), loader(8, 4))
+        fit = cpu_trainer(max_epochs=3, max_steps=1, limit_val_batches=0)
+        fit.fit(tiny(model_overrides={"patch_drop_rate": 0.5}, unmasked_epochs=3), loader(8, 4))
 
 
-def test_unmasked_epochs_hold_after_a_resume_inside_the_epoch_and_warn_when_cut_short(tmp_path):
+def test_unmasked_epochs_hold_after_a_resume_inside_the_epoch_and_warn_when_cut_short(tmp_path, tiny, cpu_trainer):
     def module():
-        return tiny(model_overrides={**TINY, "patch_drop_rate": 0.5}, unmasked_epochs=1)
+        return tiny(model_overrides={"patch_drop_rate": 0.5}, unmasked_epochs=1)
 
     # 4 batches per epoch: step 6 is inside epoch 1, the unmasked one.
     save = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=6, save_top_k=-1)
-    trainer(tmp_path, max_epochs=2, max_steps=6, limit_val_batches=0, callbacks=[save], enable_checkpointing=True).fit(
+    cpu_trainer(max_epochs=2, max_steps=6, limit_val_batches=0, callbacks=[save], enable_checkpointing=True).fit(
         module(), loader(16, 4)
     )
     (path,) = (tmp_path / "ckpt").glob("*step=6.ckpt")
     count = CountTokens()
-    trainer(tmp_path, max_epochs=2, limit_val_batches=0, callbacks=[count]).fit(module(), loader(16, 4), ckpt_path=path)
+    cpu_trainer(max_epochs=2, limit_val_batches=0, callbacks=[count]).fit(module(), loader(16, 4), ckpt_path=path)
     assert count.tokens == {1: {1 + 16}}  # the two batches left of epoch 1, on every patch
 
     with pytest.warns(UserWarning, match="stopped at step 2, .*max_epochs 3 .*unmasked_epochs 1 did not run"):
-        trainer(tmp_path, max_epochs=3, max_steps=2, limit_val_batches=0).fit(module(), loader(16, 4))
+        cpu_trainer(max_epochs=3, max_steps=2, limit_val_batches=0).fit(module(), loader(16, 4))
 
 
-def test_the_module_brings_its_callbacks_to_every_trainer(tmp_path):
+def test_the_module_brings_its_callbacks_to_every_trainer(tiny, cpu_trainer):
     """Throughput, the checkpoint's description and (with unmasked_epochs) the PatchDropout schedule are callbacks the
     module adds itself: a plain Trainer gets them, the CLI's configs need no entry for them."""
-    plain = trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    plain = cpu_trainer(max_steps=1, limit_val_batches=0)
     plain.fit(tiny(), loader(8, 4))
     kinds = [type(cb) for cb in plain.callbacks]
     assert TrainingThroughput in kinds and CheckpointMetadata in kinds and UnmaskedEpochs not in kinds
-    unmasked = trainer(tmp_path, max_epochs=2, max_steps=1, limit_val_batches=0)
+    unmasked = cpu_trainer(max_epochs=2, max_steps=1, limit_val_batches=0)
     with pytest.warns(UserWarning, match="did not run in full"):
-        unmasked.fit(tiny(model_overrides={**TINY, "patch_drop_rate": 0.25}, unmasked_epochs=1), loader(8, 4))
+        unmasked.fit(tiny(model_overrides={"patch_drop_rate": 0.25}, unmasked_epochs=1), loader(8, 4))
     (schedule,) = [cb for cb in unmasked.callbacks if isinstance(cb, UnmaskedEpochs)]
     assert (schedule.unmasked_epochs, schedule.drop_rate) == (1, 0.25)
 
 
 # --------------------------------------------------------------------------------------------------------- EMA
-def test_ema_tracks_weights_and_is_used_for_validation(tmp_path):
+def test_ema_tracks_weights_and_is_used_for_validation(tiny, cpu_trainer):
     weights = []
 
     class Snapshot(L.Callback):
@@ -324,7 +316,7 @@ def test_ema_tracks_weights_and_is_used_for_validation(tmp_path):
 
     module = tiny(ema_decay=0.5, lr=1e-2)
     data = loader(8, 4)
-    fit = trainer(tmp_path, max_epochs=1, limit_val_batches=0, callbacks=[Snapshot()])
+    fit = cpu_trainer(max_epochs=1, limit_val_batches=0, callbacks=[Snapshot()])
     fit.fit(module, data)
     # timm's ModelEmaV3: the first update copies the weights, the next ones interpolate with `decay`.
     ema = module.model_ema.module.state_dict()
@@ -332,7 +324,7 @@ def test_ema_tracks_weights_and_is_used_for_validation(tmp_path):
         torch.testing.assert_close(ema[k], 0.5 * weights[0][k] + 0.5 * weights[1][k])
 
     assert module.eval_model is module.model_ema.module
-    metrics = trainer(tmp_path).validate(module, data, verbose=False)[0]
+    metrics = cpu_trainer().validate(module, data, verbose=False)[0]
     x, y = next(iter(loader(8, 8)))
     with torch.no_grad():
         ema_loss = F.cross_entropy(module.model_ema.module(x), y).item()
@@ -342,11 +334,9 @@ def test_ema_tracks_weights_and_is_used_for_validation(tmp_path):
 
 
 # -------------------------------------------------------------------------------------- test-time augmentation
-def test_test_time_augment_averages_the_probabilities_of_flipped_and_shifted_views(tmp_path):
+def test_test_time_augment_averages_the_probabilities_of_flipped_and_shifted_views(tiny, cpu_trainer):
     x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    module = ImageClassifier(
-        "vit_tiny_patch4_32", num_classes=10, img_size=32, model_overrides=TINY, test_time_augment="flip_translate"
-    ).eval()
+    module = tiny(img_size=32, test_time_augment="flip_translate").eval()
     for param in module.parameters():  # larger weights than at initialisation: predictions that differ per image
         torch.nn.init.normal_(param, std=0.5)
 
@@ -362,36 +352,36 @@ def test_test_time_augment_averages_the_probabilities_of_flipped_and_shifted_vie
     assert (single.argmax(-1) != y).any()
 
     data = DataLoader(TensorDataset(x, y), batch_size=16)
-    predicted = torch.cat(trainer(tmp_path).predict(module, data))
+    predicted = torch.cat(cpu_trainer().predict(module, data))
     torch.testing.assert_close(predicted, expected)
-    metrics = trainer(tmp_path).test(module, data, verbose=False)[0]
+    metrics = cpu_trainer().test(module, data, verbose=False)[0]
     assert metrics["test/acc"] == 1.0
     assert metrics["test/acc_single_view"] == pytest.approx((single.argmax(-1) == y).float().mean().item())
     assert metrics["test/loss"] == pytest.approx(F.nll_loss(expected.log(), y).item(), rel=1e-5)
     # Validation sees the image alone.
-    assert trainer(tmp_path).validate(module, data, verbose=False)[0]["val/loss"] == pytest.approx(
+    assert cpu_trainer().validate(module, data, verbose=False)[0]["val/loss"] == pytest.approx(
         F.nll_loss(single.log(), y).item(), rel=1e-5
     )
 
     module.hparams.test_time_augment = "flip"
     with torch.no_grad():
         flip = (single + module.model(x.flip(-1)).softmax(-1)) / 2
-    torch.testing.assert_close(torch.cat(trainer(tmp_path).predict(module, data)), flip)
+    torch.testing.assert_close(torch.cat(cpu_trainer().predict(module, data)), flip)
 
 
-def test_no_test_time_augment_predicts_the_image_alone(tmp_path):
+def test_no_test_time_augment_predicts_the_image_alone(tiny, cpu_trainer):
     x, y = next(iter(loader(16, 16)))
     module = tiny().eval()
     data = DataLoader(TensorDataset(x, y), batch_size=8)
     with torch.no_grad():
         expected = module.model(x).softmax(-1)
-    torch.testing.assert_close(torch.cat(trainer(tmp_path).predict(module, data)), expected)
-    assert "test/acc_single_view" not in trainer(tmp_path).test(module, data, verbose=False)[0]
+    torch.testing.assert_close(torch.cat(cpu_trainer().predict(module, data)), expected)
+    assert "test/acc_single_view" not in cpu_trainer().test(module, data, verbose=False)[0]
 
 
 # ------------------------------------------------------------------------------------------- weights and files
-def test_pretrained_weights_load_when_fitting_starts(tmp_path):
-    source = create_model("vit_tiny_patch4_32", num_classes=100, img_size=32, **TINY)
+def test_pretrained_weights_load_when_fitting_starts(tmp_path, tiny, tiny_vit):
+    source = tiny_vit(num_classes=100, img_size=32, depth=3)
     path = tmp_path / "pretrained.pth"
     torch.save(source.state_dict(), path)
     module = tiny(pretrained=str(path), ema_decay=0.9)  # 16 px and 10 classes: pos grid resampled, head dropped
@@ -402,9 +392,9 @@ def test_pretrained_weights_load_when_fitting_starts(tmp_path):
         assert net.pos_embed.shape == (1, 1 + 16, 32) and net.head.out_features == 10
 
 
-def test_load_from_checkpoint_needs_no_arguments(tmp_path):
-    module = tiny(lr=3e-4, label_smoothing=0.2, model_overrides={**TINY, "window_size": 2, "global_attn_indexes": [2]})
-    fit = trainer(tmp_path, max_steps=2, limit_val_batches=0)
+def test_load_from_checkpoint_needs_no_arguments(tmp_path, tiny, cpu_trainer):
+    module = tiny(lr=3e-4, label_smoothing=0.2, model_overrides={"window_size": 2, "global_attn_indexes": [2]})
+    fit = cpu_trainer(max_steps=2, limit_val_batches=0)
     fit.fit(module, loader(8, 4))
     path = tmp_path / "module.ckpt"
     fit.save_checkpoint(path)
@@ -418,27 +408,27 @@ def test_load_from_checkpoint_needs_no_arguments(tmp_path):
     torch.testing.assert_close(loaded.eval()(x), module.eval()(x))
 
 
-def test_compile_keeps_parameter_names():
+def test_compile_keeps_parameter_names(tiny):
     module = tiny(compile=True)
     assert module.model._compiled_call_impl is not None  # nn.Module.compile: compiled in place
     assert set(module.state_dict()) == set(tiny().state_dict())  # no "_orig_mod." prefix in checkpoints
 
 
-def test_uint8_images_that_bypassed_the_data_module_hook_are_refused(tmp_path):
+def test_uint8_images_that_bypassed_the_data_module_hook_are_refused(tiny, cpu_trainer):
     # ImageDataModule's loaders yield uint8; only trainer.fit(..., datamodule=dm) normalises them on the device.
     data = TensorDataset(torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8), torch.zeros(8, dtype=torch.long))
     with pytest.raises(TypeError, match=r"got torch.uint8 images.*datamodule=dm.*dm\.normalize\(images\)"):
-        trainer(tmp_path, max_steps=1, limit_val_batches=0).fit(tiny(), DataLoader(data, batch_size=4))
+        cpu_trainer(max_steps=1, limit_val_batches=0).fit(tiny(), DataLoader(data, batch_size=4))
 
 
-def test_throughput_is_images_over_time_between_batch_starts(tmp_path, monkeypatch):
+def test_throughput_is_images_over_time_between_batch_starts(monkeypatch, tiny, cpu_trainer):
     # A fake clock: each training batch start is 0.5 s after the previous one; 12 images in batches of 5, 5, 2.
     clock = iter(float(t) * 0.5 for t in range(100))
     monkeypatch.setattr("vit.callbacks.throughput.time.perf_counter", lambda: next(clock))
     module = tiny()
     logged = []
     monkeypatch.setattr(module, "log", lambda name, value, **kw: logged.append((name, value)))
-    fit = trainer(tmp_path, max_epochs=1)
+    fit = cpu_trainer(max_epochs=1)
     assert math.isnan(training_throughput(fit))  # no callback before the module adds its own
     fit.fit(module, loader(n=12, batch_size=5))
     # Steps 1 and 2 are timed (the third batch's step has no next start): 5 images each in 0.5 s.
@@ -447,7 +437,7 @@ def test_throughput_is_images_over_time_between_batch_starts(tmp_path, monkeypat
     assert module.example_input_array.shape == (1, 3, 16, 16)  # the model summary's real FLOPs
 
 
-def test_a_trainer_keeps_its_own_throughput_and_metadata_callbacks(tmp_path):
+def test_a_trainer_keeps_its_own_throughput_and_metadata_callbacks(tiny, cpu_trainer):
     """The module reads the trainer's callbacks through Lightning's public ``trainer`` property (which raises outside
     a Trainer: then both callbacks are offered); one the trainer already has is not added twice, over two fits."""
     module = tiny()
@@ -455,7 +445,7 @@ def test_a_trainer_keeps_its_own_throughput_and_metadata_callbacks(tmp_path):
         module.trainer  # noqa: B018 (what the module relies on outside a Trainer)
     assert [type(cb) for cb in module.configure_callbacks()] == [TrainingThroughput, CheckpointMetadata]
     own = CheckpointMetadata()
-    fit = trainer(tmp_path, max_steps=1, limit_val_batches=0, callbacks=[own])
+    fit = cpu_trainer(max_steps=1, limit_val_batches=0, callbacks=[own])
     fit.fit(module, loader(8, 4))
     fit.fit(module, loader(8, 4))
     metadata = [cb for cb in fit.callbacks if isinstance(cb, CheckpointMetadata)]

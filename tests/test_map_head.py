@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
@@ -10,7 +9,6 @@ from PIL import Image
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vit
-from vit import ImageClassifier, ImageDataModule
 from vit.callbacks import AttentionRolloutLogger
 from vit.explain import (
     attention_attribution,
@@ -167,17 +165,11 @@ def test_attribution_of_a_map_model_batched_equals_per_image():
     assert batched.shape == (3, 4, 4) and (batched >= 0).all() and batched.sum() > 0
 
 
-def test_training_time_rollout_logger_on_a_map_model(tmp_path):
-    torch.manual_seed(0)
-    overrides = {"depth": 2, "embed_dim": 32, "num_heads": 2, "class_token": False, "global_pool": "map"}
-    module = ImageClassifier("vit_tiny_patch4_32", num_classes=10, img_size=32, model_overrides=overrides, lr=3e-3)
+def test_training_time_rollout_logger_on_a_map_model(tmp_path, tiny_classifier, cpu_trainer, digits):
+    module = tiny_classifier(model_overrides={"class_token": False, "global_pool": "map"}, lr=3e-3, seed=0)
     logger = AttentionRolloutLogger(num_images=2, every_n_epochs=1, attribution=True)
-    trainer = pl.Trainer(
-        default_root_dir=tmp_path, accelerator="cpu", max_epochs=1, limit_train_batches=2, limit_val_batches=1,
-        num_sanity_val_steps=0, callbacks=[logger], logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False,
-    )  # fmt: skip
-    trainer.fit(module, ImageDataModule(dataset="digits", img_size=32, batch_size=16, num_workers=0, seed=0))
+    trainer = cpu_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, callbacks=[logger])
+    trainer.fit(module, digits())
     for name in ("epoch_000.png", "attribution_epoch_000.png"):
         with Image.open(tmp_path / "rollout" / name) as grid:
             assert grid.mode == "RGB" and grid.width >= 2 * 160

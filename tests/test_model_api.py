@@ -7,6 +7,8 @@ position embedding resampled, and the non-dynamic model at the native size.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,7 +19,6 @@ from vit.layers import NeighborhoodAttention, WindowAttention, resample_pos_embe
 from vit.models import VisionTransformer
 from vit.models.intermediates import feature_take_indices
 
-TINY = dict(img_size=32, patch_size=4, embed_dim=32, depth=4, num_heads=2, num_classes=5)
 # Every attention kind, on an 8 x 8 grid; block 1 (or 3) stays global.
 KINDS = {
     "global": {},
@@ -34,9 +35,15 @@ POOLS = {
 }
 
 
-def _pair(**overrides) -> tuple[VisionTransformer, TimmViT]:
-    ours = VisionTransformer(**{**TINY, **overrides}).eval()
-    theirs = TimmViT(**{**TINY, **overrides}).eval()
+@pytest.fixture
+def tiny_config(tiny_vit):
+    """``tiny_config(**overrides)``: the arguments of the tiny model with four blocks and five classes."""
+    return partial(tiny_vit.config, depth=4, num_classes=5)
+
+
+def _pair(config: dict) -> tuple[VisionTransformer, TimmViT]:
+    ours = VisionTransformer(**config).eval()
+    theirs = TimmViT(**config).eval()
     theirs.load_state_dict(ours.state_dict())
     return ours, theirs
 
@@ -61,8 +68,8 @@ def _assert_trees_close(a, b, atol: float = 1e-5) -> None:
     ],
 )
 @pytest.mark.parametrize("pool", ["token", "avg"])
-def test_forward_intermediates_matches_timm(kwargs, pool):
-    ours, theirs = _pair(**POOLS[pool])
+def test_forward_intermediates_matches_timm(kwargs, pool, tiny_config):
+    ours, theirs = _pair(tiny_config(**POOLS[pool]))
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         got, want = ours.forward_intermediates(x, **kwargs), theirs.forward_intermediates(x, **kwargs)
@@ -77,8 +84,8 @@ def test_forward_intermediates_matches_timm(kwargs, pool):
 
 @pytest.mark.parametrize("n", [1, 3, [0, 2]])
 @pytest.mark.parametrize("reshape", [False, True])
-def test_get_intermediate_layers_matches_timm(n, reshape):
-    ours, theirs = _pair(reg_tokens=1)
+def test_get_intermediate_layers_matches_timm(n, reshape, tiny_config):
+    ours, theirs = _pair(tiny_config(reg_tokens=1))
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         for kwargs in (dict(), dict(norm=True, return_prefix_tokens=True)):
@@ -87,9 +94,9 @@ def test_get_intermediate_layers_matches_timm(n, reshape):
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_intermediates_of_every_attention_kind_are_the_blocks_outputs(kind):
+def test_intermediates_of_every_attention_kind_are_the_blocks_outputs(kind, tiny_config):
     """The final features are forward_features'; the last block's normed output is their patch part."""
-    model = VisionTransformer(**TINY, **KINDS[kind]).eval()
+    model = VisionTransformer(**tiny_config(**KINDS[kind])).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         final, (last,) = model.forward_intermediates(x, indices=[-1], norm=True, output_fmt="NLC")
@@ -98,8 +105,8 @@ def test_intermediates_of_every_attention_kind_are_the_blocks_outputs(kind):
     torch.testing.assert_close(last, tokens[:, 1:], atol=0, rtol=0)
 
 
-def test_bad_intermediate_arguments_are_value_errors():
-    model = VisionTransformer(**TINY)
+def test_bad_intermediate_arguments_are_value_errors(tiny_config):
+    model = VisionTransformer(**tiny_config())
     x = torch.randn(1, 3, 32, 32)
     with pytest.raises(ValueError, match="output_fmt must be 'NCHW' or 'NLC', got 'NHWC'"):
         model.forward_intermediates(x, output_fmt="NHWC")
@@ -111,8 +118,8 @@ def test_bad_intermediate_arguments_are_value_errors():
 
 @pytest.mark.parametrize("pool", list(POOLS))
 @pytest.mark.parametrize("prune_norm", [False, True])
-def test_prune_intermediate_layers_keeps_the_features_of_the_kept_blocks(pool, prune_norm):
-    ours, theirs = _pair(**POOLS[pool])
+def test_prune_intermediate_layers_keeps_the_features_of_the_kept_blocks(pool, prune_norm, tiny_config):
+    ours, theirs = _pair(tiny_config(**POOLS[pool]))
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         before = ours.get_intermediate_layers(x, [0, 1])
@@ -147,11 +154,11 @@ def _loss_and_grads(model: VisionTransformer, x: torch.Tensor, y: torch.Tensor) 
 
 @pytest.mark.parametrize("pool", list(POOLS))
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_grad_checkpointing_gives_the_same_loss_and_gradients(kind, pool):
+def test_grad_checkpointing_gives_the_same_loss_and_gradients(kind, pool, tiny_config):
     # Attention dropout where the layer has it; the sliding layers' CPU kernel (and linear attention) have none.
     attn_dropout = kind.startswith(("global", "window"))
     drops = dict(attn_drop_rate=0.1) if attn_dropout else dict(proj_drop_rate=0.1, drop_path_rate=0.2)
-    model = VisionTransformer(**TINY, **KINDS[kind], **POOLS[pool], **drops).train()
+    model = VisionTransformer(**tiny_config(**KINDS[kind], **POOLS[pool], **drops)).train()
     x, y = torch.randn(3, 3, 32, 32), torch.tensor([0, 3, 4])
     loss, grads, saved = _loss_and_grads(model, x, y)
     model.set_grad_checkpointing()
@@ -168,8 +175,8 @@ def test_grad_checkpointing_gives_the_same_loss_and_gradients(kind, pool):
 
 @pytest.mark.parametrize("pool", list(POOLS))
 @pytest.mark.parametrize("extra", [{}, dict(no_embed_class=True)])
-def test_dynamic_img_size_matches_timm(pool, extra):
-    ours, theirs = _pair(**POOLS[pool], **extra, dynamic_img_size=True)
+def test_dynamic_img_size_matches_timm(pool, extra, tiny_config):
+    ours, theirs = _pair(tiny_config(**POOLS[pool], **extra, dynamic_img_size=True))
     with torch.no_grad():
         for shape in ((32, 32), (24, 40), (44, 16)):
             x = torch.randn(2, 3, *shape)
@@ -177,8 +184,8 @@ def test_dynamic_img_size_matches_timm(pool, extra):
             _assert_trees_close(ours.forward_intermediates(x), theirs.forward_intermediates(x))
 
 
-def test_dynamic_img_pad_matches_timm():
-    ours, theirs = _pair(reg_tokens=1, dynamic_img_size=True, dynamic_img_pad=True)
+def test_dynamic_img_pad_matches_timm(tiny_config):
+    ours, theirs = _pair(tiny_config(reg_tokens=1, dynamic_img_size=True, dynamic_img_pad=True))
     with torch.no_grad():
         for shape in ((30, 27), (33, 41), (32, 32)):
             x = torch.randn(2, 3, *shape)
@@ -204,8 +211,8 @@ def _fresh_at(model: VisionTransformer, img_size: tuple[int, int], config: dict)
     ("pool", "pos_embed"), [("token", "learn"), ("avg", "learn"), ("map", "learn"), ("token", "sincos")]
 )
 @pytest.mark.parametrize("kind", [k for k in KINDS if k != "global"])
-def test_dynamic_img_size_of_local_and_linear_attention(kind, pool, pos_embed):
-    config = {**TINY, **KINDS[kind], **POOLS[pool], "pos_embed": pos_embed}
+def test_dynamic_img_size_of_local_and_linear_attention(kind, pool, pos_embed, tiny_config):
+    config = tiny_config(**KINDS[kind], **POOLS[pool], pos_embed=pos_embed)
     model = VisionTransformer(**config, dynamic_img_size=True).eval()
     static = VisionTransformer(**config).eval()
     static.load_state_dict(model.state_dict())
@@ -220,8 +227,8 @@ def test_dynamic_img_size_of_local_and_linear_attention(kind, pool, pos_embed):
             _assert_trees_close(got, fresh.get_intermediate_layers(x, [0, 2], reshape=True))
 
 
-def test_dynamic_img_pad_of_window_attention_is_zero_padding():
-    config = {**TINY, **KINDS["window"]}
+def test_dynamic_img_pad_of_window_attention_is_zero_padding(tiny_config):
+    config = tiny_config(**KINDS["window"])
     model = VisionTransformer(**config, dynamic_img_size=True, dynamic_img_pad=True).eval()
     x = torch.randn(2, 3, 30, 25)
     fresh = _fresh_at(model, (32, 28), config)
@@ -229,9 +236,9 @@ def test_dynamic_img_pad_of_window_attention_is_zero_padding():
         torch.testing.assert_close(model(x), fresh(F.pad(x, (0, 3, 0, 2))), atol=1e-5, rtol=0)
 
 
-def test_local_patterns_are_built_once_per_grid_and_follow_the_input():
-    model = VisionTransformer(**TINY, **KINDS["sliding"], dynamic_img_size=True).eval()
-    window = VisionTransformer(**TINY, **KINDS["window"], dynamic_img_size=True).eval()
+def test_local_patterns_are_built_once_per_grid_and_follow_the_input(tiny_config):
+    model = VisionTransformer(**tiny_config(**KINDS["sliding"], dynamic_img_size=True)).eval()
+    window = VisionTransformer(**tiny_config(**KINDS["window"], dynamic_img_size=True)).eval()
     with torch.no_grad():
         for _ in range(2):
             model(torch.randn(1, 3, 24, 40)), window(torch.randn(1, 3, 24, 40))
@@ -268,14 +275,14 @@ def test_every_sliding_path_at_another_grid_equals_a_layer_built_for_it(path, ke
         ("sliding_dilated", (20, 32), r"kernel_size 3 x dilation 2 = 6 is larger than the patch grid 5x8"),
     ],
 )
-def test_a_grid_the_pattern_cannot_take_is_one_value_error(kind, shape, message):
-    model = VisionTransformer(**TINY, **KINDS[kind], dynamic_img_size=True)
+def test_a_grid_the_pattern_cannot_take_is_one_value_error(kind, shape, message, tiny_config):
+    model = VisionTransformer(**tiny_config(**KINDS[kind], dynamic_img_size=True))
     with pytest.raises(ValueError, match=message):
         model(torch.randn(1, 3, *shape))
 
 
-def test_input_size_errors_name_the_option():
+def test_input_size_errors_name_the_option(tiny_config):
     with pytest.raises(ValueError, match=r"does not match the model's img_size \(32, 32\).*dynamic_img_size=True"):
-        VisionTransformer(**TINY)(torch.randn(1, 3, 36, 32))
+        VisionTransformer(**tiny_config())(torch.randn(1, 3, 36, 32))
     with pytest.raises(ValueError, match=r"\(30, 32\) is not divisible by the patch size.*dynamic_img_pad=True"):
-        VisionTransformer(**TINY, dynamic_img_size=True)(torch.randn(1, 3, 30, 32))
+        VisionTransformer(**tiny_config(dynamic_img_size=True))(torch.randn(1, 3, 30, 32))

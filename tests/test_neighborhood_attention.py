@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import warnings
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from PIL import Image
@@ -18,7 +17,6 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch.nn.attention.flex_attention import create_mask
 
 import vit
-from vit import ImageClassifier, ImageDataModule
 from vit.callbacks import AttentionRolloutLogger
 from vit.explain import attention_distance, attention_rollout, attention_statistics, capture_attention
 from vit.kernels import neighborhood as neighborhood_kernel
@@ -294,23 +292,14 @@ def test_mean_attention_distance_grows_with_the_window():
     assert distances == sorted(distances) and distances[0] < 0.6 * distances[-1]
 
 
-def test_rollout_logger_on_a_sliding_model(tmp_path):
-    torch.manual_seed(0)
-    overrides = {"depth": 2, "embed_dim": 32, "num_heads": 2, "global_attn_indexes": (1,)}
-    module = ImageClassifier("vit_tiny_sliding_patch4_32", num_classes=10, img_size=32, model_overrides=overrides)
-    data = ImageDataModule(dataset="digits", img_size=32, batch_size=16, num_workers=0, seed=0)
-    trainer = pl.Trainer(
-        default_root_dir=tmp_path,
-        accelerator="cpu",
+def test_rollout_logger_on_a_sliding_model(tmp_path, tiny_classifier, cpu_trainer, digits):
+    module = tiny_classifier("vit_tiny_sliding_patch4_32", model_overrides={"global_attn_indexes": (1,)}, seed=0)
+    data = digits()
+    trainer = cpu_trainer(
         max_epochs=1,
         limit_train_batches=2,
         limit_val_batches=1,
-        num_sanity_val_steps=0,
         callbacks=[AttentionRolloutLogger(num_images=2, every_n_epochs=1)],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
     )
     trainer.fit(module, data)
     assert isinstance(module.model.blocks[0].attn, NeighborhoodAttention)

@@ -206,7 +206,7 @@ class _Recorder(pl.LightningModule):
 
 
 def test_fit_resumed_from_a_mid_epoch_checkpoint_sees_the_next_samples(
-    shards: tuple[Path, dict], tmp_path: Path
+    shards: tuple[Path, dict], tmp_path: Path, cpu_trainer
 ) -> None:
     dest, _ = shards
 
@@ -214,8 +214,7 @@ def test_fit_resumed_from_a_mid_epoch_checkpoint_sees_the_next_samples(
         dm = ImageDataModule(
             dataset="streaming", data_dir=str(dest), img_size=16, batch_size=4, num_workers=0, decode_once=False
         )
-        trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")  # fmt: skip
+        trainer = cpu_trainer(max_steps=max_steps)
         model = _Recorder()
         trainer.fit(model, dm, ckpt_path=ckpt_path)
         return trainer, model

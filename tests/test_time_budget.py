@@ -8,9 +8,9 @@ import math
 import subprocess
 import sys
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
@@ -20,11 +20,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from vit.callbacks import TimeBudget
 from vit.cli import cli_main
-from vit.lit_module import ImageClassifier
 from vit.schedule import TimePlan, plan_total_steps, warmup_cosine
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(embed_dim=32, depth=2, num_heads=2)
 
 
 class SteppedClock(TimeBudget):
@@ -101,39 +99,33 @@ def loader(n: int = 64, batch_size: int = 4) -> DataLoader:
     return DataLoader(data, batch_size=batch_size)
 
 
-def module(**kwargs) -> ImageClassifier:
-    kwargs.setdefault("model_overrides", TINY)
-    return ImageClassifier(
-        "vit_tiny_patch4_32",
-        num_classes=10,
-        img_size=16,
-        lr=1e-3,
-        min_lr=1e-5,
-        warmup_steps=5,
-        schedule="time",
-        **kwargs,
-    )
+@pytest.fixture
+def module(tiny_classifier):
+    """``module(**kwargs)``: the tiny classifier on 16 px images, on the time schedule (lr 1e-3 to 1e-5 after five
+    warm-up steps)."""
+    return partial(tiny_classifier, img_size=16, lr=1e-3, min_lr=1e-5, warmup_steps=5, schedule="time")
 
 
-def fit(tmp_path, budget: TimeBudget, model=None, ckpt_path=None, callbacks=(), **trainer_kwargs):
-    model = model or module()
-    record = Record()
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
-        max_epochs=-1,
-        check_val_every_n_epoch=2,
-        callbacks=[budget, FakeTimer(180.0), record, *callbacks],
-        enable_checkpointing=bool(callbacks),
-        **trainer_kwargs,
-    )
-    trainer.fit(model, loader(), loader(16), ckpt_path=ckpt_path)
-    return trainer, model, record
+@pytest.fixture
+def fit(module, cpu_trainer):
+    """``fit(root, budget, model=None, ckpt_path=None, callbacks=(), **trainer_kwargs) -> (trainer, model, record)``:
+    a fit under ``budget`` against a fake clock, validating every second epoch; checkpoints only with callbacks."""
+
+    def run(root, budget: TimeBudget, model=None, ckpt_path=None, callbacks=(), **trainer_kwargs):
+        model = model or module()
+        record = Record()
+        trainer = cpu_trainer(
+            default_root_dir=root,
+            max_epochs=-1,
+            check_val_every_n_epoch=2,
+            callbacks=[budget, FakeTimer(180.0), record, *callbacks],
+            enable_checkpointing=bool(callbacks),
+            **trainer_kwargs,
+        )
+        trainer.fit(model, loader(), loader(16), ckpt_path=ckpt_path)
+        return trainer, model, record
+
+    return run
 
 
 # --------------------------------------------------------------------------------------------------- the plan
@@ -174,7 +166,7 @@ def test_time_plan_is_warmup_cosine_and_comes_back_with_the_scheduler():
 
 
 # ------------------------------------------------------------------------------------------------------- runs
-def test_run_on_a_fake_clock_ends_with_its_budget_at_min_lr_validated(tmp_path):
+def test_run_on_a_fake_clock_ends_with_its_budget_at_min_lr_validated(tmp_path, fit):
     # 180 s, 1 s a step, 5 s a validation every 32 steps (16 steps an epoch, every 2nd epoch) and at the end, 1 % kept:
     # the largest s with s + 5 * (s // 32) + 5 <= 178.2 is 153.
     budget = SteppedClock(step_seconds=1.0, validation_seconds=5.0)
@@ -193,7 +185,7 @@ def test_run_on_a_fake_clock_ends_with_its_budget_at_min_lr_validated(tmp_path):
     assert trainer.callback_metrics["train/budget_used"] == pytest.approx(budget.elapsed() / 180.0, abs=0.05)
 
 
-def test_a_slower_machine_buys_fewer_steps_with_the_same_end(tmp_path):
+def test_a_slower_machine_buys_fewer_steps_with_the_same_end(tmp_path, fit):
     fast = fit(tmp_path / "fast", SteppedClock(step_seconds=0.5, validation_seconds=2.0))[0].global_step
     slow_budget = SteppedClock(step_seconds=2.0, validation_seconds=8.0)
     slow, _, record = fit(tmp_path / "slow", slow_budget)
@@ -201,7 +193,7 @@ def test_a_slower_machine_buys_fewer_steps_with_the_same_end(tmp_path):
     assert 170.0 <= slow_budget.elapsed() <= 180.0 and record.lrs[-1] < 1.5e-5
 
 
-def test_resume_continues_the_plan(tmp_path):
+def test_resume_continues_the_plan(tmp_path, fit):
     whole_budget = SteppedClock()
     whole, _, whole_record = fit(tmp_path / "whole", whole_budget)
     # The same run, saved at the end of epoch 5 (step 96) and stopped there, then resumed by a fresh process's objects
@@ -222,9 +214,9 @@ def test_resume_continues_the_plan(tmp_path):
     assert record.lrs[0] == pytest.approx(whole_record.lrs[96], rel=0.1)  # planned again at once, not a first guess
 
 
-def test_unmasked_tail_is_the_plans_last_epoch_and_its_cost_is_planned(tmp_path):
+def test_unmasked_tail_is_the_plans_last_epoch_and_its_cost_is_planned(tmp_path, module, fit):
     # PatchDropout 0.5, one unmasked epoch (16 steps) at the end, whose steps cost 2 s instead of 1 s.
-    model = module(model_overrides={**TINY, "patch_drop_rate": 0.5}, unmasked_epochs=1)
+    model = module(model_overrides={"patch_drop_rate": 0.5}, unmasked_epochs=1)
     budget = SteppedClock(step_seconds=1.0, validation_seconds=5.0, tail_seconds=2.0)
     trainer, model, record = fit(tmp_path, budget, model=model)
     steps = trainer.global_step
