@@ -40,8 +40,10 @@ from vit.explain import (  # noqa: E402
     attention_attribution,
     attention_statistics,
     color_scale,
+    explain,
     explain_images,
     explain_map,
+    explorer_payload,
     faithfulness,
     fixed_images,
     is_signed,
@@ -311,12 +313,12 @@ def explorer(checkpoint: Path | None = None) -> None:
     inputs = normalize(images, mean, std)
     maps = method_maps(model, inputs)
     scores = faithfulness(model, inputs, maps, steps=16)
-    path = write_explorer(
-        OUT / "explorer_quickstart.html", model, images, mean=mean, std=std, labels=labels,
-        class_names=explainer.class_names, names=[f"digit {int(label)}" for label in labels], maps=maps,
-        attribution=False, faithfulness=scores,
+    payload = explorer_payload(
+        model, images, mean=mean, std=std, labels=labels, class_names=explainer.class_names,
+        names=[f"digit {int(label)}" for label in labels], maps=maps, attribution=False, faithfulness=scores,
         title="Attention explorer: the quickstart model (vit fit --config quickstart) on validation digits",
     )  # fmt: skip
+    path = write_explorer(OUT / "explorer_quickstart.html", payload)
     print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
     # The 6, block 1 (shifted 2×2 windows): the cyan outline is the window of patch (1, 1), rows and columns 1-2.
     six = labels.tolist().index(6) if 6 in labels.tolist() else 0
@@ -336,12 +338,13 @@ def sliding_explorer() -> None:
             total += len(labels)
     print(f"sliding-window digits model: {correct / total:.1%} validation accuracy ({total} digits)")
     images, labels, _ = fixed_images(dm.val_dataset, 6)
-    path = write_explorer(
-        OUT / "explorer_sliding.html", model, images, mean=dm.mean, std=dm.std, labels=labels,
-        class_names=dm.class_names, names=[f"digit {int(label)}" for label in labels],
+    payload = explorer_payload(
+        model, images, mean=dm.mean, std=dm.std, labels=labels, class_names=dm.class_names,
+        names=[f"digit {int(label)}" for label in labels],
         title=f"Attention explorer: a small ViT with {SLIDING_KERNEL}×{SLIDING_KERNEL} sliding windows, trained for "
         "a few seconds on digits",
     )  # fmt: skip
+    path = write_explorer(OUT / "explorer_sliding.html", payload)
     print(f"wrote {path} ({path.stat().st_size / 1e3:.0f} kB)")
 
 
@@ -369,7 +372,7 @@ def screenshot(page_path: Path, name: str, selection: dict) -> None:
 
 def quickstart_digits(checkpoint: Path | None, count: int):
     """The quickstart model and ``count`` validation digits of distinct classes (the training logger's choice)."""
-    from vit.explain.command import load_explainer
+    from vit.explain.loading import load_explainer
 
     if checkpoint is None:
         found = sorted(Path("runs/quickstart").glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
@@ -391,8 +394,8 @@ def readme(checkpoint: Path | None = None) -> None:
         return
     explainer, images, labels = loaded
     model, mean, std = explainer.model, explainer.mean, explainer.std
-    ex = explain_images(model, images, labels=labels, class_names=explainer.class_names, mean=mean, std=std)
-    maps = explain_map(model, normalize(images, mean, std), DEFAULT_METHOD).patches
+    ex = explain(model, images, [DEFAULT_METHOD], labels=labels, class_names=explainer.class_names, mean=mean, std=std)
+    maps = ex.maps[DEFAULT_METHOD]
     title = f"{METHODS[DEFAULT_METHOD].summary} of the predicted class · quickstart model, digits it has not seen"
     buffer = io.BytesIO()
     grid = render_grid(ex, maps, ncols=4, title=title, signed=is_signed(DEFAULT_METHOD))

@@ -12,7 +12,7 @@ import torch
 
 from vit.explain import METHODS, color_scale, explain_map, is_signed, overlay_heatmap
 from vit.explain.colors import DIVERGING, SEQUENTIAL, apply_colormap
-from vit.explain.report import colorbar_html
+from vit.explain.render.report import colorbar_html
 
 
 def test_signed_limits_are_symmetric_and_zero_is_white_exactly():
@@ -85,20 +85,20 @@ def test_declared_signs_match_what_the_methods_return(random_vit):
 def test_report_overlays_use_the_method_colours(tmp_path, random_vit, name):
     from dataclasses import replace
 
-    from vit.explain import compute
-    from vit.explain.report import render_report
+    from vit.explain import explain
+    from vit.explain.render.report import render_report
     from vit.normalize import normalize
 
     model = random_vit(img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, num_classes=3).eval()
     pixels = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
     mean, std = (0.5,) * 3, (0.25,) * 3
-    results = compute(model, pixels, mean=mean, std=std, method="rollout")
+    results = explain(model, pixels, ["rollout"], mean=mean, std=std)
     results = replace(results, maps={name: explain_map(model, normalize(pixels, mean, std), name).patches})
     page = render_report([tmp_path / "a.png", tmp_path / "b.png"], results, "report")
     images = page.split("<h2>Images</h2>", 1)[1].split("<h2>", 1)[0]
     legends = re.findall(r'<div class="ticks">(.*?)</div>', images)
     assert len(legends) == 2  # one numbered bar under each overlay
     for i, legend in enumerate(legends):
-        scale = color_scale(results.shown_maps()[name][i], is_signed(name))
+        scale = color_scale(results.maps[name][i], is_signed(name))
         assert re.findall(r"<span>(.*?)</span>", legend) == list(scale.labels())
         assert len(scale.labels()) == (3 if name == "attnlrp" else 2)

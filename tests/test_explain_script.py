@@ -13,18 +13,17 @@ import zlib
 from dataclasses import fields, replace
 from pathlib import Path
 
-import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from vit import ImageClassifier, ImageDataModule
+from vit import ImageClassifier, ImageDataModule, env
 from vit.bench import cli as bench_cli
 from vit.bench.explorer_suite import find_chromium
 from vit.bench.harness import default_threads
 from vit.data import build_transforms, load_rgb
-from vit.explain import METHODS, benchmark_methods, command, progress
+from vit.explain import METHODS, benchmark_methods, command, pipeline, progress
 from vit.explain.command import main
 from vit.explain.progress import Progress
 
@@ -53,29 +52,10 @@ def explain(capsys):
     return run
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A Lightning checkpoint of a tiny digits model after a few steps."""
-    folder = tmp_path_factory.mktemp("ckpt")
-    torch.manual_seed(0)
-    data = ImageDataModule(dataset="digits", img_size=32, batch_size=16, num_workers=0)
-    trainer = pl.Trainer(
-        default_root_dir=folder,
-        accelerator="cpu",
-        max_epochs=1,
-        limit_train_batches=3,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    module = ImageClassifier(
-        "vit_tiny_patch4_32", num_classes=10, img_size=32, model_overrides={"depth": 2, "embed_dim": 32, "num_heads": 2}
-    )
-    trainer.fit(module, data)
-    trainer.save_checkpoint(folder / "tiny.ckpt")
-    return folder / "tiny.ckpt"
+@pytest.fixture
+def checkpoint(trained_checkpoint) -> Path:
+    """The session's tiny digits checkpoint (conftest's ``trained_checkpoint``)."""
+    return trained_checkpoint
 
 
 def image_files(folder: Path) -> list[Path]:
@@ -397,8 +377,8 @@ def test_faithfulness_tables_in_the_docs_are_generated_from_the_results():
 def test_progress_on_stderr_one_line_per_method_and_phase_stdout_only_the_results(checkpoint, tmp_path, explain):
     """Not a terminal: one plain line per method and phase on stderr (maps, curves, overlays), no carriage return;
     stdout holds the predictions and the table only, exactly as the JSON's numbers print."""
-    from vit.explain.command import faithfulness_table
     from vit.explain.method_benchmark import MethodBenchmark, MethodScore
+    from vit.explain.outputs import faithfulness_table
 
     out = tmp_path / "o"
     result = explain(checkpoint, "--split", "val", "--limit", "5", "--methods", "rollout,attnlrp", "--faithfulness",
@@ -407,7 +387,7 @@ def test_progress_on_stderr_one_line_per_method_and_phase_stdout_only_the_result
     time = r"in \d+\.\d s"
     expected = [
         rf"load: checkpoint and 5 images {time}; \d+ threads? of \d+ cores, load average \d+\.\d\d \(cores minus .*\)",
-        rf"predictions: classes, rollout and attention statistics of 5 images {time}",
+        rf"predictions: classes and attention statistics of 5 images {time}",  # the benchmark computes every map
         rf"rollout: maps of 5 images {time} \(\d+\.\d ms/img\)",
         rf"attnlrp: maps of 5 images {time} \(\d+\.\d ms/img\)",
         rf"rollout: deletion/insertion curves of 5 images \(2 steps\) {time}",
@@ -433,7 +413,7 @@ def test_progress_on_stderr_one_line_per_method_and_phase_stdout_only_the_result
     result = explain(checkpoint, "--split", "val", "--limit", "5", "--methods", "rollout,attnlrp", "--out", out / "b")
     lines = result.stderr.splitlines()
     assert result.returncode == 0 and len(lines) == 6 and len(result.stdout.splitlines()) == 5, result.stderr
-    assert lines[0].startswith("load: ") and lines[1].startswith("predictions: ")
+    assert lines[0].startswith("load: ") and lines[1].startswith("predictions: classes, rollout and attention stat")
     assert re.fullmatch(rf"attnlrp: maps of 5 images {time} \(\d+\.\d ms/img\)", lines[2])
     for line, method in zip(lines[3:5], ("rollout", "attnlrp"), strict=True):
         assert re.fullmatch(rf"{method}: overlays of 5 images {time}", line)
@@ -457,15 +437,15 @@ def test_default_threads_are_the_cores_not_busy(cores, load, expected):
 
 
 def threads_seen(monkeypatch) -> list[int]:
-    """Record torch's thread count when the command computes its predictions."""
+    """Record torch's thread count when the command explains the images."""
     seen: list[int] = []
-    compute = command.compute
+    explain = pipeline.explain
 
     def spy(*args, **kwargs):
         seen.append(torch.get_num_threads())
-        return compute(*args, **kwargs)
+        return explain(*args, **kwargs)
 
-    monkeypatch.setattr(command, "compute", spy)
+    monkeypatch.setattr(pipeline, "explain", spy)
     return seen
 
 
@@ -480,8 +460,8 @@ def test_threads_option_sets_torchs_threads_and_the_first_line_says_so(checkpoin
                         r"\d+\.\d\d \(--threads\)", first), first  # fmt: skip
 
     # The default: the cores this process may use minus the busy ones.
-    monkeypatch.setattr(command, "available_cores", lambda: 4)
-    monkeypatch.setattr(command, "busy_load", lambda: 1.2)
+    monkeypatch.setattr(env, "available_cores", lambda: 4)
+    monkeypatch.setattr(env, "busy_load", lambda: 1.2)
     result = explain(checkpoint, "--split", "val", "--limit", "3", "--no-overlays", "--out", tmp_path / "b")
     assert result.returncode == 0, result.stderr
     assert seen == [1, 3]
@@ -573,3 +553,63 @@ def test_explain_uses_the_default_pixel_limit_of_predict():
     assert command.MAX_IMAGE_PIXELS == MAX_IMAGE_PIXELS
     assert command.build_parser().parse_args(["x.ckpt", "y.png"]).max_image_pixels == MAX_IMAGE_PIXELS
     assert Path(command.__file__).name == "command.py"
+
+
+def test_the_light_command_names_the_registry_exactly():
+    """The parser answers --help without importing the registry, from constants that must stay the registry's."""
+    from typing import get_args
+
+    from vit.explain.methods import ALIASES, DEFAULT_METHOD, METHODS
+    from vit.explain.rollout import HeadFusion
+
+    assert tuple(METHODS) == command.METHOD_NAMES
+    assert command.METHOD_ALIASES == ALIASES
+    assert command.DEFAULT_METHOD == DEFAULT_METHOD
+    assert get_args(HeadFusion) == command.HEAD_FUSIONS
+
+
+def test_removals_sanity_and_heads_from_the_command_line(checkpoint, tmp_path, explain):
+    """--removal mean,road,drop: one table per removal (SRG in each), the JSON's removals, the curves; --sanity and
+    --heads: their tables and JSON files, with the run header; the report shows all of them."""
+    out, page = tmp_path / "o", tmp_path / "r.html"
+    result = explain(checkpoint, "--split", "val", "--limit", "4", "--methods", "rollout,attnlrp", "--faithfulness",
+                     "--removal", "mean,road,drop", "--steps", "2", "--sanity", "--heads", "--no-overlays",
+                     "--out", out, "--html", page)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    tables = [line for line in result.stdout.splitlines() if line.startswith("faithfulness on 4 images")]
+    assert [t.split("(")[1].split(")")[0] for t in tables] == ["2 steps, mean baseline", "2 steps, road baseline",
+                                                               "2 steps, drop baseline"]  # fmt: skip
+    report = json.loads((out / "faithfulness.json").read_text())
+    assert list(report["removals"]) == ["mean", "road", "drop"] and report["baseline"] == "mean"
+    for removal, bench in report["removals"].items():
+        for name in ("rollout", "attnlrp", "random"):
+            score = bench["scores"][name]
+            assert score["srg"] == pytest.approx(score["lerf_auc"] - score["deletion_auc"]), (removal, name)
+            assert score["srg_ci"][0] <= score["srg"] <= score["srg_ci"][1]
+    assert report["removals"]["mean"]["scores"] == report["scores"]
+    sanity, heads = json.loads((out / "sanity.json").read_text()), json.loads((out / "heads.json").read_text())
+    assert sanity["command"] == heads["command"] == report["command"]
+    assert [s["stage"] for s in sanity["stages"]["attnlrp"]] == ["head", "block 1", "block 0", "patch embedding"]
+    assert len(heads["logit_drop"]) == 2 and len(heads["logit_drop"][0]) == 2
+    assert "sanity check, cascading randomisation of 4 images:" in result.stdout
+    assert "which heads matter, mean ablation of 4 images:" in result.stdout
+    text = page.read_text()
+    assert all(f'id="{table}"' in text for table in ("faithfulness", "faithfulness-road", "faithfulness-drop",
+                                                     "sanity", "heads"))  # fmt: skip
+    # --removal belongs to --faithfulness.
+    without = explain(checkpoint, "--split", "val", "--removal", "mean", "--out", tmp_path / "x")
+    message = "error: vit explain: --removal chooses how --faithfulness removes a patch: add --faithfulness"
+    one_error_line(without, message)
+
+
+def test_a_window_model_skips_token_drop_in_one_line(random_vit, capsys):
+    from vit.errors import InputError
+
+    window = random_vit(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5, window_size=2)
+    assert command.removals_for(window, ["mean", "drop", "road"]) == ["mean", "road"]
+    assert capsys.readouterr().err == (
+        "drop: skipped, this model cannot drop tokens (blocks 0, 1 use window attention, which needs the whole patch "
+        "grid); mean, road measured\n"
+    )
+    with pytest.raises(InputError, match=r"^--removal drop does not apply to this model \(blocks 0, 1"):
+        command.removals_for(window, ["drop"])

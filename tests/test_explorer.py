@@ -1,4 +1,4 @@
-"""The attention explorer (vit.explain.explorer) in a real browser: headless Chromium driven by Playwright.
+"""The attention explorer (vit.explain.render.explorer) in a real browser: headless Chromium driven by Playwright.
 
 The page is opened, patches clicked, tokens, blocks, heads and overlays switched, and what it decodes and draws is
 read back and compared with the attention vit.explain.capture computes for that query. Without a browser the
@@ -19,16 +19,10 @@ from browser import SIGNED_LUT, Page, chromium_path, expected_index, expected_si
 from explorer_data import data_blocks, decode_bound, decode_rows, page_data, stored
 from PIL import Image
 
-from vit.explain import capture_attention, explorer, rollout_grid
-from vit.explain.explorer import (
-    CODES,
-    ExplorerTooLarge,
-    block_kind,
-    explorer_payload,
-    quantize_rows,
-    render_explorer,
-    write_explorer,
-)
+from vit.explain import capture_attention, rollout_grid
+from vit.explain.render import explorer
+from vit.explain.render.explorer import ExplorerTooLarge, explorer_payload, render_explorer, write_explorer
+from vit.explain.render.explorer_codes import CODES, quantize_rows
 from vit.explain.stats import patch_distances, row_entropy
 from vit.normalize import normalize
 
@@ -106,18 +100,22 @@ def test_too_many_images_are_refused_with_how_many_fit(tmp_path, random_vit, pix
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
     one = one_image_page(model, pixels)
     with pytest.raises(ExplorerTooLarge, match=r"^3 images are too many .* about \d+ fit") as err:
-        write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, max_bytes=one + 1_200, batch_size=1,
-                       bits=6)  # fmt: skip
+        write_explorer(
+            tmp_path / "e.html",
+            explorer_payload(model, pixels, mean=MEAN, std=STD, max_bytes=one + 1_200, batch_size=1, bits=6),
+        )
     assert "\n" not in str(err.value)
     assert not (tmp_path / "e.html").exists() and not list(tmp_path.iterdir())
-    seen, real = [], explorer.explain_images  # with a subset note: the first that fit, each image explained once
-    monkeypatch.setattr(explorer, "explain_images", lambda m, x, **kw: seen.append(len(x)) or real(m, x, **kw))
+    seen, real = [], explorer.explain  # with a subset note: the first that fit, each image explained once
+    monkeypatch.setattr(explorer, "explain", lambda m, x, *a, **kw: seen.append(len(x)) or real(m, x, *a, **kw))
     data = explorer_payload(model, pixels, mean=MEAN, std=STD, max_bytes=one + 1_200, batch_size=1, subset_note=str,
                             bits=6)  # fmt: skip
     kept = len(data["images"])
     assert 1 <= kept < 3 and data["note"] == str(kept) and sum(seen) == kept + 1
     with pytest.raises(ValueError, match="map 'bad' has shape"):
-        write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, maps={"bad": torch.zeros(3, 2, 2)})
+        write_explorer(
+            tmp_path / "e.html", explorer_payload(model, pixels, mean=MEAN, std=STD, maps={"bad": torch.zeros(3, 2, 2)})
+        )
 
 
 def test_auto_bits_are_the_finest_that_fit_and_the_page_says_so(tmp_path, random_vit):
@@ -160,8 +158,20 @@ HOSTILE = ["{{js}}", "{{data}}", "</script><img src=x onerror=window.hacked=1>",
 
 def test_names_and_titles_are_text_never_markup_or_template_fields(tmp_path, random_vit, pixels):
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
-    path = write_explorer(tmp_path / "e.html", model, pixels[:1], mean=MEAN, std=STD, attribution=False,
-                          class_names=HOSTILE, names=[HOSTILE[2]], title=HOSTILE[0], note=HOSTILE[1])  # fmt: skip
+    path = write_explorer(
+        tmp_path / "e.html",
+        explorer_payload(
+            model,
+            pixels[:1],
+            mean=MEAN,
+            std=STD,
+            attribution=False,
+            class_names=HOSTILE,
+            names=[HOSTILE[2]],
+            title=HOSTILE[0],
+            note=HOSTILE[1],
+        ),
+    )
     page = path.read_text(encoding="utf-8")
     data = page_data(page)
     assert data["class_names"] == HOSTILE and data["images"][0]["name"] == HOSTILE[2]
@@ -195,28 +205,31 @@ def test_non_finite_numbers_are_null_in_the_page(tmp_path, random_vit, pixels):
         model.head.bias.fill_(float("nan"))  # a model from a diverged epoch: NaN probabilities
     scores = {"deletion_auc": {"rollout": float("nan")}, "insertion_auc": {"rollout": float("inf")}, "steps": 4}
     maps = {"gradxinput": torch.rand(2, 4, 4), "attnlrp": torch.rand(2, 4, 4)}
-    path = write_explorer(tmp_path / "e.html", model, pixels[:2], mean=MEAN, std=STD, attribution=False,
-                          faithfulness=scores, maps=maps)  # fmt: skip
+    path = write_explorer(
+        tmp_path / "e.html",
+        explorer_payload(model, pixels[:2], mean=MEAN, std=STD, attribution=False, faithfulness=scores, maps=maps),
+    )
     data = page_data(path.read_text(encoding="utf-8"))
     assert data["map_names"] == ["attnlrp", "rollout", "gradxinput"]  # opens on the default map
     assert data["faithfulness"] == {"deletion_auc": {"rollout": None}, "insertion_auc": {"rollout": None}, "steps": 4}
     assert all(p is None for im in data["images"] for _, p in im["top"])
 
 
-def test_block_kind_follows_the_class_hierarchy(random_vit):
-    from vit.layers import LinearAttention, NeighborhoodAttention, WindowAttention
-
-    for config, base, kind in (
-        (dict(window_size=2, global_attn_indexes=[]), WindowAttention, "window"),
-        (dict(window_size=3, window_type="sliding", global_attn_indexes=[]), NeighborhoodAttention, "sliding"),
-        (dict(linear_attention=True), LinearAttention, "linear"),
+def test_the_page_takes_each_blocks_kind_from_the_model(random_vit, pixels):
+    """The explorer labels each block with the model's own attention kind (``attention_kinds``), outlining the
+    allowed neighbourhood of window and sliding blocks only."""
+    labels = {"window": "window", "sliding": "sliding window", "linear": "linear (implicit)", "global": "global"}
+    for config in (
+        dict(window_size=2, global_attn_indexes=[1]),
+        dict(window_size=3, window_type="sliding", global_attn_indexes=[0]),
+        dict(linear_attention=True),
+        dict(),
     ):
-        attn = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, **config).blocks[0].attn
-        assert block_kind(attn) == kind
-        attn.__class__ = type("Custom" + base.__name__, (base,), {})  # a user's subclass keeps the pattern
-        assert block_kind(attn) == kind
-    dense = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2).blocks[0].attn
-    assert block_kind(dense) == "global"
+        model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4, **config)
+        blocks = explorer_payload(model.eval(), pixels[:1], mean=MEAN, std=STD, attribution=False)["blocks"]
+        kinds = model.attention_kinds()
+        assert [b["kind"] for b in blocks] == kinds and [b["label"] for b in blocks] == [labels[k] for k in kinds]
+        assert [b["mask"] is not None for b in blocks] == [k in ("window", "sliding") for k in kinds]
 
 
 def test_hostile_names_and_non_finite_numbers_show_as_text(browser, tmp_path, random_vit, pixels):
@@ -224,8 +237,20 @@ def test_hostile_names_and_non_finite_numbers_show_as_text(browser, tmp_path, ra
     with torch.no_grad():
         model.head.bias.fill_(float("nan"))
     scores = {"deletion_auc": {HOSTILE[2]: float("nan")}, "insertion_auc": {HOSTILE[2]: 0.5}}
-    write_explorer(tmp_path / "e.html", model, pixels[:1], mean=MEAN, std=STD, attribution=False,
-                   class_names=HOSTILE, names=[HOSTILE[2]], title=HOSTILE[0], faithfulness=scores)  # fmt: skip
+    write_explorer(
+        tmp_path / "e.html",
+        explorer_payload(
+            model,
+            pixels[:1],
+            mean=MEAN,
+            std=STD,
+            attribution=False,
+            class_names=HOSTILE,
+            names=[HOSTILE[2]],
+            title=HOSTILE[0],
+            faithfulness=scores,
+        ),
+    )
     page = Page(browser, tmp_path / "e.html")
     assert page.js("() => document.title") == HOSTILE[0]
     assert page.page.locator("#caption").inner_text().startswith(HOSTILE[2] + " · ")
@@ -243,7 +268,7 @@ def test_many_images_keep_the_view_on_the_first_screen(browser, tmp_path, random
     torch.manual_seed(0)
     model = random_vit(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3).eval()
     images = torch.randint(0, 256, (60, 3, 16, 16), dtype=torch.uint8)
-    page = Page(browser, write_explorer(tmp_path / "e.html", model, images, mean=MEAN, std=STD))
+    page = Page(browser, write_explorer(tmp_path / "e.html", explorer_payload(model, images, mean=MEAN, std=STD)))
     strip = page.js("() => { const t = document.getElementById('thumbs'); return [t.clientHeight, t.scrollHeight]; }")
     assert strip[0] <= 124 < strip[1]  # two rows shown, the others a scroll away
     assert page.js("() => document.getElementById('view').getBoundingClientRect().top") < 300
@@ -262,7 +287,9 @@ def class_model(random_vit):
 
 def test_clicked_patch_and_tokens_show_the_captured_attention(browser, tmp_path, class_model, pixels):
     model = class_model
-    path = write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, class_names=list("abcde"))
+    path = write_explorer(
+        tmp_path / "e.html", explorer_payload(model, pixels, mean=MEAN, std=STD, class_names=list("abcde"))
+    )
     inputs = normalize(pixels, MEAN, STD)
     record = capture_attention(model, inputs)
     P, grid, bits = model.num_prefix_tokens, model.patch_embed.grid_size, 6
@@ -326,8 +353,10 @@ def test_overlays_and_prediction(browser, tmp_path, class_model, pixels):
     inputs = normalize(pixels, MEAN, STD)
     custom = torch.rand(3, 4, 4)
     scores = {"deletion_auc": {"rollout": 0.25, "custom": 0.5}, "insertion_auc": {"rollout": 0.75, "custom": 0.5}}
-    write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, maps={"custom": custom},
-                   faithfulness=scores)  # fmt: skip
+    write_explorer(
+        tmp_path / "e.html",
+        explorer_payload(model, pixels, mean=MEAN, std=STD, maps={"custom": custom}, faithfulness=scores),
+    )
     page = Page(browser, tmp_path / "e.html")
     options = page.js("() => Array.from(document.querySelectorAll('#overlay option'), o => o.value)")
     assert options == ["attention", "rollout", "attribution", "custom", "none"]
@@ -358,8 +387,10 @@ def test_a_signed_map_is_drawn_diverging_around_zero_with_a_numbered_bar(browser
     relevance = (torch.rand(3, 4, 4) - 0.3) * 0.5  # in [-0.15, 0.35)
     relevance[2, 1, 1] = 0.0
     relevance[2, 0, 0] = -0.5  # the largest magnitude is negative: the limits are ±0.5
-    write_explorer(tmp_path / "e.html", class_model, pixels, mean=MEAN, std=STD, maps={"attnlrp": relevance},
-                   attribution=False)  # fmt: skip
+    write_explorer(
+        tmp_path / "e.html",
+        explorer_payload(class_model, pixels, mean=MEAN, std=STD, maps={"attnlrp": relevance}, attribution=False),
+    )
     page = Page(browser, tmp_path / "e.html")
     assert page.js("() => window.explorer.data.signed") == ["attnlrp"]
     page.js("() => window.explorer.select({image: 2})")
@@ -399,7 +430,9 @@ def test_a_signed_map_is_drawn_diverging_around_zero_with_a_numbered_bar(browser
 def test_window_sliding_and_linear_blocks(browser, tmp_path, random_vit, pixels, config, bits):
     torch.manual_seed(0)
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4, **config).eval()
-    path = write_explorer(tmp_path / "e.html", model, pixels[:1], mean=MEAN, std=STD, attribution=False, bits=bits)
+    path = write_explorer(
+        tmp_path / "e.html", explorer_payload(model, pixels[:1], mean=MEAN, std=STD, attribution=False, bits=bits)
+    )
     record = capture_attention(model, normalize(pixels[:1], MEAN, STD))
     P, grid = model.num_prefix_tokens, model.patch_embed.grid_size
     shown = decode_rows(*stored(page_data(path.read_text(encoding="utf-8")), 0), P, bits)
@@ -480,12 +513,12 @@ def test_rollout_logger_writes_the_explorer_and_logs_it_to_wandb(browser, tmp_pa
 
 
 def test_report_opens_on_the_explorer_and_keeps_the_summary(browser, tmp_path, class_model, pixels):
-    from vit.explain import compute
-    from vit.explain.report import render_report
+    from vit.explain import explain
+    from vit.explain.render.report import render_report
 
     model = class_model
     files = [tmp_path / f"img{i}.png" for i in range(3)]
-    results = compute(model, pixels, mean=MEAN, std=STD, faithfulness_steps=4)
+    results = explain(model, pixels, ["rollout", "attribution"], mean=MEAN, std=STD, faithfulness=True, steps=4)
     page_html = render_report(files, results, "report", model=model, pixels=pixels, mean=MEAN, std=STD)
     (tmp_path / "r.html").write_text(page_html)
     page = Page(browser, tmp_path / "r.html")
@@ -493,7 +526,7 @@ def test_report_opens_on_the_explorer_and_keeps_the_summary(browser, tmp_path, c
     assert page.js("() => document.getElementById('note').hidden")
     names = page.js("() => Array.from(document.querySelectorAll('#thumbs button'), b => b.title)")
     assert names == [f"{tmp_path.name}/img{i}.png" for i in range(3)]
-    attribution = results.attribution[1].flatten().numpy()
+    attribution = results.maps["attribution"][1].flatten().numpy()
     shown = page.js("() => window.explorer.map('attribution', 1)")  # float16 of the map over its maximum
     np.testing.assert_allclose(shown, attribution, rtol=2**-11, atol=2**-12 * np.abs(attribution).max())
     assert page.page.locator("#report table#faithfulness").count() == 1  # the static summary follows
@@ -501,7 +534,7 @@ def test_report_opens_on_the_explorer_and_keeps_the_summary(browser, tmp_path, c
     assert faith == list(results.faithfulness["deletion_auc"])
     assert page.errors == []
 
-    one = one_image_page(model, pixels, results.shown_maps(), attribution=False, faithfulness=results.faithfulness)
+    one = one_image_page(model, pixels, results.maps, attribution=False, faithfulness=results.faithfulness)
     small = render_report(files, results, "r", model=model, pixels=pixels, mean=MEAN, std=STD, max_bytes=one + 1_200,
                           bits=6)  # fmt: skip
     (tmp_path / "s.html").write_text(small)
@@ -516,11 +549,11 @@ def test_report_opens_on_the_explorer_and_keeps_the_summary(browser, tmp_path, c
 
 
 def test_report_overlays_stop_at_the_size_limit_with_a_note(tmp_path, class_model, pixels):
-    from vit.explain import compute
-    from vit.explain.report import render_report
+    from vit.explain import explain
+    from vit.explain.render.report import render_report
 
     files = [tmp_path / f"img{i}.png" for i in range(3)]
-    results = compute(class_model, pixels, mean=MEAN, std=STD, faithfulness_steps=4)
+    results = explain(class_model, pixels, ["rollout", "attribution"], mean=MEAN, std=STD, faithfulness=True, steps=4)
     panel = re.compile(r'<div class="panel">.*?</figure></div>')
     whole = render_report(files, results, "report")
     sizes = [len(m.group().encode()) for m in panel.finditer(whole)]
@@ -585,3 +618,28 @@ def test_rollout_logger_keeps_the_images_that_fit(tmp_path):
     assert 1 <= count < 4
     assert data["note"] == f"The first {count} of the 4 explained images (all would pass the size limit)."
     assert [im["label"] for im in data["images"]] == callback.labels[:count].tolist()
+
+
+def test_head_importance_bars_and_ranked_heads_select_a_head(browser, tmp_path, class_model, pixels):
+    """With the heads' mean-ablation importance, every map of the grid carries a bar as wide as its share of the
+    largest drop, the heads are listed most important first, and a click on one selects that block and head."""
+    from vit.explain import explain
+
+    ex = explain(class_model, pixels, ["rollout"], mean=MEAN, std=STD, heads=True)
+    drops = ex.heads.logit_drop
+    payload = explorer_payload(class_model, pixels, mean=MEAN, std=STD, attribution=False, importance=drops)
+    page = Page(browser, write_explorer(tmp_path / "e.html", payload))
+    listed = page.js("() => Array.from(document.querySelectorAll('#importance button'), b => b.textContent)")
+    ranked = sorted(((float(drops[b, h]), b, h) for b in range(2) for h in range(2)), reverse=True)
+    assert listed == [f"block {b}, head {h}: {drop:.3f}" for drop, b, h in ranked]
+    widths = page.js("() => Array.from(document.querySelectorAll('#heads .cell .bar'), e => e.style.width)")
+    top = max(float(drops.max()), 1e-12)
+    assert widths == [f"{round(100 * max(0.0, float(drops[b, h])) / top)}%" for b in range(2) for h in range(2)]
+    _, b, h = ranked[-1]
+    page.page.locator("#importance button").last.click()
+    assert page.js("() => [window.explorer.state.block, window.explorer.state.head]") == [b, h]
+    assert page.errors == []
+    plain_payload = explorer_payload(class_model, pixels, mean=MEAN, std=STD, attribution=False)
+    plain = Page(browser, write_explorer(tmp_path / "p.html", plain_payload))
+    assert plain.js("() => document.getElementById('importance-box').hidden")
+    assert plain.js("() => document.querySelectorAll('#heads .bar').length") == 0

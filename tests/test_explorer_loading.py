@@ -19,7 +19,7 @@ from browser import Page, expected_index, lut_index
 from explorer_data import decode_rows, page_data, stored
 from PIL import Image
 
-from vit.explain.explorer import explorer_payload, write_explorer
+from vit.explain.render.explorer import explorer_payload, write_explorer
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 
@@ -65,7 +65,7 @@ def pixels():
 @pytest.fixture
 def page(browser, tmp_path, random_vit, pixels):
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
-    return Page(browser, write_explorer(tmp_path / "e.html", model, pixels[:1], mean=MEAN, std=STD))
+    return Page(browser, write_explorer(tmp_path / "e.html", explorer_payload(model, pixels[:1], mean=MEAN, std=STD)))
 
 
 def test_png_decoder_undoes_every_filter_across_split_chunks(page):
@@ -95,7 +95,7 @@ def test_an_image_clicked_while_the_page_still_loads_is_shown_once_it_has_arrive
     browser, tmp_path, random_vit, pixels
 ):
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4).eval()
-    path = write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD)
+    path = write_explorer(tmp_path / "e.html", explorer_payload(model, pixels, mean=MEAN, std=STD))
     body = path.read_bytes()
     cut = body.index(b'id="explorer-codes-2"') + 40  # inside the codes of the third image
     release = threading.Event()
@@ -142,7 +142,7 @@ def test_an_image_clicked_while_the_page_still_loads_is_shown_once_it_has_arrive
 
 def test_a_failure_is_shown_on_the_page_and_the_other_images_still_work(browser, tmp_path, random_vit, pixels):
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
-    path = write_explorer(tmp_path / "e.html", model, pixels[:2], mean=MEAN, std=STD)
+    path = write_explorer(tmp_path / "e.html", explorer_payload(model, pixels[:2], mean=MEAN, std=STD))
     codes = re.search(r'id="explorer-codes-1">\{"attn":"([^"]+)"', path.read_text()).group(1)
     middle = len(codes) // 2 // 4 * 4
     path.write_text(path.read_text().replace(codes, codes[:middle] + "AAAAAAAA" + codes[middle + 8 :]))  # bad zlib
@@ -161,9 +161,9 @@ def test_a_failure_is_shown_on_the_page_and_the_other_images_still_work(browser,
 def test_no_image_or_bad_bits_are_refused_before_a_page_is_written(tmp_path, random_vit, pixels):
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
     with pytest.raises(ValueError, match=r"at least one image, got shape \(0, 3, 32, 32\)"):
-        write_explorer(tmp_path / "e.html", model, pixels[:0], mean=MEAN, std=STD)
+        write_explorer(tmp_path / "e.html", explorer_payload(model, pixels[:0], mean=MEAN, std=STD))
     with pytest.raises(ValueError, match='bits must be "auto" or an integer from 2 to 8, got 1'):
-        write_explorer(tmp_path / "e.html", model, pixels, mean=MEAN, std=STD, bits=1)
+        write_explorer(tmp_path / "e.html", explorer_payload(model, pixels, mean=MEAN, std=STD, bits=1))
     assert not list(tmp_path.iterdir())
 
 
@@ -185,7 +185,9 @@ def test_a_photograph_is_stored_as_jpeg_and_coarse_codes_unfiltered_and_both_rea
     model = random_vit(img_size=96, patch_size=16, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
     y, x = torch.meshgrid(torch.arange(96), torch.arange(96), indexing="ij")
     photo = torch.stack([y * 2, x * 2, 255 - y - x // 2]).clamp(0, 255).to(torch.uint8)[None]  # a smooth gradient
-    path = write_explorer(tmp_path / "e.html", model, photo, mean=MEAN, std=STD, attribution=False, bits=3)
+    path = write_explorer(
+        tmp_path / "e.html", explorer_payload(model, photo, mean=MEAN, std=STD, attribution=False, bits=3)
+    )
     data = page_data(path.read_text(encoding="utf-8"))
     picture = base64.b64decode(data["images"][0]["image"])
     assert picture[:3] == b"\xff\xd8\xff"  # JPEG
@@ -225,7 +227,9 @@ def _chunk_offsets(png: bytes) -> list[int]:
 def test_a_negative_zero_share_puts_the_whole_row_on_the_prefix(browser, tmp_path, random_vit, pixels):
     """The stored share is the smaller one, negative for the patches': -0.0 means the patches hold nothing."""
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4, reg_tokens=1)
-    path = write_explorer(tmp_path / "e.html", model.eval(), pixels[:1], mean=MEAN, std=STD, attribution=False)
+    path = write_explorer(
+        tmp_path / "e.html", explorer_payload(model.eval(), pixels[:1], mean=MEAN, std=STD, attribution=False)
+    )
     text = path.read_text()
     share = re.search(r'id="explorer-codes-0">[^<]*"share":"([^"]+)"', text).group(1)
     values = np.frombuffer(base64.b64decode(share), "<f2").copy()
@@ -245,7 +249,9 @@ def test_the_page_opens_on_the_first_patch_rows_before_the_codes_are_inflated(br
     """The first image's codes element is broken here: the page still opens, drawn from the first patch's rows in its
     data, and says what failed once it needs the whole codes."""
     model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4).eval()
-    path = write_explorer(tmp_path / "e.html", model, pixels[:2], mean=MEAN, std=STD, attribution=False)
+    path = write_explorer(
+        tmp_path / "e.html", explorer_payload(model, pixels[:2], mean=MEAN, std=STD, attribution=False)
+    )
     data = page_data(path.read_text())
     codes, share = stored(data, 0)
     P, bits = model.num_prefix_tokens, data["bits"]

@@ -10,7 +10,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from vit.explain import Explanation, distance_plot, render_grid, render_panel, render_panels
-from vit.explain.panels import BAR_WIDTH, caption_font_size, caption_height, font
+from vit.explain.render.panels import BAR_WIDTH, caption_font_size, caption_height, font
 
 PAD = 4
 
@@ -130,7 +130,7 @@ def explanation(batch: int = 5) -> Explanation:
         probs=probs,
         preds=probs.argmax(dim=-1),
         attentions=[],
-        rollout=torch.rand(batch, 4, 4),
+        maps={"rollout": torch.rand(batch, 4, 4)},
         entropy=None,
         distance=None,
         collapse={},

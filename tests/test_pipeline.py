@@ -1,5 +1,6 @@
-"""explain_images against the separate pieces it replaces: model(images), capture_attention + attention_rollout,
-attention_statistics and detect_collapse; one forward pass; the model left as it was."""
+"""explain / explain_images against the separate pieces they replace: model(images), capture_attention +
+attention_rollout, attention_statistics, detect_collapse, the method registry and the benchmark; one forward pass for
+predictions and statistics; the model left as it was."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from vit.explain import (
     attention_attribution,
     attention_rollout,
     attention_statistics,
+    benchmark_methods,
     capture_attention,
-    compute,
     detect_collapse,
+    explain,
     explain_images,
+    explain_map,
 )
 from vit.normalize import DIGITS_MEAN, DIGITS_STD, normalize
 
@@ -117,7 +120,7 @@ def test_captions_metrics_and_collapse():
         probs=probs,
         preds=probs.argmax(dim=-1),
         attentions=[uniform],
-        rollout=torch.zeros(2, 2, 2),
+        maps={"rollout": torch.zeros(2, 2, 2)},
         entropy=torch.tensor([[1.0, 2.0]]),
         distance=torch.tensor([[3.0, 5.0]]),
         collapse={0: detect_collapse(uniform)},
@@ -215,25 +218,67 @@ def test_collapse_merged_over_batches_is_the_collapse_of_all_images():
         type(reports[0]).merge([reports[0], detect_collapse(first, uniform_threshold=0.9)])
 
 
-def test_compute_in_batches_equals_compute_at_once(make_model):
+def test_explain_in_batches_equals_explain_at_once(make_model):
     model = make_model(reg_tokens=1)
     images = torch.randint(0, 256, (5, 3, 16, 16), generator=torch.Generator().manual_seed(3), dtype=torch.uint8)
-    kwargs = dict(mean=DIGITS_MEAN, std=DIGITS_STD, block=0, faithfulness_steps=4, target=2)
-    small, whole = compute(model, images, batch_size=2, **kwargs), compute(model, images, batch_size=5, **kwargs)
+    kwargs = dict(mean=DIGITS_MEAN, std=DIGITS_STD, block=0, faithfulness=True, steps=4, target=2)
+    methods = ["rollout", "attribution"]
+    small, whole = explain(model, images, methods, batch_size=2, **kwargs), explain(model, images, methods, **kwargs)
     at_once = explain_images(model, images, mean=DIGITS_MEAN, std=DIGITS_STD)
-    torch.testing.assert_close(small.explanation.rollout, at_once.rollout)
-    torch.testing.assert_close(small.explanation.entropy, at_once.entropy)
-    assert small.explanation.attentions == [] and small.block == 0 and small.target == 2
+    torch.testing.assert_close(small.rollout, at_once.rollout)
+    torch.testing.assert_close(small.entropy, at_once.entropy)
+    assert small.attentions == [] and small.block == 0 and small.target == 2 and list(small.maps) == methods
     # Head maps: each head's class-token row of block 0 over the 4 x 4 patches.
     torch.testing.assert_close(small.head_maps, at_once.attentions[0][:, :, 0, 2:].reshape(5, 2, 4, 4))
-    torch.testing.assert_close(small.attribution, whole.attribution)
+    torch.testing.assert_close(small.maps["attribution"], whole.maps["attribution"])
     inputs = normalize(images, DIGITS_MEAN, DIGITS_STD)
-    torch.testing.assert_close(small.attribution, attention_attribution(model, inputs, target=2))
+    torch.testing.assert_close(small.maps["attribution"], attention_attribution(model, inputs, target=2))
     assert small.faithfulness["deletion_auc"] == pytest.approx(whole.faithfulness["deletion_auc"])
     assert set(small.faithfulness["deletion_auc"]) == {"rollout", "attribution", "random"}
-    only_rollout = compute(model, images, mean=DIGITS_MEAN, std=DIGITS_STD, method="rollout")
-    assert only_rollout.attribution is None and only_rollout.faithfulness is None and only_rollout.block == 1
+    # The benchmark's own figures, called directly with the same settings.
+    bench = benchmark_methods(model, inputs, torch.full((5,), 2), methods, steps=4, target="label", batch_size=2)
+    assert small.benchmark.to_dict()["scores"].keys() == bench.to_dict()["scores"].keys()
+    for name in (*methods, "random"):
+        assert small.faithfulness["deletion_auc"][name] == pytest.approx(bench.scores[name].deletion_auc)
+    assert small.benchmark.target == "class 2" and small.benchmark.accuracy is None
+    only_rollout = explain(model, images, ["rollout"], mean=DIGITS_MEAN, std=DIGITS_STD)
+    assert list(only_rollout.maps) == ["rollout"] and only_rollout.faithfulness is None and only_rollout.block == 1
     with pytest.raises(ValueError, match="block 2 out of range: the model has 2 blocks"):
-        compute(model, images, mean=DIGITS_MEAN, std=DIGITS_STD, block=2)
+        explain(model, images, mean=DIGITS_MEAN, std=DIGITS_STD, block=2)
     with pytest.raises(ValueError, match="target 5 out of range: the model has 5 classes"):
-        compute(model, images, mean=DIGITS_MEAN, std=DIGITS_STD, target=5)
+        explain(model, images, mean=DIGITS_MEAN, std=DIGITS_STD, target=5)
+    with pytest.raises(ValueError, match="unknown explanation method 'shap'"):
+        explain(model, images, ["shap"], mean=DIGITS_MEAN, std=DIGITS_STD)
+
+
+def test_every_map_comes_from_the_registry_also_inside_inference_mode(make_model):
+    """The training callback calls explain inside the validation loop's inference mode: gradients must still flow,
+    and each map must equal the registry's own, aliases resolved and kept in the order asked."""
+    model = make_model()
+    images = torch.randint(0, 256, (4, 3, 16, 16), generator=torch.Generator().manual_seed(5), dtype=torch.uint8)
+    inputs = normalize(images, DIGITS_MEAN, DIGITS_STD)
+    with torch.inference_mode():
+        ex = explain(model, images, ["cp", "attnlrp", "rollout", "cp_lrp"], mean=DIGITS_MEAN, std=DIGITS_STD,
+                     discard_ratio=0.5, head_fusion="max")  # fmt: skip
+    assert list(ex.maps) == ["cp_lrp", "attnlrp", "rollout"]
+    torch.testing.assert_close(ex.maps["attnlrp"], explain_map(model, inputs, "attnlrp").patches)
+    torch.testing.assert_close(ex.maps["cp_lrp"], explain_map(model, inputs, "cp_lrp").patches)
+    rollout = explain_map(model, inputs, "rollout", head_fusion="max", discard_ratio=0.5).patches
+    torch.testing.assert_close(ex.maps["rollout"], rollout)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_public_names_load_on_first_use():
+    """``vit.explain`` lists its names once (the TYPE_CHECKING imports; ``__all__`` written out equal to them for the
+    API docs), imports nothing heavy itself, and every name resolves to the object of its module."""
+    import subprocess
+    import sys
+
+    import vit.explain as package
+
+    assert sorted(package.__all__) == sorted(package._WHERE)
+    for name in package.__all__:
+        assert getattr(package, name) is not None
+    assert package.lrp.__name__ == "lrp" and package.faithfulness.__name__ == "faithfulness"  # functions, not modules
+    code = "import sys, vit.explain; print(sorted(m for m in ('torch', 'numpy', 'lightning') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"

@@ -127,7 +127,7 @@ def test_run_config_is_nested_and_runs_are_named_grouped_and_tagged(window_run):
     assert config["model"]["lr"] == 0.002 and config["model"]["model_overrides"]["depth"] == 2
     assert config["data"]["dataset"] == "digits" and config["data"]["img_size"] == 16
     assert config["trainer"]["max_epochs"] == 2
-    assert any(cb["class_path"].endswith("AttentionRolloutLogger") for cb in config["trainer"]["callbacks"])
+    assert any(cb["class_path"].endswith("ExplanationLogger") for cb in config["trainer"]["callbacks"])
     assert "lr" not in config and "dataset" not in config  # no flat copies of the module's hyper-parameters
 
     assert state["name"].startswith("quickstart-vit_tiny_window_patch4_32-window-digits-")

@@ -15,11 +15,9 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.plugins.precision import MixedPrecision
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
 from timm.loss import SoftTargetCrossEntropy
-from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from timm.utils import ModelEmaV3
 from torch import nn
 from torch.nn import functional as F
@@ -34,6 +32,7 @@ from .callbacks.time_budget import TimeBudget, budget_seconds, steps_in_epoch
 from .checkpoints.state import check_checkpoint_fits
 from .errors import ConfigError
 from .models import VisionTransformer, create_model, load_pretrained
+from .optim import fused_adamw, param_groups
 from .schedule import TimePlan, warmup_cosine
 from .tta import TestTimeAugment, averaged_logits
 
@@ -383,23 +382,9 @@ class ImageClassifier(LightningModule):
         return self.hparams.lr * self.global_batch_size() / self.hparams.lr_base_batch_size
 
     def param_groups(self, lr: float) -> list[dict[str, Any]]:
-        """AdamW parameter groups: no decay on 1-D parameters, biases and ``model.no_weight_decay()``; with
-        ``layer_decay`` one group per depth carrying its ``lr_scale``; every group's ``lr`` is already scaled.
-
-        Args:
-            lr: Peak learning rate of the last layer (the head).
-        """
+        """AdamW parameter groups of the model (:func:`vit.optim.param_groups`) at peak learning rate ``lr``."""
         hp = self.hparams
-        skip = set(self.model.no_weight_decay()) if hasattr(self.model, "no_weight_decay") else set()
-        if hp.layer_decay is not None:
-            groups = param_groups_layer_decay(
-                self.model, hp.weight_decay, no_weight_decay_list=skip, layer_decay=hp.layer_decay
-            )
-        else:
-            groups = param_groups_weight_decay(self.model, hp.weight_decay, no_weight_decay_list=skip)
-        for group in groups:
-            group["lr"] = lr * group.get("lr_scale", 1.0)
-        return groups
+        return param_groups(self.model, lr, weight_decay=hp.weight_decay, layer_decay=hp.layer_decay)
 
     def _steps_per_epoch(self) -> float:
         """Optimiser steps per epoch (``inf`` for an unsized loader), the training data loaded first if need be."""
@@ -444,16 +429,6 @@ class ImageClassifier(LightningModule):
             factor = partial(warmup_cosine, warmup_steps=warmup, total_steps=total, min_ratio=hp.min_lr / hp.lr)
         scheduler = LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def fused_adamw(device: torch.device, trainer: Trainer | None) -> bool:
-    """Whether AdamW runs its fused kernel: on CUDA, unless Lightning's mixed precision clips the gradients. Its AMP
-    plugin (``bf16-mixed``, ``16-mixed``) refuses to clip for an optimiser that unscales gradients inside its own step,
-    as the fused one does, and stops the first training step; there the ``foreach`` implementation runs instead."""
-    if device.type != "cuda":
-        return False
-    clips = trainer is not None and bool(trainer.gradient_clip_val)
-    return not (clips and isinstance(trainer.precision_plugin, MixedPrecision))
 
 
 def _check_images(x: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,18 @@
 """Lightning callbacks, one per file. Each decides *when*; a library function decides *what*."""
 
+from .explanations import (
+    DISTANCE_KEY,
+    ROLLOUT_KEY,
+    AttentionRolloutLogger,
+    ExplanationLogger,
+    explained_model,
+    select_indices,
+)
 from .metadata import CheckpointMetadata
 from .nonfinite import NonFiniteError, NonFiniteGuard
 from .patch_dropout import UnmaskedEpochs
 from .predictions import PredictionWriter
 from .resume import Preempted, ResumeCheckpoint
-from .rollout import DISTANCE_KEY, ROLLOUT_KEY, AttentionRolloutLogger, explained_model, select_indices
 from .run_summary import RunSummary, count_parameters, forward_flops
 from .throughput import TrainingThroughput, training_throughput
 from .time_budget import TimeBudget
@@ -15,6 +22,7 @@ __all__ = [
     "ROLLOUT_KEY",
     "AttentionRolloutLogger",
     "CheckpointMetadata",
+    "ExplanationLogger",
     "NonFiniteError",
     "NonFiniteGuard",
     "Preempted",

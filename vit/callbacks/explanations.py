@@ -1,90 +1,38 @@
-"""AttentionRolloutLogger: where the model looks, and how its attention is organised, on fixed images while it trains.
+"""ExplanationLogger: where the model looks, and how its attention is organised, on fixed images while it trains.
 
-The main grid is the project's default map, AttnLRP (Achtibat et al., "AttnLRP: Attention-Aware Layer-wise Relevance
+The main map is the project's default, AttnLRP (Achtibat et al., "AttnLRP: Attention-Aware Layer-wise Relevance
 Propagation for Transformers", ICML 2024; :data:`~vit.explain.DEFAULT_METHOD`, the most faithful map a plain install
 has); beside it attention rollout (Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020), entropy
-and mean
-attention distance per block (Dosovitskiy et al., "An Image is Worth 16x16 Words", ICLR 2021, Fig. 7) and a warning
-when a block's attention collapses. The callback only decides *when* and *which images*:
-:func:`~vit.explain.explain_images` computes everything in one forward pass, :mod:`vit.explain.panels` draws it,
-and the sinks are PNG files in the run's folder and :func:`vit.loggers.log_images` (W&B, when attached).
+and mean attention distance per block (Dosovitskiy et al., "An Image is Worth 16x16 Words", ICLR 2021, Fig. 7) and a
+warning when a block's attention collapses. The callback decides *when* and *which images*;
+:func:`~vit.explain.explain` computes *what*, and :class:`~vit.callbacks.explanation_sink.ExplanationSink` draws it
+into the run folder and W&B.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import nn
 
-from .. import loggers
-from ..atomic import write_bytes
-from ..explain import (
-    Explanation,
-    HeadFusion,
-    attention_modules,
-    describe_collapse,
-    distance_plot,
-    explain_images,
-    render_grid,
-    render_panels,
-)
-from ..explain.attribution import attention_attribution
-from ..explain.colors import is_signed
-from ..explain.explorer import DEFAULT_MAX_BYTES, check_bits, write_explorer
-from ..explain.faithfulness import faithfulness
-from ..explain.methods import DEFAULT_METHOD, METHODS, explain_map, get_method, require_extras
-from ..explain.panels import png_bytes
+from ..explain.capture import attention_modules
+from ..explain.explanation import Explanation
+from ..explain.methods import DEFAULT_METHOD, get_method, require_extras
+from ..explain.pipeline import explain
+from ..explain.render.explorer import DEFAULT_MAX_BYTES
+from ..explain.render.explorer_codes import check_bits
+from ..explain.rollout import HeadFusion
 from ..explain.selection import fixed_images, select_indices
-from ..normalize import normalize
+from ..explain.stats import describe_collapse
+from .explanation_sink import DISTANCE_KEY, ROLLOUT_KEY, ExplanationSink
 
-__all__ = [
-    "ATTRIBUTION_KEY",
-    "DISTANCE_KEY",
-    "EXPLORER_KEY",
-    "GRID_KEY",
-    "METHOD_GRID_KEY",
-    "METHOD_KEY",
-    "ROLLOUT_KEY",
-    "AttentionRolloutLogger",
-    "explained_model",
-    "select_indices",
-]
-
-GRID_KEY = "val/attention_rollout_grid"
-"""W&B key of the captioned grid of every explained image (the same picture as ``rollout/epoch_XXX.png``)."""
-ROLLOUT_KEY = "val/attention_rollout"
-"""W&B key of the per-image rollout panels."""
-DISTANCE_KEY = "val/attention_distance"
-"""W&B key of the plot of mean attention distance per head against depth."""
-ATTRIBUTION_KEY = "val/attention_attribution"
-"""W&B key of the per-image attribution panels (Chefer et al., ICCV 2021)."""
-EXPLORER_KEY = "val/attention_explorer"
-"""W&B key of the attention explorer (``wandb.Html``; the same file as ``rollout/explorer_epoch_XXX.html``)."""
-METHOD_GRID_KEY = "val/explanation_grid"
-"""W&B key of the main grid: the map of ``method`` (AttnLRP by default), the same picture as
-``rollout/<method>_epoch_XXX.png``."""
-METHOD_KEY = "val/explanation"
-"""W&B key of the per-image panels of ``method``."""
-EXPLORER_FILE = "explorer_epoch_{:03d}.html"
-KEYS = {
-    "rollout": (GRID_KEY, ROLLOUT_KEY),
-    "attribution": ("val/attention_attribution_grid", ATTRIBUTION_KEY),
-    "distance": (DISTANCE_KEY, ""),
-}
-"""W&B keys of each figure: (grid or plot, per-image panels)."""
-FILES = {
-    "rollout": "epoch_{:03d}.png",
-    "attribution": "attribution_epoch_{:03d}.png",
-    "distance": "distance_epoch_{:03d}.png",
-}
-"""File name of each figure in ``<default_root_dir>/rollout/``."""
-TITLES = {"rollout": "attention rollout", "attribution": "attention attribution (predicted class)"}
+__all__ = ["DISTANCE_KEY", "ROLLOUT_KEY", "AttentionRolloutLogger", "ExplanationLogger", "explained_model",
+           "logged_step", "select_indices"]  # fmt: skip
 
 
 def explained_model(pl_module: LightningModule) -> nn.Module:
@@ -99,7 +47,7 @@ def explained_model(pl_module: LightningModule) -> nn.Module:
         model = getattr(pl_module, "model", None)
     if not isinstance(model, nn.Module):
         raise ValueError(
-            f"{type(pl_module).__name__} has no `model` (nor `eval_model`) network: AttentionRolloutLogger explains "
+            f"{type(pl_module).__name__} has no `model` (nor `eval_model`) network: ExplanationLogger explains "
             "pl_module.model, a vit.VisionTransformer"
         )
     return model
@@ -113,14 +61,14 @@ def _final_validation(trainer: Trainer) -> bool:
     return trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch + 1
 
 
-class AttentionRolloutLogger(Callback):
+class ExplanationLogger(Callback):
     """Explain a fixed set of validation images after every ``every_n_epochs``-th validation and the final model's.
 
     When fitting or validating starts, ``num_images`` validation images are fixed (:func:`select_indices`: the
     first image of distinct classes), kept as the data gives them (uint8 when the data module normalises on the
     device). After validation, on global rank zero, the validated network (``pl_module.eval_model``: the EMA weights
-    when enabled) explains them with :func:`~vit.explain.explain_images` (one eval-mode, no-grad forward pass; the
-    model is left as it was) and the result goes to:
+    when enabled) explains them with :func:`~vit.explain.explain` (the model is left as it was) and
+    :class:`~vit.callbacks.explanation_sink.ExplanationSink` puts the result in:
 
     - ``<default_root_dir>/rollout/<method>_epoch_XXX.png``: the main grid, ``method``'s map of each image's
       predicted class (AttnLRP by default, :func:`~vit.explain.explain_map`), and in W&B ``val/explanation_grid``
@@ -136,9 +84,10 @@ class AttentionRolloutLogger(Callback):
     - every logger: ``attn/entropy/block_{i}`` (nats), ``attn/distance/block_{i}`` (pixels), means over heads, and
       ``attn/collapsed_blocks``; every ``faithfulness_every_n``-th logged epoch, the areas under the deletion and
       insertion curves (:func:`~vit.explain.faithfulness`) ``explain/deletion_auc/{rollout,attribution,random}``
-      and ``explain/insertion_auc/...`` (lower deletion, higher insertion = more faithful);
-    - with ``explorer``, the attention explorer of the fixed images (:func:`~vit.explain.explorer.write_explorer`: click
-      a patch, see its attention in every block and head, the rollout and attribution overlays):
+      and ``explain/insertion_auc/...`` (lower deletion, higher insertion = more faithful), and the symmetric
+      relevance gain ``explain/srg/...`` (least-relevant-first area minus deletion area, higher is better);
+    - with ``explorer``, the attention explorer of the fixed images (:mod:`vit.explain.render.explorer`: click a
+      patch, see its attention in every block and head, the rollout and attribution overlays):
       ``explorer_epoch_XXX.html``, and in W&B as ``wandb.Html`` under ``val/attention_explorer``;
     - a warning naming the block and epoch when every head of a block becomes near-uniform or near-one-hot
       (:func:`~vit.explain.detect_collapse`; a freshly initialised ViT attends near-uniformly).
@@ -276,7 +225,7 @@ class AttentionRolloutLogger(Callback):
         if not batch.is_floating_point() and (self.mean is None or self.std is None):
             raise ValueError(
                 f"the validation images are {batch.dtype}, and without a data module's mean and std "
-                "AttentionRolloutLogger cannot normalise them; give the Trainer the data module"
+                "ExplanationLogger cannot normalise them; give the Trainer the data module"
             )
         self.images, self.labels, self.indices = batch, labels, indices
 
@@ -297,139 +246,64 @@ class AttentionRolloutLogger(Callback):
             loaders = trainer.val_dataloaders
             self.fix_images((loaders[0] if isinstance(loaders, (list, tuple)) else loaders).dataset)
         model = explained_model(pl_module)
-        explanation = explain_images(
-            model,
-            self.images,
-            labels=self.labels,
-            class_names=self.class_names,
-            mean=self.mean,
-            std=self.std,
-            **self.explain_kwargs,
-        )
-        metrics = explanation.metrics()
-        maps = {"rollout": explanation.rollout}
         logged = (epoch + 1) // self.every_n_epochs  # this is the n-th logged epoch
         score = regular and self.faithfulness_every_n > 0 and logged % self.faithfulness_every_n == 0
-        if self.attribution or score:
-            attribution = _warn_on_failure("attention attribution", epoch, lambda: self._attribute(model))
-            if attribution is None:  # a model the rule cannot read: warned once, rollout goes on alone
-                self.attribution = False
-            else:
-                maps["attribution"] = attribution
-        if self.method not in maps and self.method != "attribution":
-            main_map = _warn_on_failure(f"{self.method} maps", epoch, lambda: self._explain_method(model))
-            if main_map is None:  # warned once; rollout and attribution go on
-                self.method = "rollout"
-            else:
-                maps = {self.method: main_map, **maps}  # first: the main grid
-        scores = None
-        if score:
-            scores = _warn_on_failure("faithfulness scores", epoch, lambda: self._faithfulness(model, maps))
-            for curve in ("deletion_auc", "insertion_auc") if scores is not None else ():
-                metrics.update({f"explain/{curve}/{name}": value for name, value in scores[curve].items()})
+        explanation = self._explain(model, epoch, score)
+        metrics = explanation.metrics()
+        scores = explanation.faithfulness
+        for curve in ("deletion_auc", "insertion_auc", "srg") if scores is not None else ():
+            metrics.update({f"explain/{curve}/{name}": value for name, value in scores[curve].items()})
         if metrics:  # logged with the validation metrics, at their step, to every logger
             pl_module.log_dict(metrics, on_step=False, on_epoch=True, rank_zero_only=True)
         self._warn_collapse(epoch, explanation)
-        if not self.attribution:
-            maps.pop("attribution", None)
-        # Lightning logs validation metrics at this step (the optimiser steps taken, less the one in progress).
-        step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
-        figures = _warn_on_failure("explanation grids", epoch, lambda: self._render(explanation, maps, epoch))
-        if figures is not None:
-            _warn_on_failure("explanation PNGs", epoch, lambda: self._save(trainer, epoch, figures))
-            _warn_on_failure("explanations to W&B", epoch, lambda: self._log(trainer, explanation, maps, step, figures))
-        if self.explorer:
-            _warn_on_failure(
-                "attention explorer", epoch, lambda: self._explore(trainer, model, maps, scores, epoch, step)
-            )
+        if not self.attribution:  # scored, not drawn
+            explanation.maps.pop("attribution", None)
+        names = [f"validation image {i}" for i in self.indices] if self.indices else None
+        explorer = dict(model=model, images=self.images, names=names, mean=self.mean, std=self.std)
+        self.sink(trainer).write(trainer, explanation, epoch=epoch, step=logged_step(trainer),
+                                 explorer=explorer if self.explorer else None)  # fmt: skip
 
-    def _inputs(self, model: nn.Module) -> torch.Tensor:
-        """The fixed images normalised for the model, on its device (uint8 images are normalised here, once)."""
-        param = next(model.parameters())
-        images = self.images.to(param.device)
-        return (images if images.is_floating_point() else normalize(images, self.mean, self.std)).to(param.dtype)
+    def _methods(self, score: bool) -> list[str]:
+        """The maps to compute: the main one first, then rollout, then the attribution (drawn, or only scored)."""
+        names = [self.method, "rollout"] + (["attribution"] if self.attribution or score else [])
+        return list(dict.fromkeys(names))
 
-    def _attribute(self, model: nn.Module) -> torch.Tensor:
-        """Attention attribution of each image's predicted class; gradients need leaving the validation loop's
-        inference mode (the model and its parameters are untouched: no ``.grad`` is written)."""
-        with torch.inference_mode(False), torch.enable_grad():
-            return attention_attribution(model, self._inputs(model)).float().cpu()
+    def _explain(self, model: nn.Module, epoch: int, score: bool) -> Explanation:
+        """:func:`~vit.explain.explain` of the fixed images; a map that fails is warned about once and left out
+        from then on (the main map falls back to rollout), and the others are computed without it."""
+        options = dict(mean=self.mean, std=self.std, labels=self.labels, class_names=self.class_names, block=None,
+                       batch_size=len(self.images), **self.explain_kwargs)  # fmt: skip
+        methods = self._methods(score)
+        while True:
+            try:
+                return explain(model, self.images, methods, faithfulness=score, steps=self.faithfulness_steps,
+                               **options)  # fmt: skip
+            except Exception as err:  # one failing map must not take the others, or training, with it
+                failed = self._failing(model, methods)
+                if failed is None or failed == "rollout":
+                    raise
+                what = "attention attribution" if failed == "attribution" else f"{failed} maps"
+                rank_zero_warn(f"could not log the {what} at epoch {epoch}: {type(err).__name__}: {err}; training "
+                               "continues")  # fmt: skip
+                if failed == "attribution":
+                    self.attribution = False
+                else:
+                    self.method = "rollout"
+                methods = [name for name in methods if name != failed]
 
-    def _explain_method(self, model: nn.Module) -> torch.Tensor:
-        """``method``'s patch maps of each image's predicted class, outside the validation loop's inference mode
-        (the registry's methods leave the model as it was: no ``.grad``, no hooks)."""
-        with torch.inference_mode(False), torch.enable_grad():
-            return explain_map(model, self._inputs(model), self.method).patches.float().cpu()
+    def _failing(self, model: nn.Module, methods: Sequence[str]) -> str | None:
+        """The first of ``methods`` that fails on one image, or ``None``."""
+        for name in methods:
+            try:
+                explain(model, self.images[:1], [name], mean=self.mean, std=self.std, statistics=False, block=None)
+            except Exception:
+                return name
+        return None
 
-    def _faithfulness(self, model: nn.Module, maps: dict[str, torch.Tensor]) -> dict[str, Any]:
-        return faithfulness(model, self._inputs(model), maps, steps=self.faithfulness_steps)
-
-    def _render(self, explanation: Explanation, maps: dict[str, torch.Tensor], epoch: int) -> dict[str, np.ndarray]:
-        """A captioned grid per map and, with statistics, the distance plot, as ``uint8`` RGB arrays."""
-        figures = {
-            name: render_grid(
-                explanation,
-                grid_map,
-                self.ncols,
-                title=f"epoch {epoch} · {_title(name)}",
-                signed=is_signed(name),
-                **self.panel_kwargs,
-            )
-            for name, grid_map in maps.items()
-        }
-        if explanation.distance is not None:
-            figures["distance"] = distance_plot(explanation.distance, f"epoch {epoch}", explanation.max_distance)
-        return figures
-
-    def _save(self, trainer: Trainer, epoch: int, figures: dict[str, np.ndarray]) -> None:
+    def sink(self, trainer: Trainer) -> ExplanationSink:
+        """Where the pictures go: the run's ``rollout/`` folder, and W&B when attached."""
         folder = self.output_dir if self.output_dir is not None else Path(trainer.default_root_dir) / "rollout"
-        for name, figure in figures.items():
-            write_bytes(folder / FILES.get(name, f"{name}_epoch_{{:03d}}.png").format(epoch), png_bytes(figure))
-
-    def _log(
-        self,
-        trainer: Trainer,
-        explanation: Explanation,
-        maps: dict[str, torch.Tensor],
-        step: int,
-        figures: dict[str, np.ndarray],
-    ) -> None:
-        for name, figure in figures.items():
-            grid_key, panel_key = KEYS.get(name, (METHOD_GRID_KEY, METHOD_KEY))
-            if not loggers.log_images(trainer, grid_key, [figure], step):  # no W&B logger: nothing more to render
-                return
-            if name in maps:
-                panels = render_panels(explanation, maps[name], signed=is_signed(name), **self.panel_kwargs)
-                loggers.log_images(trainer, panel_key, panels, step, captions=explanation.captions())
-
-    def _explore(
-        self,
-        trainer: Trainer,
-        model: nn.Module,
-        maps: dict[str, torch.Tensor],
-        scores: dict[str, Any] | None,
-        epoch: int,
-        step: int,
-    ) -> None:
-        """Write the explorer of the fixed images into the run folder and log that file to W&B."""
-        folder = self.output_dir if self.output_dir is not None else Path(trainer.default_root_dir) / "rollout"
-        total = len(self.images)
-
-        def subset_note(count: int) -> str:  # too many images for one file: the first ones that fit
-            return f"The first {count} of the {total} explained images (all would pass the size limit)."
-
-        path = write_explorer(
-            folder / EXPLORER_FILE.format(epoch), model, self.images, mean=self.mean, std=self.std,
-            labels=self.labels, class_names=self.class_names,
-            names=[f"validation image {i}" for i in self.indices] if self.indices else None, maps=maps,
-            attribution=False, faithfulness=scores, title=f"epoch {epoch}: attention of the validation images",
-            max_bytes=self.explorer_max_bytes, bits=self.explorer_bits,
-            subset_note=subset_note,
-        )  # fmt: skip
-        for logger in loggers.wandb_loggers(trainer):
-            import wandb  # with a W&B logger attached, wandb is importable
-
-            logger.log_metrics({EXPLORER_KEY: wandb.Html(str(path), inject=False)}, step=step)
+        return ExplanationSink(folder, self.panel_kwargs, self.ncols, self.explorer_max_bytes, self.explorer_bits)
 
     def _warn_collapse(self, epoch: int, explanation: Explanation) -> None:
         """Warn about the blocks that collapsed since the last check (a lasting collapse is warned about once; the
@@ -440,17 +314,14 @@ class AttentionRolloutLogger(Callback):
             rank_zero_warn(f"attention collapse at epoch {epoch} in {describe_collapse(new, len(explanation))}")
 
 
-def _title(name: str) -> str:
-    if name in TITLES:
-        return TITLES[name]
-    method = METHODS[name]
-    return f"{method.summary}{' of the predicted class' if method.class_specific else ''}"
+AttentionRolloutLogger = ExplanationLogger
+"""The older name of :class:`ExplanationLogger` (configs written before it keep working)."""
 
 
-def _warn_on_failure(what: str, epoch: int, action: Callable[[], Any]) -> Any:
-    """Run ``action``; a failure becomes a warning naming ``what`` and the epoch, and ``None`` is returned."""
-    try:
-        return action()
-    except Exception as err:  # logging must never end a training run
-        rank_zero_warn(f"could not log the {what} at epoch {epoch}: {type(err).__name__}: {err}; training continues")
-        return None
+def logged_step(trainer: Trainer) -> int:
+    """The step Lightning logs this validation's metrics at: the optimiser steps taken, less the one in progress.
+
+    Lightning keeps it in the private ``fit_loop.epoch_loop._batches_that_stepped`` (a test checks that it still
+    exists and that the pictures land on the metrics' step); ``global_step`` where it is missing.
+    """
+    return getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)

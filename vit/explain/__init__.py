@@ -1,83 +1,111 @@
-"""Understanding attention: capture the dense weights, roll them out, measure them, show them.
+"""Understanding attention: explain a model's predictions, measure the maps, show them.
 
-:func:`explain_images` is the one pipeline (one forward pass gives predictions and attention); panels and plots
-render its :class:`Explanation`. :func:`compute` explains many images in batches, with attribution and
-faithfulness, as ``vit explain`` does (:class:`Results`). Needs torch, numpy, PIL and matplotlib.
+:func:`explain` is the one entry: a model and images in, an :class:`Explanation` out (maps by method from the
+registry :data:`METHODS`, predictions, attention statistics, per-head maps, and with ``faithfulness=True`` the method
+benchmark). :mod:`vit.explain.render` draws it: panels and grids, the HTML report, the attention explorer.
+``vit explain`` (:mod:`vit.explain.command`) and the training callback
+(:class:`~vit.callbacks.ExplanationLogger`) call the same function.
+
+Names are imported on first use (PEP 562): ``import vit.explain`` itself loads nothing heavy, so ``vit explain
+--help`` answers at once. Needs torch, numpy, PIL and matplotlib.
 """
 
-from ..normalize import unnormalize
-from .attribution import attention_attribution, relevance_from_gradients
-from .capture import AttentionRecord, attention_modules, capture_attention, eval_mode, pool_module, record_attention
-from .colors import ColorScale, color_scale, is_signed
-from .explorer import ExplorerTooLarge, explorer_payload, render_explorer, write_explorer
-from .faithfulness import faithfulness
-from .lrp import LRPResult, lrp, relevance_rules
-from .method_benchmark import MethodBenchmark, MethodScore, benchmark_methods
-from .methods import DEFAULT_METHOD, METHODS, Method, MethodMap, applicable_methods, explain_map, get_method
-from .overlay import apply_colormap, make_grid, overlay_heatmap, to_uint8_image, upsample_map
-from .panels import render_grid, render_panel, render_panels
-from .pipeline import Explanation, display_pixels, explain_images
-from .plots import distance_plot, figure_to_array
-from .results import Results, compute
-from .rollout import (
-    HeadFusion,
-    RolloutPool,
-    attention_rollout,
-    discard_lowest,
-    fuse_heads,
-    head_pool,
-    rollout_grid,
-    rollout_map,
-)
-from .selection import fixed_images, select_indices
-from .stats import (
-    CollapseReport,
-    attention_distance,
-    attention_entropy,
-    attention_statistics,
-    describe_collapse,
-    detect_collapse,
-    patch_distances,
-    row_entropy,
-)
+import ast
+import sys
+import types
+from importlib import import_module
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:  # the public names, imported on first use (below); type checkers and the API docs read them here
+    from ..normalize import unnormalize
+    from .attribution import attention_attribution, relevance_from_gradients
+    from .capture import AttentionRecord, attention_modules, capture_attention, eval_mode, pool_module, record_attention
+    from .colors import ColorScale, apply_colormap, color_scale, is_signed
+    from .explanation import Explanation, benchmark_scores, display_pixels
+    from .faithfulness import faithfulness
+    from .lrp import LRPResult, lrp, relevance_rules
+    from .method_benchmark import MethodBenchmark, MethodScore, benchmark_methods
+    from .methods import DEFAULT_METHOD, METHODS, Method, MethodMap, applicable_methods, explain_map, get_method
+    from .pipeline import block_index, explain, explain_images, model_inputs
+    from .render.explorer import ExplorerTooLarge, explorer_payload, render_explorer, write_explorer
+    from .render.images import png_bytes, to_uint8_image
+    from .render.notebook import Explorer, show_explorer
+    from .render.overlay import make_grid, overlay_heatmap, upsample_map
+    from .render.panels import explanation_png, render_grid, render_panel, render_panels
+    from .render.plots import distance_plot, figure_to_array
+    from .rollout import (
+        HeadFusion,
+        RolloutPool,
+        attention_rollout,
+        discard_lowest,
+        fuse_heads,
+        head_pool,
+        rollout_grid,
+        rollout_map,
+    )
+    from .selection import fixed_images, select_indices
+    from .stats import (
+        CollapseReport,
+        attention_distance,
+        attention_entropy,
+        attention_statistics,
+        describe_collapse,
+        detect_collapse,
+        patch_distances,
+        row_entropy,
+    )
+
+
+def _lazy_names() -> dict[str, str]:
+    """Name -> module of every import in the ``TYPE_CHECKING`` block above: the one list of the public names."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(
+        node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+    )
+    return {alias.name: "." * node.level + (node.module or "") for node in block.body for alias in node.names}
+
+
+_WHERE = _lazy_names()
 __all__ = [
     "AttentionRecord",
     "CollapseReport",
+    "ColorScale",
     "DEFAULT_METHOD",
-    "ExplorerTooLarge",
     "Explanation",
+    "Explorer",
+    "ExplorerTooLarge",
     "HeadFusion",
+    "LRPResult",
     "METHODS",
     "Method",
     "MethodBenchmark",
     "MethodMap",
     "MethodScore",
-    "LRPResult",
-    "Results",
     "RolloutPool",
     "applicable_methods",
-    "ColorScale",
-    "color_scale",
-    "is_signed",
     "apply_colormap",
-    "benchmark_methods",
     "attention_attribution",
     "attention_distance",
     "attention_entropy",
     "attention_modules",
     "attention_rollout",
     "attention_statistics",
+    "benchmark_methods",
+    "benchmark_scores",
+    "block_index",
     "capture_attention",
-    "compute",
+    "color_scale",
     "describe_collapse",
     "detect_collapse",
     "discard_lowest",
     "display_pixels",
     "distance_plot",
     "eval_mode",
+    "explain",
     "explain_images",
     "explain_map",
+    "explanation_png",
     "explorer_payload",
     "faithfulness",
     "figure_to_array",
@@ -85,14 +113,17 @@ __all__ = [
     "fuse_heads",
     "get_method",
     "head_pool",
+    "is_signed",
     "lrp",
     "make_grid",
+    "model_inputs",
     "overlay_heatmap",
     "patch_distances",
+    "png_bytes",
     "pool_module",
     "record_attention",
-    "relevance_rules",
     "relevance_from_gradients",
+    "relevance_rules",
     "render_explorer",
     "render_grid",
     "render_panel",
@@ -101,8 +132,39 @@ __all__ = [
     "rollout_map",
     "row_entropy",
     "select_indices",
+    "show_explorer",
     "to_uint8_image",
     "unnormalize",
     "upsample_map",
     "write_explorer",
 ]
+"""The public names (the same as the ``TYPE_CHECKING`` block's: a test keeps them equal), written out for the
+tools that read ``__all__`` without running this module (the API docs)."""
+
+
+_SHADOWED = {"faithfulness", "lrp"}
+"""Functions named like the submodule that holds them: ``vit.explain.lrp`` is the function, as before the names were
+lazy, even after ``vit.explain.lrp`` the module has been imported (it stays in ``sys.modules``)."""
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
+            return  # the import system binding the submodule: the name keeps meaning the function
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value  # the next access skips this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -2,10 +2,14 @@
 
 Petsiuk, Das & Saenko, "RISE: Randomized Input Sampling for Explanation of Black-box Models" (BMVC 2018), and the
 positive perturbation test of Chefer, Gur & Wolf, "Transformer Interpretability Beyond Attention Visualization"
-(CVPR 2021). Patches are ordered most-relevant-first by a map. **Deletion** replaces the first ``k`` of them by a
-baseline and records the softmax probability of the target class; **insertion** starts from the baseline image and
-reveals them. A faithful map makes the deletion curve fall fast (low area) and the insertion curve rise fast (high
-area). A random order, averaged over seeds, is the reference every map should beat.
+(CVPR 2021). Patches are ordered most-relevant-first by a map. **Deletion** removes the first ``k`` of them and
+records the softmax probability of the target class; **least-relevant-first** removes the last ``k`` first;
+**insertion** starts from the image with every patch removed and reveals them, most relevant first. A faithful map
+makes the deletion curve fall fast (low area), the least-relevant-first curve stay high, and the insertion curve rise
+fast (high area). The symmetric relevance gain SRG = area(least-relevant-first) - area(deletion) (Blücher, Vielhaben &
+Strodthoff, 2024) is the single number that stays stable across ways of removing a patch. How a patch is removed is
+:mod:`vit.explain.removal`'s: the dataset mean, a blur, ROAD's noisy linear imputation, or dropping its token. A
+random order, averaged over seeds, is the reference every map should beat.
 
 Long work reports its progress on stderr when asked (``show_progress=True``, as captum's perturbation methods do;
 :mod:`vit.explain.progress`).
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +28,13 @@ from torch import nn
 from ..layers.utils import eval_mode
 from .attribution import resolve_target
 from .progress import Progress
+from .removal import REMOVALS, Removal, drop_reason, kept_probabilities, road_impute
 
-Baseline = Literal["mean", "blur"]
+Baseline = Removal
+"""What a removed patch becomes: ``"mean"``, ``"blur"``, ``"road"`` or ``"drop"`` (:mod:`vit.explain.removal`)."""
 RANDOM = "random"
+KINDS = ("deletion", "lerf", "insertion")
+"""The curves: most relevant removed first, least relevant removed first, most relevant revealed first."""
 
 
 def gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -55,49 +63,96 @@ def _probabilities(model: nn.Module, images: torch.Tensor, target: torch.Tensor,
     return torch.cat(probs)
 
 
+def _removed(rank: torch.Tensor, kind: str, count: int) -> torch.Tensor:
+    """``(B, patches)`` true where a patch is removed at ``count`` on the ``kind`` curve (``rank``: each patch's place
+    in the order, most relevant first)."""
+    n = rank.shape[1]
+    if kind == "deletion":
+        return rank < count
+    if kind == "lerf":
+        return rank >= n - count
+    return rank >= count  # insertion: the first ``count`` revealed, the rest removed
+
+
+def _pixels(removed: torch.Tensor, grid: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
+    """A patch mask ``(B, patches)`` as a pixel mask ``(B, 1, H, W)``."""
+    (grid_h, grid_w), (H, W) = grid, size
+    mask = removed.view(-1, 1, grid_h, grid_w)
+    return mask.repeat_interleave(H // grid_h, dim=2).repeat_interleave(W // grid_w, dim=3)
+
+
 def _curves(
     model: nn.Module,
     images: torch.Tensor,
-    baseline: torch.Tensor,
+    removal: str,
+    fill: torch.Tensor | None,
     order: torch.Tensor,
     grid: tuple[int, int],
     target: torch.Tensor,
     counts: list[int],
     batch_size: int,
+    generator: torch.Generator | None = None,
     advance: Callable[[int], None] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Deletion and insertion probabilities ``(B, len(counts))``, patches taken in ``order`` ``(B, patches)``.
+) -> dict[str, torch.Tensor]:
+    """Each curve's probabilities ``(B, len(counts))``, patches taken in ``order`` ``(B, patches)``.
 
-    The perturbed copies of about ``batch_size / (2 · len(counts))`` images exist at a time; ``advance(n)`` is
-    called after each such chunk of ``n`` images.
+    Filled and imputed removals perturb the pixels: the copies of about ``batch_size / (3 · len(counts))`` images
+    exist at a time. Token drop keeps the same number of patches in a forward pass: one pass per curve point and
+    chunk of ``batch_size`` images. ``advance(n)`` is called as images are done.
     """
     B, _, H, W = images.shape
-    grid_h, grid_w = grid
-    steps = len(counts)
-    if not steps:
-        if advance is not None:
-            advance(B)
-        return images.new_empty(B, 0), images.new_empty(B, 0)
     rank = torch.empty_like(order)  # rank[b, p]: position of patch p in image b's order
     rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
-    chunk = max(1, batch_size // (2 * steps))
-    probs = []
-    for start in range(0, B, chunk):
-        part = slice(start, start + chunk)
-        deleted, inserted = [], []
-        for count in counts:
-            removed = (rank[part] < count).view(-1, 1, grid_h, grid_w)
-            removed = removed.repeat_interleave(H // grid_h, dim=2).repeat_interleave(W // grid_w, dim=3)
-            deleted.append(torch.where(removed, baseline[part], images[part]))
-            inserted.append(torch.where(removed, images[part], baseline[part]))
-        stacked = torch.cat([torch.stack(deleted, 1), torch.stack(inserted, 1)], dim=1)  # (b, 2 · steps, C, H, W)
-        probs.append(
-            _probabilities(model, stacked.flatten(0, 1), target[part].repeat_interleave(2 * steps), batch_size)
-        )
+    views = [(kind, count) for kind in KINDS for count in counts]
+    if not views:
         if advance is not None:
-            advance(len(stacked))
-    probs = torch.cat(probs).view(B, 2 * steps)
-    return probs[:, :steps], probs[:, steps:]
+            advance(B)
+        return {kind: images.new_empty(B, 0) for kind in KINDS}
+    if removal == "drop":
+        probs = torch.empty(B, len(views), device=images.device)
+        for v, (kind, count) in enumerate(views):
+            for start in range(0, B, batch_size):
+                part = slice(start, start + batch_size)
+                keep = (~_removed(rank[part], kind, count)).float().argsort(dim=1, descending=True, stable=True)
+                keep = keep[:, : rank.shape[1] - count].sort(dim=1).values  # the kept patches, in grid order
+                probs[part, v] = kept_probabilities(model, images[part], keep, target[part])
+        if advance is not None:
+            advance(B)
+    else:
+        chunk, rows = max(1, batch_size // len(views)), []
+        for start in range(0, B, chunk):
+            part = slice(start, start + chunk)
+            perturbed = []
+            for kind, count in views:
+                mask = _pixels(_removed(rank[part], kind, count), grid, (H, W))
+                if removal == "road":
+                    perturbed.append(road_impute(images[part], mask, generator=generator))
+                else:
+                    perturbed.append(torch.where(mask, fill[part], images[part]))
+            stacked = torch.stack(perturbed, 1)  # (b, views, C, H, W)
+            rows.append(_probabilities(model, stacked.flatten(0, 1), target[part].repeat_interleave(len(views)),
+                                       batch_size).view(-1, len(views)))  # fmt: skip
+            if advance is not None:
+                advance(len(stacked))
+        probs = torch.cat(rows)
+    return {kind: probs[:, k * len(counts) : (k + 1) * len(counts)] for k, kind in enumerate(KINDS)}
+
+
+def _orders(
+    maps: Mapping[str, torch.Tensor], B: int, n: int, num_random: int, device: torch.device
+) -> dict[str, list[torch.Tensor]]:
+    """Each map's patch order ``(B, n)``, most relevant first (ties: lower index first), and ``num_random`` random
+    orders (seed ``s`` draws one ``torch.randperm`` per image, in image order)."""
+    orders = {
+        name: [m.reshape(B, n).to(device).float().argsort(dim=1, descending=True, stable=True)]
+        for name, m in maps.items()
+    }
+    if num_random > 0:
+        orders[RANDOM] = []
+        for seed in range(num_random):
+            seeded = torch.Generator().manual_seed(seed)
+            orders[RANDOM].append(torch.stack([torch.randperm(n, generator=seeded) for _ in range(B)]).to(device))
+    return orders
 
 
 def faithfulness(
@@ -111,12 +166,14 @@ def faithfulness(
     batch_size: int = 256,
     show_progress: bool = False,
 ) -> dict[str, Any]:
-    """Deletion and insertion curves of each map, and of random patch orders, with their areas.
+    """Deletion, least-relevant-first and insertion curves of each map and of random patch orders, their areas and
+    the symmetric relevance gain.
 
     Patches are ranked by each map, most relevant first (ties: lower row-major index first). At the ``steps + 1``
     points ``k = 0 … steps`` the first ``round(k / steps · num_patches)`` patches are removed (deletion) or revealed
-    (insertion); a removed patch takes the baseline. The area under each curve is the trapezoid rule over the
-    fraction of patches removed, in ``[0, 1]``, averaged over the images. ``random`` averages ``num_random``
+    (insertion), or the last ones removed (least-relevant-first); a removed patch goes as ``baseline`` says. The area
+    under each curve is the trapezoid rule over the fraction of patches removed, in ``[0, 1]``, averaged over the
+    images. ``random`` averages ``num_random``
     seeds; seed ``s`` (``0 … num_random - 1``) draws one ``torch.randperm`` per image in image order.
 
     Args:
@@ -126,26 +183,31 @@ def faithfulness(
             reserved.
         target: Class per image (tensor, list or int); ``None``: the prediction on the intact image.
         steps: Number of equal fractions; at least 1.
-        baseline: ``"mean"``: zero, the dataset mean after normalisation; ``"blur"``: the image blurred with a
-            Gaussian of σ = half a patch.
+        baseline: How a patch is removed (:mod:`vit.explain.removal`): ``"mean"``: zero, the dataset mean after
+            normalisation; ``"blur"``: the image blurred with a Gaussian of σ = half a patch; ``"road"``: ROAD's
+            noisy linear imputation; ``"drop"``: its token leaves the sequence (global and linear attention only).
         num_random: Seeds of the random order; 0 for none.
         batch_size: Images per forward pass.
         show_progress: Report the curves of each map and of the random order on stderr (:class:`Progress`).
 
     Returns:
-        ``{"deletion_auc": {method: float, "random": float}, "insertion_auc": {...}, "deletion_curve":
-        {method: [steps + 1 floats]}, "insertion_curve": {...}, "fractions": [...], "per_image": {"deletion_auc":
-        {method: [B floats]}, "insertion_auc": {...}}, "target": [B ints], "num_images": B, "steps": steps,
-        "baseline": baseline, "num_random": num_random}``.
+        ``{"deletion_auc": {method: float, "random": float}, "lerf_auc": {...}, "insertion_auc": {...}, "srg":
+        {...}, "deletion_curve": {method: [steps + 1 floats]}, "lerf_curve": {...}, "insertion_curve": {...},
+        "fractions": [...], "per_image": {"deletion_auc": {method: [B floats]}, "lerf_auc": {...}, "insertion_auc":
+        {...}, "srg": {...}}, "target": [B ints], "num_images": B, "steps": steps, "baseline": baseline,
+        "num_random": num_random}``.
 
     Raises:
         ValueError: On an empty or misshapen map, a grid that does not divide the image, a map named ``random``,
-            ``steps < 1``, an unknown baseline or a target out of range.
+            ``steps < 1``, an unknown removal, token drop on a model that cannot drop tokens, or a target out of
+            range.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    if baseline not in ("mean", "blur"):
-        raise ValueError(f"baseline must be 'mean' or 'blur', got {baseline!r}")
+    if baseline not in REMOVALS:
+        raise ValueError(f"baseline must be one of {', '.join(REMOVALS)} (how a patch is removed), got {baseline!r}")
+    if baseline == "drop" and drop_reason(model) is not None:
+        raise ValueError(f"token drop does not apply to this model: {drop_reason(model)}")
     if RANDOM in maps:
         raise ValueError(f"the map name {RANDOM!r} is reserved for the random order")
     if not maps and num_random <= 0:
@@ -165,37 +227,34 @@ def faithfulness(
     param = next(model.parameters(), None)
     if param is not None:
         images = images.to(param.device)
+    generator = torch.Generator(device=images.device).manual_seed(0)  # ROAD's noise, the same on every call
     with eval_mode(model), torch.no_grad():
         intact = model.forward(images).float()
         target = resolve_target(target, intact)
-        if baseline == "mean":
-            fill = torch.zeros_like(images)
+        fill = None
+        if baseline == "drop":
+            empty = kept_probabilities(model, images, torch.empty(B, 0, dtype=torch.long), target)
+            ends = torch.stack([_probabilities(model, images, target, batch_size), empty])
         else:
-            fill = gaussian_blur(images, sigma=max(H // grid_h, W // grid_w) / 2)
-        ends = _probabilities(model, torch.cat([images, fill]), target.repeat(2), batch_size).view(2, B)
+            if baseline == "blur":
+                fill = gaussian_blur(images, sigma=max(H // grid_h, W // grid_w) / 2)
+            else:  # mean, and ROAD with nothing left to impute from
+                fill = torch.zeros_like(images)
+            ends = _probabilities(model, torch.cat([images, fill]), target.repeat(2), batch_size).view(2, B)
         counts = removal_counts(n, steps)
-        orders: dict[str, list[torch.Tensor]] = {
-            name: [m.reshape(B, n).to(images.device).float().argsort(dim=1, descending=True, stable=True)]
-            for name, m in maps.items()
-        }
-        if num_random > 0:
-            orders[RANDOM] = []
-            for seed in range(num_random):
-                generator = torch.Generator().manual_seed(seed)
-                perms = torch.stack([torch.randperm(n, generator=generator) for _ in range(B)])
-                orders[RANDOM].append(perms.to(images.device))
-        curves: dict[str, dict[str, torch.Tensor]] = {"deletion": {}, "insertion": {}}
+        orders = _orders(maps, B, n, num_random, images.device)
+        curves: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in KINDS}
         for name, candidates in orders.items():
             progress = Progress(name, B * len(candidates), show_progress)
-            per_seed_del, per_seed_ins = [], []
+            per_seed: dict[str, list[torch.Tensor]] = {kind: [] for kind in KINDS}
             for indices in candidates:
-                inner_del, inner_ins = _curves(
-                    model, images, fill, indices, (grid_h, grid_w), target, counts[1:-1], batch_size, progress.update
-                )
-                per_seed_del.append(torch.cat([ends[0, :, None], inner_del, ends[1, :, None]], dim=1))
-                per_seed_ins.append(torch.cat([ends[1, :, None], inner_ins, ends[0, :, None]], dim=1))
-            curves["deletion"][name] = torch.stack(per_seed_del)  # (seeds, B, steps + 1)
-            curves["insertion"][name] = torch.stack(per_seed_ins)
+                inner = _curves(model, images, baseline, fill, indices, (grid_h, grid_w), target, counts[1:-1],
+                                batch_size, generator, progress.update)  # fmt: skip
+                for kind in KINDS:  # insertion runs from everything removed to the intact image
+                    first, last = (ends[1], ends[0]) if kind == "insertion" else (ends[0], ends[1])
+                    per_seed[kind].append(torch.cat([first[:, None], inner[kind], last[:, None]], dim=1))
+            for kind in KINDS:
+                curves[kind][name] = torch.stack(per_seed[kind])  # (seeds, B, steps + 1)
             seeds = f" x {len(candidates)} seed{'s' * (len(candidates) > 1)}" if name == RANDOM else ""
             done = f"deletion/insertion curves of {B} images{seeds} ({steps} steps)"
             progress.close(f"{done} in {progress.seconds:.1f} s")
@@ -207,6 +266,15 @@ def faithfulness(
         result[f"{kind}_auc"] = {name: float(auc.mean()) for name, auc in aucs.items()}
         result[f"{kind}_curve"] = {name: c.double().mean((0, 1)).tolist() for name, c in by_name.items()}
         result["per_image"][f"{kind}_auc"] = {name: auc.tolist() for name, auc in aucs.items()}
+    per_image = result["per_image"]
+    per_image["srg"] = {
+        name: [
+            lerf - deletion
+            for lerf, deletion in zip(per_image["lerf_auc"][name], per_image["deletion_auc"][name], strict=True)
+        ]  # fmt: skip
+        for name in orders
+    }
+    result["srg"] = {name: result["lerf_auc"][name] - result["deletion_auc"][name] for name in orders}
     result.update(
         fractions=fractions.tolist(),
         target=target.tolist(),

@@ -5,7 +5,7 @@ and its limits are :func:`~vit.explain.colors.color_scale`'s: a signed map on ``
 the image where it is near zero; an unsigned one on ``inferno`` from 0 to its maximum (any matplotlib name may replace
 ``inferno``; ``"jet"`` is built in for comparison with older figures, not recommended: its bright bands suggest
 structure the map does not have). Readable panels (image beside overlay, colour bar, caption) are
-:mod:`vit.explain.panels`.
+:mod:`vit.explain.render.panels`.
 """
 
 from __future__ import annotations
@@ -17,36 +17,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
-from .colors import ColorScale, apply_colormap, color_scale
+from ..colors import ColorScale, apply_colormap, color_scale
+from .images import to_uint8_image
 
 __all__ = ["apply_colormap", "make_grid", "overlay_heatmap", "to_uint8_image", "upsample_map", "upsample_values"]
-
-
-def to_uint8_image(image: np.ndarray | torch.Tensor) -> np.ndarray:
-    """Convert an image to ``uint8`` RGB ``(H, W, 3)``.
-
-    Accepts a numpy array ``(H, W, 3)``, ``(H, W, 1)`` or ``(H, W)`` (``uint8``, or float in ``[0, 1]``) and a
-    tensor ``(3, H, W)``, ``(1, H, W)`` or ``(H, W)`` (float in ``[0, 1]``, clipped, or ``uint8``). Grey becomes RGB.
-
-    Raises:
-        ValueError: On another shape or channel count.
-    """
-    if isinstance(image, torch.Tensor):
-        array = image.detach().cpu()
-        if array.ndim == 3:
-            array = array.permute(1, 2, 0)  # CHW -> HWC
-        array = array.numpy()
-    else:
-        array = np.asarray(image)
-    if array.ndim == 2:
-        array = array[:, :, None]
-    if array.ndim != 3 or array.shape[2] not in (1, 3):
-        raise ValueError(
-            f"image must be HWC/HW (numpy) or CHW/HW (tensor) with 1 or 3 channels, got shape {tuple(image.shape)}"
-        )
-    if array.dtype != np.uint8:
-        array = np.rint(np.clip(array.astype(np.float64), 0.0, 1.0) * 255.0).astype(np.uint8)
-    return np.repeat(array, 3, axis=2) if array.shape[2] == 1 else array
 
 
 def _grid(grid_map: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -16,29 +16,24 @@ visible beside it unchanged; the colour bar carries the numbers. :func:`render_g
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from .colors import ColorScale, color_scale
-from .overlay import make_grid, overlay_heatmap, to_uint8_image
-from .pipeline import Explanation
+from ..colors import ColorScale, color_scale, is_signed
+from .images import png_bytes, to_uint8_image
+from .overlay import make_grid, overlay_heatmap
+
+if TYPE_CHECKING:
+    from ..explanation import Explanation
 
 Resample = Literal["nearest", "bicubic"]
 _RESAMPLE = {"nearest": Image.Resampling.NEAREST, "bicubic": Image.Resampling.BICUBIC}
 BAR_WIDTH = 12
 """Width in pixels of the colour bar."""
-
-
-def png_bytes(image: np.ndarray) -> bytes:
-    """A ``uint8`` RGB array as PNG file contents (to write with :func:`vit.atomic.write_bytes`)."""
-    buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
@@ -78,7 +73,7 @@ def render_panel(
 
     Args:
         image: Display pixels, see :func:`~vit.explain.to_uint8_image` (e.g. ``Explanation.images[i]``).
-        grid_map: ``(rows, cols)`` map on the patch grid (e.g. ``Explanation.rollout[i]``), raw values.
+        grid_map: ``(rows, cols)`` map on the patch grid (e.g. ``Explanation.maps["rollout"][i]``), raw values.
         caption: Text burned in above the images, e.g. ``"true 3 · pred 7 (32 %)"``.
         signed: Whether the map is signed (:func:`~vit.explain.colors.is_signed` of its method): ``bwr`` centred on
             zero, labelled ``-m, 0, +m``; otherwise ``inferno`` from 0 to the maximum.
@@ -157,12 +152,13 @@ def render_panels(
     """One :func:`render_panel` per image of an explanation, captioned with :meth:`Explanation.captions`.
 
     Args:
-        explanation: From :func:`~vit.explain.explain_images`.
-        maps: ``(B, rows, cols)`` maps to show (e.g. an attribution); ``None`` shows ``explanation.rollout``.
+        explanation: From :func:`~vit.explain.explain`.
+        maps: ``(B, rows, cols)`` maps to show (e.g. ``explanation.maps["attnlrp"]``); ``None`` shows the
+            explanation's first map (:attr:`~vit.explain.Explanation.maps`).
         **kwargs: Passed to :func:`render_panel` (``signed``, ``cmap``, ``size``, ``alpha``, ``resample``,
             ``padding``): each panel on its own limits (:mod:`vit.explain.colors`).
     """
-    maps = explanation.rollout if maps is None else maps
+    maps = next(iter(explanation.maps.values())) if maps is None else maps
     if len(maps) != len(explanation):
         raise ValueError(f"got {len(maps)} maps for {len(explanation)} images: pass one map per image")
     return [
@@ -182,7 +178,7 @@ def render_grid(
     """All panels of an explanation tiled into one ``uint8`` RGB grid, with an optional title on top.
 
     Args:
-        explanation: From :func:`~vit.explain.explain_images`.
+        explanation: From :func:`~vit.explain.explain`.
         maps: See :func:`render_panels`.
         ncols: Panels per row.
         title: Text above the grid, e.g. ``"epoch 3 · attention rollout"``; empty for none.
@@ -197,3 +193,17 @@ def render_grid(
     canvas.paste(Image.fromarray(grid), (0, strip_h))
     ImageDraw.Draw(canvas).text((6, 4), title, fill=(0, 0, 0), font=font(caption_font_size(size) + 2))
     return np.asarray(canvas).copy()
+
+
+def explanation_png(explanation: Explanation, ncols: int = 8, size: int = 128) -> bytes | None:
+    """The maps of ``explanation`` as one PNG, what a notebook shows for it (``Explanation._repr_png_``): a
+    :func:`render_grid` per method (titled with its name, a signed map on its diverging scale), one under the other;
+    ``None`` when it holds no maps."""
+    if not explanation.maps or not len(explanation):
+        return None
+    ncols = min(ncols, len(explanation))
+    grids = [render_grid(explanation, maps, ncols, title=name, size=size, signed=is_signed(name, maps))
+             for name, maps in explanation.maps.items()]  # fmt: skip
+    width = max(grid.shape[1] for grid in grids)
+    padded = [np.pad(g, ((0, 0), (0, width - g.shape[1]), (0, 0)), constant_values=255) for g in grids]
+    return png_bytes(np.concatenate(padded, axis=0))

@@ -73,3 +73,32 @@ def entropy_plot(entropy: torch.Tensor, max_entropy: float | None = None) -> np.
     reference = (max_entropy, "uniform") if max_entropy is not None else None
     ymax = 1.08 * max(float(entropy.max()), max_entropy or 0.0) + 1e-3  # the uniform line stays in view
     return per_head_plot(entropy, "attention entropy (nats)", "attention entropy", ymax, reference)
+
+
+def sanity_plot(report: Any) -> np.ndarray:
+    """The cascading randomisation (:class:`~vit.explain.sanity.SanityReport`): each method's Spearman correlation
+    and SSIM with the trained model's maps, stage by stage, with their 95 % intervals, as a ``uint8`` RGB image."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10.0, 4.0), dpi=100)
+    for i, (measure, label) in enumerate((("spearman", "Spearman ρ"), ("ssim", "SSIM"))):
+        ax = figure.add_subplot(1, 2, i + 1)
+        for name, stages in report.stages.items():
+            x = np.arange(len(stages) + 1)
+            values = [1.0, *(getattr(s, measure) for s in stages)]
+            low = [1.0, *(getattr(s, f"{measure}_ci")[0] for s in stages)]
+            high = [1.0, *(getattr(s, f"{measure}_ci")[1] for s in stages)]
+            style = {"linestyle": "--"} if name in report.insensitive else {}
+            ax.plot(x, values, marker="o", markersize=3, label=name, **style)
+            ax.fill_between(x, low, high, alpha=0.15)
+        names = ["trained", *(s.stage for s in next(iter(report.stages.values())))]
+        ax.set_xticks(np.arange(len(names)), names, rotation=45, ha="right", fontsize=7)
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        ax.set(
+            ylabel=f"{label} with the trained maps", ylim=(-1.05, 1.05), title=f"{label}, weights random from the top"
+        )
+        ax.grid(alpha=0.3)
+        if i == 1:
+            ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    figure.tight_layout()
+    return figure_to_array(figure)

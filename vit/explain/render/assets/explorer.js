@@ -286,6 +286,23 @@
     return { entropy, distance, prefix: total > 0 ? prefix / total : 0 };
   }
 
+  function importanceTop() { // the largest logit drop of any head (1 when none is positive)
+    return Math.max(1e-12, ...D.importance.flat().map((v) => v ?? 0));
+  }
+
+  function buildImportance() { // the heads ranked by their mean-ablation logit drop, each a button that shows it
+    if (!D.importance) return;
+    const ranked = D.importance.flatMap((row, b) => row.map((drop, h) => ({ b, h, drop })))
+      .filter((r) => r.drop !== null).sort((x, y) => y.drop - x.drop);
+    $("importance").innerHTML = ranked.map((r) => `<li><button data-block="${r.b}" data-head="${r.h}">block ${r.b}, `
+      + `head ${r.h}: ${fixed(r.drop, 3)}</button></li>`).join("");
+    for (const button of $("importance").querySelectorAll("button")) {
+      button.addEventListener("click", () => timed(() => update({ block: +button.dataset.block,
+        head: +button.dataset.head, overlay: "attention" })));
+    }
+    $("importance-box").hidden = false;
+  }
+
   function buildGrid() {
     const table = $("heads");
     table.textContent = "";
@@ -321,6 +338,14 @@
           marks.className = "marks";
           marks.width = marks.height = 2 * size;
           cell.append(marks);
+        }
+        const drop = b >= 0 && h !== "mean" && D.importance ? D.importance[b][h] : null;
+        if (drop !== null && drop !== undefined) { // mean ablation: the bar's width is the logit drop
+          const bar = document.createElement("div");
+          bar.className = "bar";
+          bar.style.width = `${Math.round(100 * Math.max(0, drop) / importanceTop())}%`;
+          cell.title += `; mean ablation: target logit drops ${fixed(drop, 3)}`;
+          cell.append(bar);
         }
         cell.addEventListener("click", () => {
           if (isPool() !== (b === -1)) return; // a greyed-out row: it has no map for this query
@@ -512,6 +537,7 @@
       $("faith-box").style.display = "none";
     }
     buildGrid();
+    buildImportance();
     const view = $("view");
     view.addEventListener("click", (e) => {
       const rect = view.getBoundingClientRect();
