@@ -7,9 +7,10 @@
 
 ``record SUITE -- ARGS`` runs ``python -m vit.bench --suite SUITE ARGS --json docs/results/SUITE.json`` and adds
 the command and the machine's CPU model to the report, so every committed number says where it comes from.
-``add-faithfulness NAME FILE`` keeps the JSON that ``vit explain CKPT --faithfulness --json FILE`` wrote (it carries
-its command, date, machine and versions) under ``models[NAME]`` of ``docs/results/faithfulness.json``; the table of
-every model goes between the markers of ``docs/explanations.md``.
+``add-faithfulness NAME FILE [SANITY HEADS]`` keeps the JSON that ``vit explain CKPT --faithfulness --json FILE``
+wrote (it carries its command, date, machine and versions), and the ``sanity.json`` and ``heads.json`` of
+``--sanity --heads``, under ``models[NAME]`` of ``docs/results/faithfulness.json``; the tables of every model go
+between the markers of ``docs/explanations.md``.
 """
 
 from __future__ import annotations
@@ -202,12 +203,16 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def add_faithfulness(name: str, report_path: Path) -> int:
-    """Keep one model's ``vit explain --faithfulness`` JSON under ``models[name]`` of the results file."""
+def add_faithfulness(name: str, report_path: Path, extra: list[Path] = ()) -> int:
+    """Keep one model's ``vit explain --faithfulness`` JSON under ``models[name]`` of the results file, with its
+    ``sanity.json`` and ``heads.json`` (``extra``, from ``--sanity`` and ``--heads``) under ``sanity`` and ``heads``."""
     report = json.loads(Path(report_path).read_text())
     if "scores" not in report or "command" not in report:
         print(f"error: {report_path} is not the JSON of `vit explain --faithfulness`", file=sys.stderr)
         return 2
+    for path in extra:
+        measured = json.loads(Path(path).read_text())
+        report["sanity" if "stages" in measured else "heads"] = measured
     results = json.loads(FAITHFULNESS.read_text()) if FAITHFULNESS.exists() else {"models": {}}
     results["models"][name] = report
     write_text(FAITHFULNESS, json.dumps(results, indent=2) + "\n")
@@ -219,29 +224,58 @@ def interval(value: float, ci: list[float], spec: str) -> str:
 
 
 def faithfulness_rows(name: str, report: dict[str, Any]) -> list[str]:
-    """One model's benchmark: where it comes from, then a row per method (random last)."""
+    """One model's benchmark: where it comes from, then per removal a row per method (random last), and the sanity
+    check and the heads' importance when they were measured."""
     accuracy = report.get("accuracy")
+    removals = report.get("removals") or {report["baseline"]: report}
     lines = [
         f"**{name}** (`{report['model']}`, {report['images']}"
         + (f", accuracy {accuracy:.3f}" if accuracy is not None else "")
-        + f"; {report['steps']} steps, {report['baseline']} baseline, target = {report['target']})",
+        + f"; {report['steps']} steps, removals: {', '.join(removals)}; target = {report['target']})",
         "",
         f"- date: {report['date']}; machine: {report['machine']}, {report['threads']} threads, load average "
         + ", ".join(f"{x:.2f}" for x in report.get("load_average") or [])
         + f"; torch {report['versions']['torch']}, vit {report['versions']['vit']}",
         f"- command: `{report['command']}`",
-        "",
-        "| method | deletion AUC [95 % CI] | × random | insertion AUC [95 % CI] | × random | ms / image |",
-        "|---|---:|---:|---:|---:|---:|",
     ]
-    for method, s in report["scores"].items():
-        ms = s.get("seconds_per_image")
-        lines.append(
-            f"| {method} | {interval(s['deletion_auc'], s['deletion_ci'], '.3f')} "
-            f"| {interval(s['deletion_ratio'], s['deletion_ratio_ci'], '.2f')} "
-            f"| {interval(s['insertion_auc'], s['insertion_ci'], '.3f')} "
-            f"| {interval(s['insertion_ratio'], s['insertion_ratio_ci'], '.2f')} | {fmt(ms and 1000 * ms, '.1f')} |"
+    for removal, bench in removals.items():
+        srg = all("srg" in s for s in bench["scores"].values())
+        lines += ["", f"*{removal}*", ""]
+        lines.append("| method | deletion AUC [95 % CI] | × random | insertion AUC [95 % CI] | × random | "
+                     + ("SRG [95 % CI] | " if srg else "") + "ms / image |")  # fmt: skip
+        lines.append("|---|---:|---:|---:|---:|" + ("---:|" if srg else "") + "---:|")
+        for method, s in bench["scores"].items():
+            ms = s.get("seconds_per_image")
+            lines.append(
+                f"| {method} | {interval(s['deletion_auc'], s['deletion_ci'], '.3f')} "
+                f"| {interval(s['deletion_ratio'], s['deletion_ratio_ci'], '.2f')} "
+                f"| {interval(s['insertion_auc'], s['insertion_ci'], '.3f')} "
+                f"| {interval(s['insertion_ratio'], s['insertion_ratio_ci'], '.2f')} "
+                + (f"| {interval(s['srg'], s['srg_ci'], '+.3f')} " if srg else "")
+                + f"| {fmt(ms and 1000 * ms, '.1f')} |"
+            )
+    if report.get("sanity"):
+        sanity = report["sanity"]
+        stages = [s["stage"] for s in next(iter(sanity["stages"].values()))]
+        insensitive = ", ".join(sanity["insensitive"]) or "none"
+        lines += ["", f"*sanity check* (Spearman rank correlation with the trained model's maps as the weights are "
+                  f"randomised from the top; insensitive: {insensitive})", ""]  # fmt: skip
+        lines.append("| method | " + " | ".join(stages) + " |")
+        lines.append("|---|" + "---:|" * len(stages))
+        for method, results in sanity["stages"].items():
+            lines.append(f"| {method} | " + " | ".join(f"{r['spearman']:+.2f}" for r in results) + " |")
+    if report.get("heads"):
+        heads = report["heads"]
+        drops = sorted(
+            ((v, b, h) for b, row in enumerate(heads["logit_drop"]) for h, v in enumerate(row)), reverse=True
         )
+        positive = sum(max(0.0, v) for v, _, _ in drops)
+        top = sum(max(0.0, v) for v, _, _ in drops[:3])
+        share = f"{100 * top / positive:.0f} %" if positive > 0 else "–"
+        named = ", ".join(f"block {b} head {h} ({v:+.3f})" for v, b, h in drops[:3])
+        lines += ["", f"*which heads matter* (mean ablation of {heads['num_images']} images, "
+                  f"{heads['seconds']:.1f} s): the 3 most important of {len(drops)} heads carry {share} of the summed "
+                  f"drop of the target logit: {named}"]  # fmt: skip
     return lines
 
 
@@ -265,10 +299,11 @@ def render_explanations(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["add-faithfulness"]:
-        if len(argv) != 3:
-            print("error: add-faithfulness needs a model name and a `vit explain --faithfulness` JSON", file=sys.stderr)
+        if not 3 <= len(argv) <= 5:
+            print("error: add-faithfulness needs a model name and a `vit explain --faithfulness` JSON (then, "
+                  "optionally, its sanity.json and heads.json)", file=sys.stderr)  # fmt: skip
             return 2
-        if add_faithfulness(argv[1], Path(argv[2])):
+        if add_faithfulness(argv[1], Path(argv[2]), [Path(p) for p in argv[3:]]):
             return 2
         argv = []
     if argv[:1] == ["record"]:
