@@ -16,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
+LESSONS = sorted((DOCS / "lessons").glob("*.ipynb"))  # run by tests/test_notebooks.py
 # A fenced python block; an HTML comment `<!-- no-run -->` on the line before it skips it.
 BLOCK = re.compile(r"^(?P<marker><!-- no-run -->\n)?```python\n(?P<code>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 
@@ -73,7 +74,9 @@ def test_mkdocs_build_strict(tmp_path):
     """The site builds with every warning an error (API pages included: a docstring griffe cannot read fails)."""
     result = mkdocs_build(ROOT, tmp_path / "site")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert (tmp_path / "site" / "attention" / "index.html").exists()
+    for lesson in LESSONS:  # rendered by mkdocs-jupyter, their links made site links (scripts/mkdocs_lesson_links.py)
+        page = (tmp_path / "site" / "lessons" / lesson.stem / "index.html").read_text()
+        assert 'src="../../figures/' in page and "../figures/" not in page.replace("../../figures/", "")
     assert 'id="vit.layers.Attention"' in (tmp_path / "site" / "api-layers" / "index.html").read_text()
 
 
@@ -83,17 +86,24 @@ def test_mkdocs_build_strict(tmp_path):
     [
         ("orphan.md", "# Not in the nav\n", 'not included in the "nav"'),
         ("index.md", "\n[a page](no-such-page.md)\n", "'no-such-page.md', but the target is not found"),
-        ("index.md", "\n[a section](attention.md#no-such-anchor)\n", "does not contain an anchor '#no-such-anchor'"),
+        ("index.md", "\n[a section](models.md#no-such-anchor)\n", "does not contain an anchor '#no-such-anchor'"),
+        ("lessons/attention.ipynb", "[a page](../no-such-page.md)", "contains a link '../no-such-page.md'"),
+        ("lessons/attention.ipynb", "[a section](../models.md#no-such-anchor)", "#no-such-anchor': no such anchor"),
     ],
-    ids=["page-missing-from-nav", "broken-link", "missing-anchor"],
+    ids=["page-missing-from-nav", "broken-link", "missing-anchor", "lesson-broken-link", "lesson-missing-anchor"],
 )
 def test_mkdocs_build_strict_fails_on(tmp_path, page, text, message):
     shutil.copytree(DOCS, tmp_path / "docs")
     shutil.copy(ROOT / "mkdocs.yml", tmp_path)
     (tmp_path / "vit").symlink_to(ROOT / "vit")
     (tmp_path / "scripts").symlink_to(ROOT / "scripts")  # the griffe extension mkdocs.yml names
-    with open(tmp_path / "docs" / page, "a") as f:
-        f.write(text)
+    if page.endswith(".ipynb"):  # a markdown cell more
+        notebook = json.loads((tmp_path / "docs" / page).read_text())
+        notebook["cells"].append({"cell_type": "markdown", "id": "added", "metadata": {}, "source": text})
+        (tmp_path / "docs" / page).write_text(json.dumps(notebook))
+    else:
+        with open(tmp_path / "docs" / page, "a") as f:
+            f.write(text)
     result = mkdocs_build(tmp_path, tmp_path / "site")
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
@@ -132,9 +142,16 @@ def test_results_tables_check_fails_on_a_stale_page(tmp_path, monkeypatch):
     assert tables.main(["--check"]) == 1
 
 
+def lesson_text(path: Path) -> str:
+    """The markdown cells of a lesson, its links written as from docs/ (``../figures/`` -> ``figures/``)."""
+    cells = json.loads(path.read_text())["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return text.replace("](../", "](")
+
+
 def test_every_figure_is_used_and_exists():
-    """Each picture under docs/figures/ is shown by a page, and each picture a page shows exists."""
-    text = "\n".join(p.read_text() for p in PAGES)
+    """Each picture under docs/figures/ is shown by a page or a lesson, and each picture they show exists."""
+    text = "\n".join([*(p.read_text() for p in PAGES), *map(lesson_text, LESSONS)])
     shown = set(re.findall(r"\]\((figures/[^)]+\.png)\)", text))
     present = {f"figures/{p.name}" for p in (DOCS / "figures").glob("*.png")}
     assert shown <= present, sorted(shown - present)
@@ -151,8 +168,9 @@ def test_architecture_page_maps_every_module():
 
 
 def test_tests_named_in_the_docs_exist():
-    """Every ``tests/<file>.py::<test>`` a page names (the canary tests of the architecture page) is still there."""
-    text = "\n".join(p.read_text() for p in PAGES)
+    """Every ``tests/<file>.py::<test>`` a page or lesson names (the canary tests of the architecture page) is still
+    there."""
+    text = "\n".join([*(p.read_text() for p in PAGES), *map(lesson_text, LESSONS)])
     named = re.findall(r"(tests/\w+\.py)((?:::\w+)?)", text)
     assert named, "the architecture page names its canary tests"
     for path, test in named:
