@@ -6,17 +6,17 @@ LitData, simplejpeg) and the drawing of explanations (matplotlib, Pillow); the `
 Runtime for ``vit export --onnx``, the ``explain`` extra captum and grad-cam for the integrated-gradients and
 Grad-CAM baselines of ``vit.explain``.
 
-``import vit`` runs this file only: it imports no other module of ``vit`` and nothing outside the standard library's
-``os`` and ``importlib``, so the ``vit`` command answers ``--help`` before torch is loaded. Every public name is
-imported from its module on first use (PEP 562): ``vit.VisionTransformer``, ``vit.create_model`` and the layers load
-the model layer (``vit.layers``, ``vit.models``: torch and timm), ``vit.load`` :mod:`vit.checkpoints`,
-``vit.ImageClassifier`` the training stack (Lightning), and so on; ``vit.layers``, ``vit.data`` and the other
-subpackages are imported on first use too. The models and ``vit.load`` also work where only torch and timm (with
-timm's own dependencies) are installed.
+``import vit`` runs this file and :mod:`vit.lazy` only (the standard library's ``os``, ``sys`` and ``importlib``), so
+the ``vit`` command answers ``--help`` before torch is loaded. Every public name is imported from its module on first
+use (PEP 562): ``vit.VisionTransformer``, ``vit.create_model`` and the layers load the model layer (``vit.layers``,
+``vit.models``: torch and timm), ``vit.load`` :mod:`vit.checkpoints`, ``vit.ImageClassifier`` the training stack
+(Lightning), and so on; ``vit.layers``, ``vit.data`` and the other subpackages are imported on first use too. The
+models and ``vit.load`` also work where only torch and timm (with timm's own dependencies) are installed.
 """
 
 import os
-from importlib import import_module
+
+from .lazy import attach
 
 # albumentations asks PyPI for a newer version on every import (every DataLoader worker too); training must
 # never wait on the network, so that check is off unless the user turned it on explicitly.
@@ -59,21 +59,5 @@ _LAZY = {
 }
 """Public name -> the module that defines it, imported when the name is first asked for."""
 
+__getattr__, __dir__ = attach(__name__, _LAZY, submodules=True)
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    if not name.startswith("_"):  # a subpackage or module (``vit.layers``), imported as ``import vit.layers`` does
-        from importlib.util import find_spec
-
-        if find_spec(f"{__name__}.{name}") is not None:
-            return import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module 'vit' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})

@@ -16,7 +16,7 @@ The errors are :class:`vit.errors.CheckpointError` and its subclasses. Names are
 answers a missing or misplaced checkpoint at once.
 """
 
-from importlib import import_module
+from vit.lazy import attach
 
 _NAMES = {
     "vit.errors": (
@@ -35,15 +35,5 @@ _NAMES = {
     "vit.checkpoints.state": ("check_checkpoint_fits", "describe_mismatch", "extract_state_dict"),
 }  # fmt: skip
 _LAZY = {name: module for module, names in _NAMES.items() for name in names}
-
+__getattr__, __dir__ = attach(__name__, _LAZY)
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'vit.checkpoints' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})

@@ -18,7 +18,7 @@ with ``--x minutes`` against the minutes of run time (``runs/compare/<metric>_mi
 loads neither W&B nor matplotlib.
 """
 
-from importlib import import_module
+from vit.lazy import attach
 
 _NAMES = {
     "vit.compare.report": (
@@ -31,15 +31,5 @@ _NAMES = {
     "vit.errors": ("InputError",),
 }  # fmt: skip
 _LAZY = {name: module for module, names in _NAMES.items() for name in names}
-
+__getattr__, __dir__ = attach(__name__, _LAZY)
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'vit.compare' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})

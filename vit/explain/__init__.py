@@ -13,9 +13,10 @@ Names are imported on first use (PEP 562): ``import vit.explain`` itself loads n
 import ast
 import sys
 import types
-from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..lazy import attach
 
 if TYPE_CHECKING:  # the public names, imported on first use (below); type checkers and the API docs read them here
     from ..normalize import unnormalize
@@ -157,14 +158,4 @@ class _Package(types.ModuleType):
 sys.modules[__name__].__class__ = _Package
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value  # the next access skips this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = attach(__name__, _WHERE)
