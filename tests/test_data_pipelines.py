@@ -23,7 +23,7 @@ from vit.data import (
     build_transforms,
     load_rgb,
 )
-from vit.data.prepare import prepare_shards
+from vit.data.shard_writer import prepare_shards
 from vit.data.shard_format import FORMAT, META, read_meta, write_meta
 
 pytestmark = pytest.mark.usefixtures("one_thread")

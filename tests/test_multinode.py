@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from lightning.pytorch import Callback
 
-from vit.data.prepare import prepare_shards
+from vit.data.shard_writer import prepare_shards
 from vit.data.streaming import ShardLoader
 from vit.runs import first_process_of_job
 

@@ -14,7 +14,8 @@ from litdata import StreamingDataset
 from PIL import Image
 
 from vit.data.jpeg import decode
-from vit.data.prepare import META, main, prepare_shards
+from vit.data.prepare import main
+from vit.data.shard_writer import META, prepare_shards
 from vit.errors import UsageError
 
 CLASSES = ["china", "flower"]  # conftest.PHOTO_CLASSES: the classes photo_tree writes

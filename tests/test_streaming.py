@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from vit.data import DataError, DecodedSplit, ImageDataModule
-from vit.data.prepare import prepare_shards, read_meta
+from vit.data.shard_writer import prepare_shards, read_meta
 from vit.data.streaming import ShardImages, ShardLoader, read_split
 
 

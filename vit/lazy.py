@@ -3,13 +3,16 @@
 for, so that the command line answers before torch is imported.
 
     __getattr__, __dir__ = attach(__name__, {"create_model": "vit.models", ...})
+    __getattr__, __dir__ = attach(__name__, type_checking_names(__file__))  # names from the TYPE_CHECKING imports
 """
 
 from __future__ import annotations
 
+import ast
 import sys
 from collections.abc import Callable, Mapping
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 
@@ -45,3 +48,12 @@ def attach(
         return sorted({*vars(sys.modules[package]), *where})
 
     return __getattr__, __dir__
+
+
+def type_checking_names(init_file: str) -> dict[str, str]:
+    """Name -> module of every import in the ``if TYPE_CHECKING:`` block of a package's ``__init__.py``: the block
+    type checkers and the API docs read, made the one list of the package's lazy names (relative modules keep their
+    dots, for :func:`attach`)."""
+    tree = ast.parse(Path(init_file).read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    return {alias.name: "." * node.level + (node.module or "") for node in block.body for alias in node.names}

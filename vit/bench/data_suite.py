@@ -75,7 +75,7 @@ def shard_samples(folder: Path, files: Sequence[Path]) -> list[bytes]:
     from litdata import StreamingDataset
     from PIL import Image
 
-    from vit.data.prepare import prepare_shards
+    from vit.data.shard_writer import prepare_shards
 
     root = folder / "tree"
     for split in ("train", "val"):

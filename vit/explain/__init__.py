@@ -10,13 +10,11 @@ Names are imported on first use (PEP 562): ``import vit.explain`` itself loads n
 --help`` answers at once. Needs torch, numpy, PIL and matplotlib.
 """
 
-import ast
 import sys
 import types
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..lazy import attach
+from ..lazy import attach, type_checking_names
 
 if TYPE_CHECKING:  # the public names, imported on first use (below); type checkers and the API docs read them here
     from ..normalize import unnormalize
@@ -58,16 +56,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (below); type check
     )
 
 
-def _lazy_names() -> dict[str, str]:
-    """Name -> module of every import in the ``TYPE_CHECKING`` block above: the one list of the public names."""
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    block = next(
-        node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
-    )
-    return {alias.name: "." * node.level + (node.module or "") for node in block.body for alias in node.names}
-
-
-_WHERE = _lazy_names()
+_WHERE = type_checking_names(__file__)
 __all__ = [
     "AttentionRecord",
     "CollapseReport",
