@@ -90,3 +90,13 @@ def test_least_relevant_first_is_deletion_of_the_reversed_map_and_srg_their_gap(
     # Both ends are shared: the intact image first, everything removed last (insertion: the other way round).
     assert result["lerf_curve"]["m"][0] == result["deletion_curve"]["m"][0] == result["insertion_curve"]["m"][-1]
     assert result["lerf_curve"]["m"][-1] == result["deletion_curve"]["m"][-1] == result["insertion_curve"]["m"][0]
+
+
+@pytest.mark.parametrize("removal", ["mean", "drop"])
+def test_insertion_keeps_the_most_relevant_patches_that_least_relevant_first_keeps(random_vit, removal):
+    """With a point per patch, revealing the k most relevant patches (insertion) and removing the n - k least
+    relevant (least relevant first) leave the same patches: the curves are each other's mirror, point for point."""
+    model = random_vit(img_size=8, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=5).eval()
+    result = faithfulness(model, torch.randn(3, 3, 8, 8), {"m": torch.rand(3, 2, 2)}, steps=4, baseline=removal,
+                          num_random=0)  # fmt: skip
+    assert result["insertion_curve"]["m"] == pytest.approx(result["lerf_curve"]["m"][::-1], abs=1e-6)

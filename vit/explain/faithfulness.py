@@ -113,8 +113,8 @@ def _curves(
         for v, (kind, count) in enumerate(views):
             for start in range(0, B, batch_size):
                 part = slice(start, start + batch_size)
-                keep = (~_removed(rank[part], kind, count)).float().argsort(dim=1, descending=True, stable=True)
-                keep = keep[:, : rank.shape[1] - count].sort(dim=1).values  # the kept patches, in grid order
+                kept = ~_removed(rank[part], kind, count)  # as many on every row: the order's first or last ones
+                keep = kept.float().argsort(dim=1, descending=True, stable=True)[:, : int(kept[0].sum())]
                 probs[part, v] = kept_probabilities(model, images[part], keep, target[part])
         if advance is not None:
             advance(B)
