@@ -23,8 +23,8 @@ from vit.data import (
     build_transforms,
     load_rgb,
 )
-from vit.data.shard_writer import prepare_shards
 from vit.data.shard_format import FORMAT, META, read_meta, write_meta
+from vit.data.shard_writer import prepare_shards
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,14 +1,8 @@
 """``vit data prepare``: write any dataset the data module knows as LitData shards that stream to every rank.
 
-``DEST/<split>/`` (``train``, ``val``) holds ``litdata.optimize`` output: per sample the JPEG bytes (re-encoded with
-the shorter side at most ``short_side``, never upscaled; a JPEG file already that small keeps its own bytes), the
-label, the source path (bytes: LitData would read a ``str`` ending in ``.jpg`` as an image file) and a sample id.
-``DEST`` also holds ``vit-shards.json`` (class names, per-channel statistics, image counts, skipped files), written
-last and atomically: it marks a finished DEST. A DEST without it but with our split folders is half-written and is
-started over; a DEST holding anything else is refused.
-
 The command's parser needs the standard library only: ``--help`` and bad arguments answer before the data stack (torch,
-numpy, LitData) is imported; :func:`~vit.data.shard_writer.prepare_shards` does the work.
+numpy, LitData) is imported; :func:`~vit.data.shard_writer.prepare_shards` does the work, and its module says what a
+shard folder holds.
 """
 
 from __future__ import annotations

@@ -110,14 +110,10 @@ def stages(model: nn.Module) -> list[tuple[str, list[nn.Module]]]:
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Spearman's rank correlation of each row of ``a`` with the same row of ``b`` ``(B, N)`` (average ranks for
-    ties; 0 where a row is constant)."""
-    from scipy.stats import rankdata
+    ties; 0 where a row is constant), torchmetrics' with the rows as its outputs."""
+    from torchmetrics.functional import spearman_corrcoef
 
-    ra = torch.from_numpy(rankdata(a.double().numpy(), axis=1))
-    rb = torch.from_numpy(rankdata(b.double().numpy(), axis=1))
-    ra, rb = ra - ra.mean(1, keepdim=True), rb - rb.mean(1, keepdim=True)
-    denominator = (ra.norm(dim=1) * rb.norm(dim=1)).clamp_min(1e-12)
-    return (ra * rb).sum(1) / denominator
+    return spearman_corrcoef(a.double().T, b.double().T).double()
 
 
 def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -213,7 +213,9 @@ def _encode_within(
     """
     payload["images"], total = [], base
     for start in range(0, count, batch_size):
-        part = batches[start] = batches.get(start) or explain_batch(start)
+        if start not in batches:
+            batches[start] = explain_batch(start)
+        part = batches[start]
         for i in range(len(part)):
             if bits is None:
                 bits = _fitting_bits(part, payload["prefix"], names[start + i], count, max_bytes - base)
