@@ -23,7 +23,7 @@ from vit.bench import cli as bench_cli
 from vit.bench.explorer_suite import find_chromium
 from vit.bench.harness import default_threads
 from vit.data import build_transforms, load_rgb
-from vit.explain import METHODS, benchmark_methods, command, pipeline, progress
+from vit.explain import METHODS, benchmark_methods, command, pipeline, progress, tuning
 from vit.explain.command import main
 from vit.explain.progress import Progress
 
@@ -565,6 +565,7 @@ def test_the_light_command_names_the_registry_exactly():
     assert tuple(METHODS) == command.METHOD_NAMES
     assert command.METHOD_ALIASES == ALIASES
     assert command.DEFAULT_METHOD == DEFAULT_METHOD
+    assert command.TUNABLE == tuning.TUNABLE
     assert get_args(HeadFusion) == command.HEAD_FUSIONS
 
 
@@ -598,7 +599,7 @@ def test_removals_sanity_and_heads_from_the_command_line(checkpoint, tmp_path, e
                                                      "sanity", "heads"))  # fmt: skip
     # --removal belongs to --faithfulness.
     without = explain(checkpoint, "--split", "val", "--removal", "mean", "--out", tmp_path / "x")
-    message = "error: vit explain: --removal chooses how --faithfulness removes a patch: add --faithfulness"
+    message = "error: vit explain: --removal chooses how --faithfulness or --tune removes a patch: add one of them"
     one_error_line(without, message)
 
 
@@ -613,3 +614,36 @@ def test_a_window_model_skips_token_drop_in_one_line(random_vit, capsys):
     )
     with pytest.raises(InputError, match=r"^--removal drop does not apply to this model \(blocks 0, 1"):
         command.removals_for(window, ["drop"])
+
+
+def test_tune_from_the_command_line(checkpoint, tmp_path, explain):
+    """--tune: the gamma rule chosen on held-out validation images, printed, in tuning.json with the run header, and
+    used for the maps (the faithfulness JSON says with which options); a method without the rule is refused."""
+    out = tmp_path / "o"
+    result = explain(checkpoint, "--split", "val", "--limit", "4", "--methods", "attnlrp,rollout", "--tune",
+                     "--tune-images", "6", "--faithfulness", "--removal", "mean,drop", "--steps", "2",
+                     "--no-overlays", "--out", out)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    tuning = json.loads((out / "tuning.json").read_text())["attnlrp"]
+    assert tuning["num_images"] == 6 and tuning["removals"] == ["mean", "drop"] and tuning["steps"] == 2
+    pairs = [(c["gamma"], c["embed_gamma"]) for c in tuning["candidates"]]
+    assert pairs[:6] == [(g, 0.0) for g in (0.0, 0.01, 0.05, 0.1, 0.25, 1.0)]
+    assert pairs[6:] == [(pairs[6][0], e) for e in (0.1, 0.25, 1.0, 100.0)]
+    assert (tuning["gamma"], tuning["embed_gamma"]) in pairs
+    chosen = f"chosen: gamma {tuning['gamma']:g}, embed_gamma {tuning['embed_gamma']:g}"
+    assert chosen in result.stdout and "by SRG on 6 held-out validation images (mean, drop)" in result.stdout
+    report = json.loads((out / "faithfulness.json").read_text())
+    assert report["options"] == {"attnlrp": {"gamma": tuning["gamma"], "embed_gamma": tuning["embed_gamma"]}}
+    refused = explain(checkpoint, "--split", "val", "--limit", "4", "--methods", "rollout", "--tune", "--out",
+                      tmp_path / "x")  # fmt: skip
+    one_error_line(refused, "error: --tune chooses the gamma rule of attnlrp or cp_lrp: add one to --methods")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(("total", "limit"), [(10, 4), (7, 1), (360, 30), (5, 5), (5, None)])
+def test_tune_leaves_out_the_images_it_explains(total, limit):
+    """The indices --tune leaves out are exactly those --split val --limit explains (load_split's choice)."""
+    kept = torch.arange(total)
+    if limit is not None and limit < total:
+        kept = torch.linspace(0, total - 1, limit).round().long()
+    assert command.torch_linspace_indices(total, limit) == set(kept.tolist())

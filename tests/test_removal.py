@@ -1,8 +1,9 @@
-"""Ways of removing a patch: ROAD's imputation against pytorch-grad-cam's, token drop against timm's PatchDropout,
-and the least-relevant-first curve and SRG against their definitions."""
+"""Ways of removing a patch: ROAD's imputation against pytorch-grad-cam's, token drop against timm's PatchDropout, the
+deletion and least-relevant-first curves against Quantus's region perturbation, and SRG against its definition."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -100,3 +101,32 @@ def test_insertion_keeps_the_most_relevant_patches_that_least_relevant_first_kee
     result = faithfulness(model, torch.randn(3, 3, 8, 8), {"m": torch.rand(3, 2, 2)}, steps=4, baseline=removal,
                           num_random=0)  # fmt: skip
     assert result["insertion_curve"]["m"] == pytest.approx(result["lerf_curve"]["m"][::-1], abs=1e-6)
+
+
+QUANTUS_HINT = (
+    "Quantus is not installed: it requires opencv-python, which would shadow the project's opencv-python-headless; "
+    "pip install --no-deps quantus pandas scikit-image cachetools (CI does)"
+)
+
+
+@pytest.mark.parametrize("order", ["morf", "lerf"])
+def test_deletion_and_lerf_curves_equal_quantus_region_perturbation(random_vit, order):
+    """Quantus's RegionPerturbation (Samek et al. 2015) with our patch grid, the removed patch filled with 0 (the
+    dataset mean after normalisation: our ``mean`` removal) and one patch per step returns ``p(x) - p(x with k
+    patches removed)`` in the map's order; our curve at ``steps = num_patches`` is ``p(x with k removed)``."""
+    quantus = pytest.importorskip("quantus", reason=QUANTUS_HINT)
+    torch.manual_seed(0)
+    model = random_vit(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5).eval()
+    images = torch.randn(4, 3, 16, 16)
+    maps = torch.randn(4, 4, 4)  # distinct values: no ties, whose order the two libraries break differently
+    target = model(images).argmax(-1)
+    ours = faithfulness(model, images, {"map": maps}, target=target, steps=16, num_random=0)
+    pixels = maps.repeat_interleave(4, dim=1).repeat_interleave(4, dim=2)[:, None].expand(-1, 3, -1, -1)
+    metric = quantus.RegionPerturbation(patch_size=4, order=order, regions_evaluation=16, normalise=False,
+                                        perturb_baseline=0.0, disable_warnings=True)  # fmt: skip
+    drops = metric(model=model, x_batch=images.numpy(), y_batch=target.numpy(), a_batch=pixels.numpy().copy(),
+                   device="cpu", softmax=True, channel_first=True)  # fmt: skip
+    intact = model(images).softmax(-1).gather(1, target[:, None])[:, 0].detach().numpy()
+    theirs = [float(intact.mean()), *(intact[:, None] - np.asarray(drops)).mean(0)]
+    curve = ours["deletion_curve" if order == "morf" else "lerf_curve"]["map"]
+    assert curve == pytest.approx(theirs, abs=1e-6)

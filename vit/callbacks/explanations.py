@@ -126,6 +126,8 @@ class ExplanationLogger(Callback):
         method: The main map, a name of :data:`~vit.explain.METHODS` (default: AttnLRP, the most faithful map a
             plain install has, measured in ``docs/results/faithfulness.json``); ``"rollout"`` or ``"attribution"``
             draws no further grid.
+        method_options: Options per method, as :func:`~vit.explain.explain` takes them, e.g. the gamma rule that
+            ``vit explain --tune`` chose for this model: ``{"attnlrp": {"gamma": 0.05, "embed_gamma": 0}}``.
     """
 
     def __init__(
@@ -148,10 +150,13 @@ class ExplanationLogger(Callback):
         explorer_max_bytes: int = DEFAULT_MAX_BYTES,
         explorer_bits: int | str = "auto",
         method: str = DEFAULT_METHOD,
+        method_options: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         require_extras(method)  # an unknown name or a missing extra fails here, before training
         self.method = get_method(method).name
+        for name in method_options or {}:
+            get_method(name)  # an unknown method's options fail here, before training
         for name, value in (("num_images", num_images), ("every_n_epochs", every_n_epochs), ("ncols", ncols)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -175,6 +180,7 @@ class ExplanationLogger(Callback):
             statistics=statistics,
             uniform_threshold=uniform_threshold,
             one_hot_threshold=one_hot_threshold,
+            options={name: dict(value) for name, value in (method_options or {}).items()},
         )
         self.panel_kwargs = dict(alpha=alpha, cmap=cmap, size=display_size)
         self.attribution, self.faithfulness_every_n = attribution, faithfulness_every_n

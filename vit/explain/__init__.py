@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (below); type check
         patch_distances,
         row_entropy,
     )
+    from .tuning import GammaCandidate, GammaTuning, tune_gamma
 
 
 _WHERE = type_checking_names(__file__)
@@ -65,6 +66,8 @@ __all__ = [
     "Explanation",
     "Explorer",
     "ExplorerTooLarge",
+    "GammaCandidate",
+    "GammaTuning",
     "HeadFusion",
     "LRPResult",
     "METHODS",
@@ -124,6 +127,7 @@ __all__ = [
     "select_indices",
     "show_explorer",
     "to_uint8_image",
+    "tune_gamma",
     "unnormalize",
     "upsample_map",
     "write_explorer",

@@ -48,6 +48,10 @@ DEFAULT_METHOD = "attnlrp"
 """:data:`vit.explain.DEFAULT_METHOD`, for the help text (a test keeps them equal)."""
 REMOVALS = ("mean", "blur", "road", "drop")
 """The removals of :data:`vit.explain.removal.REMOVALS` (a test keeps them equal)."""
+TUNABLE = ("attnlrp", "cp_lrp")
+"""The methods with a gamma rule, :data:`vit.explain.tuning.TUNABLE` (a test keeps them equal)."""
+TUNE_REMOVALS = ("mean", "road", "drop")
+"""What ``--tune`` averages the SRG over without ``--removal`` (drop left out, in one line, where it cannot run)."""
 HEAD_FUSIONS = ("mean", "max", "min")
 """The choices of :data:`vit.explain.HeadFusion` (a test keeps them equal)."""
 
@@ -146,6 +150,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--heads", action="store_true", help="mean-ablate every head: the drop of the target logit and of accuracy "
         "per block and head, most important first: <out>/heads.json",
     )  # fmt: skip
+    parser.add_argument(
+        "--tune", action="store_true", help="choose the gamma rule of attnlrp / cp_lrp for this model by the SRG of "
+        "their maps of held-out validation images (never the ones explained), under --removal's removals (default: "
+        "mean, road, drop), and explain with it: <out>/tuning.json",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tune-images", type=int, default=100, help="with --tune: held-out validation images measured (default: 100)"
+    )
     parser.add_argument("--steps", type=int, default=16, help="perturbation steps of --faithfulness (default: 16)")
     parser.add_argument(
         "--removal", default=None, help="with --faithfulness: how a patch is removed, comma-separated, a table each: "
@@ -236,8 +248,10 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     unknown = [r for r in removals if r not in REMOVALS]
     if unknown or not removals or len(set(removals)) != len(removals):
         parser.error(f"--removal takes distinct names of {', '.join(REMOVALS)}, got {args.removal!r}")
-    if args.removal is not None and not args.faithfulness:
-        parser.error("--removal chooses how --faithfulness removes a patch: add --faithfulness")
+    if args.removal is not None and not (args.faithfulness or args.tune):
+        parser.error("--removal chooses how --faithfulness or --tune removes a patch: add one of them")
+    if args.tune_images < 1:
+        parser.error(f"--tune-images must be positive, got {args.tune_images}")
     args.removals = removals
     if args.steps < 1 or args.batch_size < 1:
         parser.error("--steps and --batch-size must be positive")
@@ -267,6 +281,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     start = time.perf_counter()
     try:
         methods = parse_methods(args.methods, args.method)
+        if args.tune and not set(methods) & set(TUNABLE):
+            raise InputError(f"--tune chooses the gamma rule of {' or '.join(TUNABLE)}: add one to --methods")
         files = find_images(args.images) if args.images else []
         check_checkpoint(args.checkpoint)  # missing, or a folder: answered before torch loads
         require_method_extras(methods)
@@ -297,6 +313,14 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(f"\nwhich heads matter, mean ablation of {explanation.heads.num_images} images:")
         print(explanation.heads.table())
         written += [f"heads {out / 'heads.json'}"]
+    for tuning in explanation.tuning.values():
+        print(f"\n{tuning.method}'s gamma rule, by SRG on {tuning.num_images} held-out validation images "
+              f"({', '.join(tuning.removals)}):\n{tuning.table()}")  # fmt: skip
+        print(
+            f"chosen: gamma {tuning.gamma:g}, embed_gamma {tuning.embed_gamma:g}; in training: ExplanationLogger's "
+            f"method_options: {{{tuning.method}: {{gamma: {tuning.gamma:g}, embed_gamma: {tuning.embed_gamma:g}}}}}"
+        )
+    written += [f"tuning {out / 'tuning.json'}"] if explanation.tuning else []
     written += [f"report {args.html}"] if args.html else []
     seconds = time.perf_counter() - start
     print(f"explained {len(files)} images in {seconds:.1f} s: {', '.join(written)}", file=sys.stderr)
@@ -321,19 +345,26 @@ def run(args: argparse.Namespace, methods: list[str], files: list[Path], out: Pa
     else:
         pixels = load_images(explainer, files, args.max_image_pixels)
     progress.close(f"checkpoint and {len(files)} images in {progress.seconds:.1f} s; {threads}")
+    removals = removals_for(explainer.model, args.removals)  # without --removal: mean, which every model has
+    tuning = tune(explainer, methods, args, removals if args.removal else TUNE_REMOVALS)
     explanation = explain(
         explainer.model, pixels, methods, mean=explainer.mean, std=explainer.std, labels=labels,
         class_names=explainer.class_names, target=target, block=args.report_block, faithfulness=args.faithfulness,
-        steps=args.steps, removals=removals_for(explainer.model, args.removals) if args.faithfulness else ("mean",),
-        batch_size=args.batch_size, head_fusion=args.head_fusion, discard_ratio=args.discard_ratio,
-        sanity=args.sanity, heads=args.heads, show_progress=True,
+        steps=args.steps, removals=removals if args.faithfulness else ("mean",), batch_size=args.batch_size,
+        head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, sanity=args.sanity, heads=args.heads,
+        options={name: value.options() for name, value in tuning.items()}, show_progress=True,
     )  # fmt: skip
+    explanation.tuning = tuning
     model = explainer.model_name or type(explainer.model).__name__
     images = f"--split val, {len(files)} images" if args.split else f"{len(files)} image files"
     header = report_header(model=model, checkpoint=args.checkpoint, images=images, methods=methods, command=command)
+    if tuning:
+        header["options"] = {name: value.options() for name, value in tuning.items()}
     report = None if explanation.benchmark is None else benchmark_report(explanation.benchmarks, header)
     extra = {"sanity.json": explanation.sanity, "heads.json": explanation.heads}
     measured = {name: {**header, **value.to_dict()} for name, value in extra.items() if value is not None}
+    if tuning:
+        measured["tuning.json"] = {**header, **{name: value.to_dict() for name, value in tuning.items()}}
     write_outputs(
         explanation, files=files, out=out, alpha=args.alpha, overlays=not args.no_overlays, json_path=args.json,
         curves_title=f"{model}: {images}", report=report, measured=measured, html_path=args.html,
@@ -341,6 +372,53 @@ def run(args: argparse.Namespace, methods: list[str], files: list[Path], out: Pa
         mean=explainer.mean, std=explainer.std, bits=args.explorer_bits,
     )  # fmt: skip
     return explanation, files
+
+
+def tune(explainer, methods: Sequence[str], args: argparse.Namespace, removals: Sequence[str]) -> dict:
+    """``--tune``: :func:`~vit.explain.tune_gamma` of each LRP method among ``methods`` on ``--tune-images``
+    validation images that are not among those explained (by index, with ``--split val``), evenly spaced over the
+    rest of the split; method name to its :class:`~vit.explain.GammaTuning`, empty without ``--tune``.
+
+    Raises:
+        InputError: Without a run checkpoint whose validation split can be read, or without held-out images left.
+    """
+    if not args.tune:
+        return {}
+    from .loading import load_split
+    from .pipeline import model_inputs
+    from .progress import Progress
+    from .tuning import tune_gamma
+
+    tunable = [name for name in methods if name in TUNABLE]  # at least one: main checked
+    if explainer.data is None:
+        raise InputError("--tune measures on the run's validation images: it needs a checkpoint of `vit fit` whose "
+                         "data settings work here")  # fmt: skip
+    _, pixels, labels = load_split(explainer)
+    shown = torch_linspace_indices(len(pixels), args.limit) if args.split else set()
+    rest = [i for i in range(len(pixels)) if i not in shown]
+    if not rest:
+        raise InputError("--tune needs validation images that are not explained: lower --limit")
+    count = min(args.tune_images, len(rest))
+    chosen = [rest[round(k * (len(rest) - 1) / max(1, count - 1))] for k in range(count)]
+    images = model_inputs(explainer.model, pixels[chosen], explainer.mean, explainer.std)
+    removals = removals_for(explainer.model, removals)
+    found = {}
+    for name in tunable:
+        progress = Progress(f"tune {name}", 1, enabled=True)
+        found[name] = tune_gamma(explainer.model, images, labels[chosen], method=name, removals=removals,
+                                 steps=args.steps, batch_size=args.batch_size)  # fmt: skip
+        chosen_one = found[name].chosen
+        progress.close(f"gamma {chosen_one.gamma:g}, embed_gamma {chosen_one.embed_gamma:g} of "
+                       f"{len(found[name].candidates)} candidates on {count} held-out images in "
+                       f"{progress.seconds:.1f} s")  # fmt: skip
+    return found
+
+
+def torch_linspace_indices(total: int, limit: int | None) -> set[int]:
+    """The indices :func:`~vit.explain.loading.load_split` keeps for ``limit`` (all for ``None``)."""
+    if limit is None or limit >= total:
+        return set(range(total))
+    return {round(i * (total - 1) / (limit - 1)) if limit > 1 else 0 for i in range(limit)}
 
 
 def removals_for(model, removals: Sequence[str]) -> list[str]:

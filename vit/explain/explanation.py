@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .heads import HeadImportance
     from .method_benchmark import MethodBenchmark
     from .sanity import SanityReport
+    from .tuning import GammaTuning
 
 
 @dataclass
@@ -53,6 +54,8 @@ class Explanation:
             to random, intervals, time per image); empty without ``faithfulness``.
         sanity: The cascading randomisation of every method (:func:`~vit.explain.sanity.sanity_check`), or ``None``.
         heads: Each head's importance by mean ablation (:func:`~vit.explain.heads.head_importance`), or ``None``.
+        tuning: Method name to the gamma rule chosen for it on held-out images (:func:`~vit.explain.tune_gamma`),
+            with which its maps were drawn; empty when none was tuned.
     """
 
     images: torch.Tensor
@@ -73,6 +76,7 @@ class Explanation:
     benchmarks: dict[str, MethodBenchmark] = field(default_factory=dict)
     sanity: SanityReport | None = None
     heads: HeadImportance | None = None
+    tuning: dict[str, GammaTuning] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.images)

@@ -27,9 +27,17 @@ values are the model's own (every replacement below is exact in value and change
 * **Gated MLPs** (timm's ``GluMlp``, ``SwiGLUPacked``, ``SwiGLU``, ``GatedMlp``, as ``Block(mlp_layer=...)``)
   multiply two branches, a product with no rule here: :func:`relevance_rules` refuses a model holding one rather
   than give it plain autograd silently.
-* Everything else (linear layers, the patch projection, the convolutional stem with its BatchNorm in eval mode and
-  ReLU, residual sums, pooling, position embeddings, class and register tokens) is plain autograd: the LRP-0 rule,
-  with biases, position embeddings and prefix tokens absorbing their share.
+* **Linear layers and convolutions** (every ``nn.Linear``: ``qkv``, ``proj``, the MLP and the head; every
+  ``nn.Conv2d``: the patch projection and the convolutional stem) take the LRP-0 rule (plain autograd) at
+  ``gamma=0``, or the generalised gamma rule (Montavon et al., "Layer-wise relevance propagation: an overview",
+  2019; Andéol et al. 2021, as zennit's ``Gamma``) at ``gamma > 0``: for an output ``y_j > 0`` each input's share is
+  its contribution ``x_i w_ij`` plus ``gamma`` times its positive part (negative parts for ``y_j < 0``), over the same
+  sum (with the bias and its part): contributions that agree with the output gain relevance, those that oppose it
+  lose some, and the map becomes less noisy as ``gamma`` grows. ``gamma`` is one value for the linear layers and
+  ``embed_gamma`` one for the convolutions, the two values lxt's examples set by hand and
+  :func:`~vit.explain.tune_gamma` chooses by measurement.
+* Everything else (the stem's BatchNorm in eval mode and ReLU, residual sums, pooling, position embeddings, class
+  and register tokens) is plain autograd, with biases, position embeddings and prefix tokens absorbing their share.
 
 The rules are temporary forward hooks on the model's module instances, removed when :func:`lrp` returns (also on an
 error); the gradient scaling sits on each attention's ``proj`` input and on its ``q_norm`` / ``k_norm`` outputs
@@ -198,6 +206,46 @@ def _scale_output_hook(scale: float, seen: set[int]):
     return hook
 
 
+GAMMA_STABILISER = 1e-6  # added to each gamma rule's denominator with its sign (+ for 0), as zennit's default
+
+
+def _gamma_hook(gamma: float):
+    """The generalised gamma rule on an ``nn.Linear`` or ``nn.Conv2d`` (module docstring), in gradient form.
+
+    The output keeps its value; its gradient with respect to the input becomes ``Σ_j g_j y_j / z_j · ∂f_j/∂x``, where
+    ``f_j = lin_j + gamma · P_j`` for ``y_j > 0`` (``P``: the sum of the positive contributions ``(x_i w_ij)⁺``) and
+    ``lin_j + gamma · N_j`` for ``y_j < 0`` (``N = lin - P``, the negative ones), ``z_j`` is ``f_j`` with the bias and
+    ``gamma`` times its positive (negative) part, and ``g_j y_j`` is the relevance arriving at output ``j``. So input
+    ``i`` receives ``x_i · gradient_i = Σ_j x_i (w_ij + gamma w_ij^±) / z_j · R_j``: the rule's share.
+    """
+
+    def contributions(module: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if isinstance(module, nn.Linear):
+            return F.linear(x, weight)
+        return module._conv_forward(x, weight, None)
+
+    def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        x = args[0]
+        weight = module.weight.detach()
+        bias = module.bias.detach() if module.bias is not None else weight.new_zeros(weight.shape[0])
+        if isinstance(module, nn.Conv2d):
+            bias = bias[:, None, None]
+        positive = contributions(module, x.clamp(min=0), weight.clamp(min=0)) + contributions(
+            module, x.clamp(max=0), weight.clamp(max=0)
+        )  # Σ_i (x_i w_ij)⁺
+        linear = output - bias  # Σ_i x_i w_ij, through the layer's own graph
+        agreeing = torch.where(output > 0, positive, linear - positive)
+        with torch.no_grad():
+            y = output.detach()
+            denominator = y + gamma * (agreeing + torch.where(y > 0, bias.clamp(min=0), bias.clamp(max=0)))
+            denominator = denominator + GAMMA_STABILISER * torch.where(denominator >= 0, 1.0, -1.0)
+            factor = torch.where(y != 0, y / denominator, 0.0)  # an output of 0 passes nothing on
+        surrogate = factor * (linear + gamma * agreeing)
+        return y + (surrogate - surrogate.detach())  # the value of y, the gradient of the rule
+
+    return hook
+
+
 def _mark_ran(ran: dict[int, str], name: str):
     def hook(module: nn.Module, args: tuple) -> None:
         ran[id(module)] = name
@@ -224,8 +272,23 @@ def _detach_denominator(module: nn.Module, args: tuple) -> tuple:
     return numerator, denominator.detach()
 
 
+def check_gamma(gamma: float, embed_gamma: float | None) -> tuple[float, float]:
+    """``(gamma, embed_gamma)`` with ``embed_gamma=None`` read as ``gamma``.
+
+    Raises:
+        ValueError: If either is negative or not finite.
+    """
+    embed_gamma = gamma if embed_gamma is None else embed_gamma
+    for name, value in (("gamma", gamma), ("embed_gamma", embed_gamma)):
+        if not (isinstance(value, (int, float)) and 0.0 <= value < float("inf")):
+            raise ValueError(f"{name} must be a finite number >= 0 (0: the LRP-0 rule), got {value!r}")
+    return float(gamma), float(embed_gamma)
+
+
 @contextlib.contextmanager
-def relevance_rules(model: nn.Module, variant: Variant = "attnlrp") -> Iterator[None]:
+def relevance_rules(
+    model: nn.Module, variant: Variant = "attnlrp", gamma: float = 0.0, embed_gamma: float | None = None
+) -> Iterator[None]:
     """Install the rules of ``variant`` on ``model`` as forward hooks for the ``with`` block (module docstring).
 
     Gradient x input of the model's output taken inside the block is the relevance. On exit the hooks are removed
@@ -236,14 +299,18 @@ def relevance_rules(model: nn.Module, variant: Variant = "attnlrp") -> Iterator[
         model: Any module; its LayerNorms, element-wise activations and :class:`~vit.layers.Attention`,
             :class:`~vit.layers.CrossAttention` and :class:`~vit.layers.LinearAttention` modules get the rules.
         variant: ``"attnlrp"`` or ``"cp"``.
+        gamma: The gamma rule's parameter on every ``nn.Linear``; 0: LRP-0 (no hook).
+        embed_gamma: The same on every ``nn.Conv2d`` (the patch projection, the stem); ``None``: ``gamma``.
 
     Raises:
-        ValueError: On an unknown variant, or if the model holds a gated MLP (a product of two branches).
+        ValueError: On an unknown variant, a negative gamma, or if the model holds a gated MLP (a product of two
+            branches).
         RuntimeError: If an attention module ran without its ``q_norm`` / ``k_norm``, or the model is already being
             explained (by another thread).
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    gamma, embed_gamma = check_gamma(gamma, embed_gamma)
     _refuse_products(model)
     with _ACTIVE_LOCK:
         if model in _ACTIVE:
@@ -262,6 +329,10 @@ def relevance_rules(model: nn.Module, variant: Variant = "attnlrp") -> Iterator[
                 with torch.no_grad():
                     offset = float(module(torch.zeros(())))
                 handles.append(module.register_forward_hook(_identity_rule_hook(offset)))
+            elif isinstance(module, nn.Linear) and gamma > 0:
+                handles.append(module.register_forward_hook(_gamma_hook(gamma)))
+            elif isinstance(module, nn.Conv2d) and embed_gamma > 0:
+                handles.append(module.register_forward_hook(_gamma_hook(embed_gamma)))
         for name, module in model.named_modules():
             if not isinstance(module, (Attention, CrossAttention)):
                 continue
@@ -299,7 +370,14 @@ def relevance_rules(model: nn.Module, variant: Variant = "attnlrp") -> Iterator[
             _ACTIVE.discard(model)
 
 
-def lrp(model: nn.Module, images: torch.Tensor, target: Any = None, variant: Variant = "attnlrp") -> LRPResult:
+def lrp(
+    model: nn.Module,
+    images: torch.Tensor,
+    target: Any = None,
+    variant: Variant = "attnlrp",
+    gamma: float = 0.0,
+    embed_gamma: float | None = None,
+) -> LRPResult:
     """Relevance of every pixel and patch for a target class, by AttnLRP or CP-LRP (module docstring).
 
     One forward and one backward pass (``torch.autograd.grad`` with respect to the images, so no parameter gets a
@@ -312,13 +390,17 @@ def lrp(model: nn.Module, images: torch.Tensor, target: Any = None, variant: Var
         images: ``(B, C, H, W)`` normalised as the model expects; moved to the model's device.
         target: Class per image (tensor, list or one int for all); ``None`` explains the predicted class.
         variant: ``"attnlrp"`` (Achtibat et al. 2024) or ``"cp"`` (Ali et al. 2022).
+        gamma: The gamma rule on the linear layers (module docstring); 0, the default: LRP-0, the rules of the
+            papers. :func:`~vit.explain.tune_gamma` chooses it for a model by measured faithfulness.
+        embed_gamma: The gamma rule on the convolutions (patch projection, stem); ``None``: ``gamma``.
 
     Returns:
         An :class:`LRPResult` on the model's device, detached: signed pixel relevance, its patch sums, the targets
         and the logits.
 
     Raises:
-        ValueError: On an unknown variant, a target out of range or of the wrong length, or a gated MLP in the model.
+        ValueError: On an unknown variant, a negative gamma, a target out of range or of the wrong length, or a gated
+            MLP in the model.
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -326,7 +408,7 @@ def lrp(model: nn.Module, images: torch.Tensor, target: Any = None, variant: Var
     if param is not None:
         images = images.to(param.device)
     x = images.detach().requires_grad_(True)
-    with relevance_rules(model, variant), eval_mode(model), torch.enable_grad():
+    with relevance_rules(model, variant, gamma, embed_gamma), eval_mode(model), torch.enable_grad():
         logits = model.forward(x)  # eager even after model.compile(): the hooks must run
         target = resolve_target(target, logits.detach())
         (grad,) = torch.autograd.grad(logits.gather(1, target[:, None]).sum(), x)

@@ -118,15 +118,19 @@ def attribution_method(model: nn.Module, images: torch.Tensor, target: Any = Non
     return MethodMap(attention_attribution(model, images, target), target=target)
 
 
-def attnlrp_method(model: nn.Module, images: torch.Tensor, target: Any = None) -> MethodMap:
-    """AttnLRP (:func:`~vit.explain.lrp`, ``variant="attnlrp"``)."""
-    result = lrp(model, images, target, variant="attnlrp")
+def attnlrp_method(
+    model: nn.Module, images: torch.Tensor, target: Any = None, gamma: float = 0.0, embed_gamma: float | None = None
+) -> MethodMap:
+    """AttnLRP (:func:`~vit.explain.lrp`, ``variant="attnlrp"``), with its gamma rule's options."""
+    result = lrp(model, images, target, variant="attnlrp", gamma=gamma, embed_gamma=embed_gamma)
     return MethodMap(result.patches, result.pixels, result.target)
 
 
-def cp_lrp_method(model: nn.Module, images: torch.Tensor, target: Any = None) -> MethodMap:
-    """CP-LRP (:func:`~vit.explain.lrp`, ``variant="cp"``)."""
-    result = lrp(model, images, target, variant="cp")
+def cp_lrp_method(
+    model: nn.Module, images: torch.Tensor, target: Any = None, gamma: float = 0.0, embed_gamma: float | None = None
+) -> MethodMap:
+    """CP-LRP (:func:`~vit.explain.lrp`, ``variant="cp"``), with its gamma rule's options."""
+    result = lrp(model, images, target, variant="cp", gamma=gamma, embed_gamma=embed_gamma)
     return MethodMap(result.patches, result.pixels, result.target)
 
 
