@@ -7,9 +7,9 @@
 
 ``record SUITE -- ARGS`` runs ``python -m vit.bench --suite SUITE ARGS --json docs/results/SUITE.json`` and adds
 the command and the machine's CPU model to the report, so every committed number says where it comes from.
-``add-faithfulness NAME FILE [SANITY HEADS]`` keeps the JSON that ``vit explain CKPT --faithfulness --json FILE``
-wrote (it carries its command, date, machine and versions), and the ``sanity.json`` and ``heads.json`` of
-``--sanity --heads``, under ``models[NAME]`` of ``docs/results/faithfulness.json``; the tables of every model go
+``add-faithfulness NAME FILE [SANITY HEADS TUNING]`` keeps the JSON that ``vit explain CKPT --faithfulness --json
+FILE`` wrote (it carries its command, date, machine and versions), and the ``sanity.json``, ``heads.json`` and
+``tuning.json`` of ``--sanity --heads --tune``, under ``models[NAME]`` of ``docs/results/faithfulness.json``; the tables of every model go
 between the markers of ``docs/explanations.md``.
 """
 
@@ -205,14 +205,19 @@ def render() -> str:
 
 def add_faithfulness(name: str, report_path: Path, extra: list[Path] = ()) -> int:
     """Keep one model's ``vit explain --faithfulness`` JSON under ``models[name]`` of the results file, with its
-    ``sanity.json`` and ``heads.json`` (``extra``, from ``--sanity`` and ``--heads``) under ``sanity`` and ``heads``."""
+    ``sanity.json``, ``heads.json`` and ``tuning.json`` (``extra``, from ``--sanity``, ``--heads`` and ``--tune``)
+    under ``sanity``, ``heads`` and ``tuning``."""
     report = json.loads(Path(report_path).read_text())
     if "scores" not in report or "command" not in report:
         print(f"error: {report_path} is not the JSON of `vit explain --faithfulness`", file=sys.stderr)
         return 2
     for path in extra:
         measured = json.loads(Path(path).read_text())
-        report["sanity" if "stages" in measured else "heads"] = measured
+        tuned = {k: v for k, v in measured.items() if isinstance(v, dict) and "candidates" in v}
+        if tuned:
+            report["tuning"] = tuned
+        else:
+            report["sanity" if "stages" in measured else "heads"] = measured
     results = json.loads(FAITHFULNESS.read_text()) if FAITHFULNESS.exists() else {"models": {}}
     results["models"][name] = report
     write_text(FAITHFULNESS, json.dumps(results, indent=2) + "\n")
@@ -238,6 +243,20 @@ def faithfulness_rows(name: str, report: dict[str, Any]) -> list[str]:
         + f"; torch {report['versions']['torch']}, vit {report['versions']['vit']}",
         f"- command: `{report['command']}`",
     ]
+    for method, tuning in (report.get("tuning") or {}).items():
+        lines += ["", f"*{method}'s gamma rule*, chosen by mean SRG over {', '.join(tuning['removals'])} on "
+                  f"{tuning['num_images']} held-out validation images ({tuning['steps']} steps): gamma "
+                  f"{tuning['gamma']:g} on the linear layers, {tuning['embed_gamma']:g} on the convolutions; the "
+                  f"tables below use it", ""]  # fmt: skip
+        lines.append("| gamma | embed_gamma | " + " | ".join(f"SRG {r}" for r in tuning["removals"])
+                     + " | mean SRG | ms / image |")  # fmt: skip
+        lines.append("|---:|---:|" + "---:|" * (len(tuning["removals"]) + 2))
+        for c in tuning["candidates"]:
+            chosen = (c["gamma"], c["embed_gamma"]) == (tuning["gamma"], tuning["embed_gamma"])
+            mean = f"**{c['mean_srg']:+.3f}**" if chosen else f"{c['mean_srg']:+.3f}"
+            lines.append(f"| {c['gamma']:g} | {c['embed_gamma']:g} | "
+                         + " | ".join(f"{c['srg'][r]:+.3f}" for r in tuning["removals"])
+                         + f" | {mean} | {c['ms_per_image']:.1f} |")  # fmt: skip
     for removal, bench in removals.items():
         srg = all("srg" in s for s in bench["scores"].values())
         lines += ["", f"*{removal}*", ""]
@@ -299,9 +318,9 @@ def render_explanations(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["add-faithfulness"]:
-        if not 3 <= len(argv) <= 5:
+        if not 3 <= len(argv) <= 6:
             print("error: add-faithfulness needs a model name and a `vit explain --faithfulness` JSON (then, "
-                  "optionally, its sanity.json and heads.json)", file=sys.stderr)  # fmt: skip
+                  "optionally, its sanity.json, heads.json and tuning.json)", file=sys.stderr)  # fmt: skip
             return 2
         if add_faithfulness(argv[1], Path(argv[2]), [Path(p) for p in argv[3:]]):
             return 2

@@ -638,12 +638,3 @@ def test_tune_from_the_command_line(checkpoint, tmp_path, explain):
                       tmp_path / "x")  # fmt: skip
     one_error_line(refused, "error: --tune chooses the gamma rule of attnlrp or cp_lrp: add one to --methods")
     assert not (tmp_path / "x").exists()
-
-
-@pytest.mark.parametrize(("total", "limit"), [(10, 4), (7, 1), (360, 30), (5, 5), (5, None)])
-def test_tune_leaves_out_the_images_it_explains(total, limit):
-    """The indices --tune leaves out are exactly those --split val --limit explains (load_split's choice)."""
-    kept = torch.arange(total)
-    if limit is not None and limit < total:
-        kept = torch.linspace(0, total - 1, limit).round().long()
-    assert command.torch_linspace_indices(total, limit) == set(kept.tolist())

@@ -384,7 +384,7 @@ def tune(explainer, methods: Sequence[str], args: argparse.Namespace, removals: 
     """
     if not args.tune:
         return {}
-    from .loading import load_split
+    from .loading import load_split, split_indices
     from .pipeline import model_inputs
     from .progress import Progress
     from .tuning import tune_gamma
@@ -394,7 +394,7 @@ def tune(explainer, methods: Sequence[str], args: argparse.Namespace, removals: 
         raise InputError("--tune measures on the run's validation images: it needs a checkpoint of `vit fit` whose "
                          "data settings work here")  # fmt: skip
     _, pixels, labels = load_split(explainer)
-    shown = torch_linspace_indices(len(pixels), args.limit) if args.split else set()
+    shown = set(split_indices(len(pixels), args.limit).tolist()) if args.split else set()
     rest = [i for i in range(len(pixels)) if i not in shown]
     if not rest:
         raise InputError("--tune needs validation images that are not explained: lower --limit")
@@ -403,22 +403,17 @@ def tune(explainer, methods: Sequence[str], args: argparse.Namespace, removals: 
     images = model_inputs(explainer.model, pixels[chosen], explainer.mean, explainer.std)
     removals = removals_for(explainer.model, removals)
     found = {}
-    for name in tunable:
+    for name in tunable:  # each candidate's maps and curves report their progress; one line closes the method
         progress = Progress(f"tune {name}", 1, enabled=True)
-        found[name] = tune_gamma(explainer.model, images, labels[chosen], method=name, removals=removals,
-                                 steps=args.steps, batch_size=args.batch_size)  # fmt: skip
-        chosen_one = found[name].chosen
-        progress.close(f"gamma {chosen_one.gamma:g}, embed_gamma {chosen_one.embed_gamma:g} of "
-                       f"{len(found[name].candidates)} candidates on {count} held-out images in "
-                       f"{progress.seconds:.1f} s")  # fmt: skip
+        found[name] = result = tune_gamma(
+            explainer.model, images, labels[chosen], method=name, removals=removals, steps=args.steps,
+            batch_size=args.batch_size, show_progress=True,
+        )  # fmt: skip
+        progress.close(
+            f"gamma {result.gamma:g}, embed_gamma {result.embed_gamma:g}, the best of {len(result.candidates)} "
+            f"candidates on {count} held-out images, in {progress.seconds:.1f} s"
+        )
     return found
-
-
-def torch_linspace_indices(total: int, limit: int | None) -> set[int]:
-    """The indices :func:`~vit.explain.loading.load_split` keeps for ``limit`` (all for ``None``)."""
-    if limit is None or limit >= total:
-        return set(range(total))
-    return {round(i * (total - 1) / (limit - 1)) if limit > 1 else 0 for i in range(limit)}
 
 
 def removals_for(model, removals: Sequence[str]) -> list[str]:

@@ -98,10 +98,16 @@ def load_split(explainer: Explainer, limit: int | None = None) -> tuple[list[Pat
         raise InputError("--split val needs a checkpoint of `vit fit` whose data settings work here; pass image files")
     batches = [(batch[0].cpu(), batch[1].cpu()) for batch in explainer.data.val_dataloader()]
     images, labels = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
-    index = torch.arange(len(images))
-    if limit is not None and limit < len(images):
-        index = torch.linspace(0, len(images) - 1, limit).round().long()
+    index = split_indices(len(images), limit)
     return [Path("val") / f"{i:05d}" for i in index.tolist()], images[index], labels[index]
+
+
+def split_indices(total: int, limit: int | None) -> torch.Tensor:
+    """The indices of ``limit`` images evenly spaced over ``total`` (all of them for ``None``), as
+    :func:`load_split` keeps them."""
+    if limit is None or limit >= total:
+        return torch.arange(total)
+    return torch.linspace(0, total - 1, limit).round().long()
 
 
 def load_images(explainer: Explainer, files: Sequence[Path], max_pixels: int | None) -> torch.Tensor:
