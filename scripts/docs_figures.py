@@ -303,8 +303,12 @@ def method_maps(model: torch.nn.Module, inputs: torch.Tensor) -> dict[str, torch
 
 def explorer(checkpoint: Path | None = None) -> None:
     """The attention explorer of the quickstart model on ten validation digits of distinct classes, with every
-    explanation method as an overlay and their deletion / insertion areas on those digits (embedded in "Attention,
-    step by step"), and, where Playwright and a Chromium are installed, its screenshot."""
+    explanation method as an overlay, their deletion / insertion areas on those digits and each head's importance
+    (mean ablation over every validation digit) (embedded in "Attention, step by step"), and, where Playwright and a
+    Chromium are installed, its screenshot."""
+    from vit.explain.heads import head_importance
+    from vit.explain.loading import load_split
+
     loaded = quickstart_digits(checkpoint, 10)
     if loaded is None:
         return
@@ -313,9 +317,12 @@ def explorer(checkpoint: Path | None = None) -> None:
     inputs = normalize(images, mean, std)
     maps = method_maps(model, inputs)
     scores = faithfulness(model, inputs, maps, steps=16)
+    _, every_digit, every_label = load_split(explainer)
+    heads = head_importance(model, normalize(every_digit, mean, std), every_label)
     payload = explorer_payload(
         model, images, mean=mean, std=std, labels=labels, class_names=explainer.class_names,
         names=[f"digit {int(label)}" for label in labels], maps=maps, attribution=False, faithfulness=scores,
+        importance=heads.logit_drop,
         title="Attention explorer: the quickstart model (vit fit --config quickstart) on validation digits",
     )  # fmt: skip
     path = write_explorer(OUT / "explorer_quickstart.html", payload)

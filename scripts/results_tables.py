@@ -9,8 +9,8 @@
 the command and the machine's CPU model to the report, so every committed number says where it comes from.
 ``add-faithfulness NAME FILE [SANITY HEADS TUNING]`` keeps the JSON that ``vit explain CKPT --faithfulness --json
 FILE`` wrote (it carries its command, date, machine and versions), and the ``sanity.json``, ``heads.json`` and
-``tuning.json`` of ``--sanity --heads --tune``, under ``models[NAME]`` of ``docs/results/faithfulness.json``; the tables of every model go
-between the markers of ``docs/explanations.md``.
+``tuning.json`` of ``--sanity --heads --tune``, under ``models[NAME]`` of ``docs/results/faithfulness.json``; the
+tables of every model go between the markers of ``docs/explanations.md``.
 """
 
 from __future__ import annotations
