@@ -386,7 +386,6 @@ def tune(explainer, methods: Sequence[str], args: argparse.Namespace, removals: 
         return {}
     from .loading import load_split, split_indices
     from .pipeline import model_inputs
-    from .progress import Progress
     from .tuning import tune_gamma
 
     tunable = [name for name in methods if name in TUNABLE]  # at least one: main checked
@@ -402,18 +401,11 @@ def tune(explainer, methods: Sequence[str], args: argparse.Namespace, removals: 
     chosen = [rest[round(k * (len(rest) - 1) / max(1, count - 1))] for k in range(count)]
     images = model_inputs(explainer.model, pixels[chosen], explainer.mean, explainer.std)
     removals = removals_for(explainer.model, removals)
-    found = {}
-    for name in tunable:  # each candidate's maps and curves report their progress; one line closes the method
-        progress = Progress(f"tune {name}", 1, enabled=True)
-        found[name] = result = tune_gamma(
-            explainer.model, images, labels[chosen], method=name, removals=removals, steps=args.steps,
-            batch_size=args.batch_size, show_progress=True,
-        )  # fmt: skip
-        progress.close(
-            f"gamma {result.gamma:g}, embed_gamma {result.embed_gamma:g}, the best of {len(result.candidates)} "
-            f"candidates on {count} held-out images, in {progress.seconds:.1f} s"
-        )
-    return found
+    return {
+        name: tune_gamma(explainer.model, images, labels[chosen], method=name, removals=removals, steps=args.steps,
+                         batch_size=args.batch_size, show_progress=True)
+        for name in tunable
+    }  # fmt: skip
 
 
 def removals_for(model, removals: Sequence[str]) -> list[str]:

@@ -36,8 +36,10 @@ DEFAULT_METHOD = "attnlrp"
 """The map the project shows by default (README picture, ``vit explain``, the training-time grids, the report): the
 one measured most faithful, by the symmetric relevance gain under three ways of removing a patch, among the methods a
 plain install has, on the quickstart and ``cifar10_cpu`` models (``docs/results/faithfulness.json``): first in four of
-the five model x removal cells; with token drop on ``cifar10_cpu`` Chefer's attribution is ahead. Integrated gradients
-is level or ahead in some cells but costs about ten times as much and needs the ``explain`` extra."""
+the five model x removal cells; with token drop on ``cifar10_cpu`` Chefer's attribution is ahead, unless AttnLRP's
+gamma rule is tuned for the model (``vit explain --tune``: then AttnLRP is ahead or level with integrated gradients
+under all three removals there). Integrated gradients is level or ahead in some cells but costs several times as much
+and needs the ``explain`` extra."""
 
 
 @dataclass

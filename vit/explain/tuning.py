@@ -30,6 +30,7 @@ from .attribution import resolve_target
 from .faithfulness import faithfulness
 from .method_benchmark import timed_maps
 from .methods import get_method
+from .progress import Progress
 from .removal import REMOVALS, drop_reason
 
 GAMMAS: tuple[float, ...] = (0.0, 0.01, 0.05, 0.1, 0.25, 1.0)
@@ -140,7 +141,8 @@ def tune_gamma(
         steps: Fractions of the curves.
         target: Explain and measure the predicted class or the label.
         batch_size: Images per explanation call and per forward pass of the curves.
-        show_progress: Report each candidate's maps and curves on stderr.
+        show_progress: Report the candidates measured on stderr (:class:`~vit.explain.progress.Progress`), and the
+            choice in one line.
 
     Returns:
         A :class:`GammaTuning`; a candidate wins over the smaller values tried before it only by more than
@@ -168,23 +170,21 @@ def tune_gamma(
         logits = torch.cat([model.forward(chunk) for chunk in images.split(batch_size)])
     classes = resolve_target(labels.to(logits.device) if target == "label" else None, logits)
 
-    def measure(pairs: Sequence[tuple[float, float]]) -> list[GammaCandidate]:
-        maps, ms = {}, {}
-        for gamma, embed_gamma in pairs:
-            name = f"{gamma:g}/{embed_gamma:g}"
-            options = {method: {"gamma": gamma, "embed_gamma": embed_gamma}}
-            found, seconds = timed_maps(model, images, classes, [method], batch_size, options, show_progress)
-            maps[name], ms[name] = found[method], 1000 * seconds[method]
+    has_convolutions = any(isinstance(m, nn.Conv2d) for m in model.modules())
+    first_pairs = [(float(g), 0.0) for g in dict.fromkeys((0.0, *gammas))]
+    second_values = [float(e) for e in dict.fromkeys(embed_gammas) if e != 0] if has_convolutions else []
+    progress = Progress(f"tune {method}", len(first_pairs) + len(second_values), show_progress, unit="candidates")
+
+    def measure(gamma: float, embed_gamma: float) -> GammaCandidate:
+        options = {method: {"gamma": gamma, "embed_gamma": embed_gamma}}
+        maps, seconds = timed_maps(model, images, classes, [method], batch_size, options)
         srg = {
-            removal: faithfulness(model, images, maps, target=classes, steps=steps, baseline=removal, num_random=0,
-                                  batch_size=batch_size, show_progress=show_progress)["srg"]
+            removal: float(faithfulness(model, images, maps, target=classes, steps=steps, baseline=removal,
+                                        num_random=0, batch_size=batch_size)["srg"][method])
             for removal in removals
         }  # fmt: skip
-        return [
-            GammaCandidate(gamma, embed_gamma, {r: float(srg[r][name]) for r in removals},
-                           sum(float(srg[r][name]) for r in removals) / len(removals), ms[name])
-            for (gamma, embed_gamma), name in zip(pairs, maps, strict=True)
-        ]  # fmt: skip
+        progress.update(1)
+        return GammaCandidate(gamma, embed_gamma, srg, sum(srg.values()) / len(srg), 1000 * seconds[method])
 
     def best(candidates: list[GammaCandidate]) -> GammaCandidate:
         winner = candidates[0]
@@ -193,10 +193,13 @@ def tune_gamma(
                 winner = candidate
         return winner
 
-    first = measure([(float(g), 0.0) for g in dict.fromkeys((0.0, *gammas))])
-    winner = best(first)
-    has_convolutions = any(isinstance(m, nn.Conv2d) for m in model.modules())
-    second_values = [float(e) for e in dict.fromkeys(embed_gammas) if e != 0] if has_convolutions else []
-    second = measure([(winner.gamma, e) for e in second_values]) if second_values else []
-    winner = best([winner, *second])
+    try:
+        first = [measure(gamma, embed_gamma) for gamma, embed_gamma in first_pairs]
+        winner = best(first)
+        second = [measure(winner.gamma, embed_gamma) for embed_gamma in second_values]
+        winner = best([winner, *second])
+    finally:
+        progress.stop()
+    progress.close(f"gamma {winner.gamma:g}, embed_gamma {winner.embed_gamma:g}, the best of {progress.done} "
+                   f"candidates on {len(images)} images, in {progress.seconds:.1f} s")  # fmt: skip
     return GammaTuning(method, winner.gamma, winner.embed_gamma, list(removals), len(images), steps, first + second)
