@@ -30,7 +30,7 @@ from .attribution import resolve_target
 from .faithfulness import RANDOM, Baseline, faithfulness
 from .methods import METHODS, check_image_size, explain_map, get_method, require_extras
 from .progress import Progress
-from .removal import REMOVALS, drop_reason
+from .removal import check_removals
 
 DEFAULT_METHODS: tuple[str, ...] = tuple(METHODS)
 
@@ -279,11 +279,7 @@ def benchmark_removals(
         check_image_size(name, model, images)
     if len(set(names)) != len(names):
         raise ValueError(f"methods must be distinct, got {list(methods)}")
-    unknown = [r for r in removals if r not in REMOVALS]
-    if unknown or not removals or len(set(removals)) != len(removals):
-        raise ValueError(f"removals must be distinct names of {', '.join(REMOVALS)}, got {list(removals)}")
-    if "drop" in removals and drop_reason(model) is not None:
-        raise ValueError(f"token drop does not apply to this model: {drop_reason(model)}")
+    check_removals(model, removals)
     if target not in ("prediction", "label"):
         raise ValueError(f"target must be 'prediction' or 'label', got {target!r}")
     if target == "label" and labels is None:

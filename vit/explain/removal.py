@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import torch
@@ -100,6 +100,16 @@ def road_impute(
     everything = mask.flatten(1).all(dim=1)[:, None, None, None]  # nothing kept to impute from: the mean
     filled = torch.where(mask.bool(), x, images)
     return torch.where(everything, torch.zeros_like(images), filled)
+
+
+def check_removals(model: nn.Module, removals: Sequence[str]) -> None:
+    """Raise ``ValueError`` on an unknown or repeated removal, none at all, or ``"drop"`` for a model that cannot drop
+    tokens (:func:`drop_reason`)."""
+    unknown = [r for r in removals if r not in REMOVALS]
+    if unknown or not removals or len(set(removals)) != len(removals):
+        raise ValueError(f"removals must be distinct names of {', '.join(REMOVALS)}, got {list(removals)}")
+    if "drop" in removals and drop_reason(model) is not None:
+        raise ValueError(f"token drop does not apply to this model: {drop_reason(model)}")
 
 
 def drop_reason(model: nn.Module) -> str | None:

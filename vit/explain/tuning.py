@@ -31,7 +31,7 @@ from .faithfulness import faithfulness
 from .method_benchmark import timed_maps
 from .methods import get_method
 from .progress import Progress
-from .removal import REMOVALS, drop_reason
+from .removal import check_removals
 
 GAMMAS: tuple[float, ...] = (0.0, 0.01, 0.05, 0.1, 0.25, 1.0)
 """Values of ``gamma`` (linear layers) tried first, the convolutions at 0."""
@@ -155,11 +155,7 @@ def tune_gamma(
     method = get_method(method, model).name
     if method not in TUNABLE:
         raise ValueError(f"only {' and '.join(TUNABLE)} have a gamma rule to tune, got {method!r}")
-    unknown = [r for r in removals if r not in REMOVALS]
-    if unknown or not removals or len(set(removals)) != len(removals):
-        raise ValueError(f"removals must be distinct names of {', '.join(REMOVALS)}, got {list(removals)}")
-    if "drop" in removals and drop_reason(model) is not None:
-        raise ValueError(f"token drop does not apply to this model: {drop_reason(model)}")
+    check_removals(model, removals)
     if any(not 0 <= g < float("inf") for g in (*gammas, *embed_gammas)):
         raise ValueError(f"gamma values must be finite and >= 0, got {list(gammas)} and {list(embed_gammas)}")
     if target == "label" and labels is None:
