@@ -125,6 +125,15 @@ def test_tune_gamma_measures_every_candidate_and_keeps_the_best(trained):
     assert "<- chosen" in tuning.table().splitlines()[1 + tuning.candidates.index(expected)]
 
 
+def test_a_gain_within_noise_keeps_the_default(trained):
+    """A convolution gamma of 1e-9 draws the same maps as 0 up to rounding: whatever the sign of the difference in
+    the last digits, the default stays."""
+    model, images, labels = trained
+    tuning = tune_gamma(model, images, labels, removals=("mean",), gammas=(), embed_gammas=(1e-9,), steps=3)
+    assert [(c.gamma, c.embed_gamma) for c in tuning.candidates] == [(0.0, 0.0), (0.0, 1e-9)]
+    assert tuning.options() == {"gamma": 0.0, "embed_gamma": 0.0}
+
+
 def test_tune_gamma_refuses_what_it_cannot_measure(trained, random_vit):
     model, images, labels = trained
     with pytest.raises(ValueError, match="only attnlrp and cp_lrp have a gamma rule to tune, got 'rollout'"):
