@@ -397,8 +397,7 @@ def tune(explainer, methods: Sequence[str], args: argparse.Namespace, removals: 
     rest = [i for i in range(len(pixels)) if i not in shown]
     if not rest:
         raise InputError("--tune needs validation images that are not explained: lower --limit")
-    count = min(args.tune_images, len(rest))
-    chosen = [rest[round(k * (len(rest) - 1) / max(1, count - 1))] for k in range(count)]
+    chosen = [rest[i] for i in split_indices(len(rest), min(args.tune_images, len(rest))).tolist()]
     images = model_inputs(explainer.model, pixels[chosen], explainer.mean, explainer.std)
     removals = removals_for(explainer.model, removals)
     return {
