@@ -29,6 +29,7 @@ from .callbacks.metadata import CheckpointMetadata
 from .callbacks.patch_dropout import UnmaskedEpochs
 from .callbacks.throughput import TrainingThroughput
 from .callbacks.time_budget import TimeBudget, budget_seconds, steps_in_epoch
+from .checkpoints.metadata import METADATA_KEY
 from .checkpoints.state import check_checkpoint_fits
 from .errors import ConfigError
 from .models import VisionTransformer, create_model, load_pretrained
@@ -149,6 +150,7 @@ class ImageClassifier(LightningModule):
             )
         self.num_classes = int(self.model.num_classes)
         self.time_plan: TimePlan | None = None  # schedule "time": made in configure_optimizers
+        self.temperature: float | None = None  # `vit calibrate`'s, read with a checkpoint (on_load_checkpoint)
         self.model_ema = None
         if ema_decay is not None:
             self.model_ema = ModelEmaV3(self.model, decay=ema_decay, use_warmup=ema_warmup)
@@ -271,7 +273,8 @@ class ImageClassifier(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture with one message listing its missing, unexpected and
         mis-shaped keys (:func:`~vit.checkpoints.check_checkpoint_fits`), for a resumed run as for
-        ``load_from_checkpoint``."""
+        ``load_from_checkpoint``; take the temperature of a calibrated checkpoint (``vit calibrate``)."""
+        self.temperature = (checkpoint.get(METADATA_KEY) or {}).get("temperature")
         if self.strict_loading:
             trainer = self._attached_trainer()  # None outside a Trainer (load_from_checkpoint)
             check_checkpoint_fits(self, checkpoint, source=trainer.ckpt_path if trainer is not None else None)
@@ -335,10 +338,11 @@ class ImageClassifier(LightningModule):
     # --------------------------------------------------------------------------------------------- evaluation
     def _test_time_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits of the images alone, and the log of the mean class probabilities over ``test_time_augment``'s
-        views (:func:`vit.tta.averaged_logits`)."""
-        return averaged_logits(self.eval_model, x, self.hparams.test_time_augment)
+        views (:func:`vit.tta.averaged_logits`), each view's logits divided by the checkpoint's ``temperature``."""
+        scale = self.temperature or 1.0  # x / 1.0 is x, bit for bit
+        return averaged_logits(lambda view: self.eval_model(view) / scale, x, self.hparams.test_time_augment)
 
-    def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str, metrics: MetricCollection) -> None:
+    def _evaluate(self, batch: Any, stage: str, metrics: MetricCollection) -> torch.Tensor:
         x, y = batch
         if stage == "test":
             single_view, logits = self._test_time_logits(_check_images(x))
@@ -351,6 +355,7 @@ class ImageClassifier(LightningModule):
         metrics.update(logits, y)
         self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=stage == "val", sync_dist=True, batch_size=len(x))
         self._log_metrics(metrics, on_step=False, prog_bar=stage == "val")
+        return logits
 
     def _log_metrics(self, metrics: MetricCollection, on_step: bool, prog_bar: bool) -> None:
         for name, metric in metrics.items(keep_base=False):
@@ -359,8 +364,8 @@ class ImageClassifier(LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_metrics)
 
-    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "test", self.test_metrics)
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self._evaluate(batch, "test", self.test_metrics)
 
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         """Class probabilities ``(B, num_classes)`` for a batch of images (or ``(images, labels)`` pairs)."""

@@ -1,5 +1,6 @@
 """Lightning callbacks, one per file. Each decides *when*; a library function decides *what*."""
 
+from .evaluation import EvaluationReport
 from .explanations import (
     DISTANCE_KEY,
     ROLLOUT_KEY,
@@ -22,6 +23,7 @@ __all__ = [
     "ROLLOUT_KEY",
     "AttentionRolloutLogger",
     "CheckpointMetadata",
+    "EvaluationReport",
     "ExplanationLogger",
     "NonFiniteError",
     "NonFiniteGuard",
