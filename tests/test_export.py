@@ -4,6 +4,8 @@ sliding models that ``vit.load`` opens, ONNX checked with ONNX Runtime, EMA weig
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -126,3 +128,21 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys):
         assert message in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "m.ckpt", "notes.ckpt"]  # no half-written folder
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_the_folder_and_its_files_get_the_permissions_cp_would_give(umask, tmp_path):
+    save_checkpoint(tmp_path / "m.ckpt", "vit_tiny_patch4_32", **TINY)
+    old = os.umask(umask)
+    try:
+        export_main(["--ckpt_path", str(tmp_path / "m.ckpt"), "--out", str(tmp_path / "exported")])
+        (tmp_path / "copied").mkdir()  # the reference: what the system gives a new folder and file under the umask
+        (tmp_path / "copied" / "file").write_bytes(b"")
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE
+    assert mode((tmp_path / "exported").stat().st_mode) == mode((tmp_path / "copied").stat().st_mode)
+    files = sorted(p.name for p in (tmp_path / "exported").iterdir())
+    assert files == ["config.json", "model.safetensors"]
+    for name in files:
+        assert mode((tmp_path / "exported" / name).stat().st_mode) == mode((tmp_path / "copied/file").stat().st_mode)

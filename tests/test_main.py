@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -151,21 +152,34 @@ def checkpoint_folder_argv(sub: str, folder: Path, tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("sub", ["explain", "predict", "export", "test", "validate", "fit"])
-def test_a_checkpoint_path_that_is_a_folder_gets_one_wording_everywhere(sub, tmp_path, capsys):
-    """A run folder given where its checkpoint was meant: the same sentence from every subcommand, naming the
-    .ckpt files found inside it (last.ckpt first), and nothing written."""
+def test_a_run_folder_means_its_last_checkpoint_in_every_subcommand(sub, tmp_path, capsys):
+    """A run folder names its checkpoints/last.ckpt in every subcommand: here a file that is not a checkpoint, so the
+    same sentence from each, naming that file, and nothing written."""
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     for name in ("epoch003-acc0.9000.ckpt", "last.ckpt"):
         (run / "checkpoints" / name).write_bytes(b"not read")
     status = exit_status(checkpoint_folder_argv(sub, run, tmp_path))
     err = capsys.readouterr().err
-    assert status == 2 and err.count("\n") == 1, err
-    assert err == (
-        f"error: {run} is a folder, not a checkpoint file: pass a .ckpt file inside it, e.g. "
-        f"{run}/checkpoints/last.ckpt (found: checkpoints/last.ckpt, checkpoints/epoch003-acc0.9000.ckpt)\n"
-    )
+    assert status == 2 and err.splitlines()[-1] == (
+        f"error: {run}/checkpoints/last.ckpt is not a PyTorch checkpoint (neither torch.save's zip archive nor its "
+        "legacy format: another kind of file, or corrupt); pass a .ckpt written by `vit fit` or a .pth/.safetensors "
+        "file"
+    ), err
     assert {p.name for p in tmp_path.iterdir()} <= {"run", "pictures"}
+
+
+def test_a_folder_of_checkpoints_that_is_no_run_names_the_files_inside(tmp_path, capsys):
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    for name in ("epoch003-acc0.9000.ckpt", "epoch001-acc0.8000.ckpt"):
+        (folder / name).write_bytes(b"not read")
+    os.utime(folder / "epoch001-acc0.8000.ckpt", (1, 1))
+    assert exit_status(checkpoint_folder_argv("export", folder, tmp_path)) == 2
+    assert capsys.readouterr().err == (
+        f"error: {folder} is a folder, not a checkpoint file: pass a .ckpt file inside it, e.g. "
+        f"{folder}/epoch003-acc0.9000.ckpt (found: epoch003-acc0.9000.ckpt, epoch001-acc0.8000.ckpt)\n"
+    )
 
 
 @pytest.mark.parametrize("sub", ["explain", "predict", "export", "test"])

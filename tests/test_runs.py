@@ -118,6 +118,10 @@ def test_evaluating_last_writes_below_the_run_and_leaves_its_files_alone(tmp_pat
     assert validate.trainer.ckpt_path == str(run / "checkpoints" / "last.ckpt")
     assert (run / "config.yaml").read_bytes() == config_before  # the fit's files are untouched
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == last_before
+    best = next(p for p in (run / "checkpoints").iterdir() if p.name.startswith("epoch000-acc"))
+    for name, expected in (("best", best), (str(run), run / "checkpoints" / "last.ckpt")):  # the other forms
+        args = run_args(tmp_path, "--ckpt_path", name)
+        assert cli_main(["validate", *args[1:]]).trainer.ckpt_path == str(expected)
 
 
 def test_evaluating_last_without_any_run_is_one_error(tmp_path, capsys):

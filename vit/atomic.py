@@ -44,7 +44,7 @@ def atomic_write(path: str | Path, mode: str = "wb", **open_kwargs: Any) -> Iter
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a written file gets the usual permissions
+        os.chmod(tmp, default_mode())  # mkstemp makes 0600; a written file gets the usual permissions
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -91,6 +91,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def default_mode(folder: bool = False) -> int:
+    """The permissions ``open`` and ``mkdir`` (so ``cp``) give a new file (``0o666``) or folder (``0o777``) under the
+    process's umask: what a file written through a temporary (``mkstemp``, ``mkdtemp``: ``0o600``, ``0o700``) is
+    given before it is renamed into place."""
+    return (0o777 if folder else 0o666) & ~_umask()
 
 
 def _umask() -> int:

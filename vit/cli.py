@@ -73,9 +73,10 @@ from .runs import (
     _get,
     choose_run_folder,
     forget_claimed_folders,
+    needs_resolving,
     place_run_outputs,
     remove_unused_folders,
-    resolve_last_checkpoint,
+    resolve_ckpt_path,
 )
 
 CONFIG_DIRS = (Path("configs"), Path(__file__).resolve().parents[1] / "configs")
@@ -358,8 +359,8 @@ class VitCLI(LightningCLI):
 
     # Private override: LightningCLI._parse_ckpt_path reads --ckpt_path with a bare torch.load (to take the model's
     # hyper-parameters from it) before any public hook runs, so a text file raises a KeyError from inside torch. Here
-    # a file that is not a checkpoint is named in one line first, and `last` becomes the newest last.ckpt of the
-    # config's runs (after Lightning's parsing, which skips `last`, as before: the model is the config's).
+    # a file that is not a checkpoint is named in one line first, and `last`, `best` or a run folder becomes a file
+    # (vit.runs.resolve_ckpt_path; after Lightning's parsing, which skips them: the model is the config's).
     # tests/test_cli.py::test_lightning_still_reads_ckpt_path_before_the_hooks fails if Lightning changes this.
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
@@ -367,13 +368,13 @@ class VitCLI(LightningCLI):
             return
         config = self.config[subcommand]
         self.resumed_run: Path | None = None
-        if config.get("ckpt_path") and config.ckpt_path != "last":
+        if config.get("ckpt_path") and not needs_resolving(config.ckpt_path):
             check_is_checkpoint(config.ckpt_path)
         with checkpoint_errors(config.get("ckpt_path")):  # an unsafe pickle: refused, named
             super()._parse_ckpt_path()
         config = self.config[subcommand]  # Lightning's parse of the checkpoint's hyper-parameters made a new one
-        if config.get("ckpt_path") == "last":
-            config.ckpt_path, self.resumed_run = resolve_last_checkpoint(config, subcommand)
+        if needs_resolving(config.get("ckpt_path")):
+            config.ckpt_path, self.resumed_run = resolve_ckpt_path(config, subcommand)
             if config.ckpt_path:
                 check_is_checkpoint(config.ckpt_path)
         self.inference_meta = None

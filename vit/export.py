@@ -1,5 +1,8 @@
 """``vit export --ckpt_path CKPT --out DIR [--onnx] [--ema]``: a checkpoint as a timm / Hugging Face Hub folder.
 
+``CKPT`` is a ``.ckpt`` of ``vit fit``, a run folder, or ``last`` / ``best`` of the newest run of ``--config``
+(:mod:`vit.checkpoints.naming`): ``vit export --config quickstart --ckpt_path last --out my_vit``.
+
 ``DIR/model.safetensors`` holds the network's weights (timm's parameter names) and ``DIR/config.json`` timm's Hub
 config: ``architecture``, ``num_classes``, ``num_features``, ``global_pool``, ``model_args`` and ``pretrained_cfg``
 (input size, mean, std, interpolation, crop, ``label_names``). A model timm can express (global attention in every
@@ -13,7 +16,8 @@ exported through the explicit attention paths (the sliding window's CPU kernel i
 hold) and checked with ONNX Runtime on the CPU against PyTorch before anything is kept. ``--ema`` exports the EMA
 weights of a run trained with ``model.ema_decay``.
 
-The folder is written under a temporary name beside ``DIR`` and renamed at the end: a failure leaves nothing.
+The folder is written under a temporary name beside ``DIR`` and renamed at the end: a failure leaves nothing. The
+folder and its files get the permissions ``cp`` would give them under the user's umask.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .atomic import write_text
-from .checkpoints.files import check_checkpoint_path
+from .atomic import default_mode, write_bytes, write_text
+from .checkpoints.naming import add_checkpoint_arguments, find_checkpoint
 from .errors import ArgumentParser, UsageError
 
 if TYPE_CHECKING:
@@ -171,9 +175,8 @@ def export(ckpt_path: str | Path, out: str | Path, onnx: bool = False, ema: bool
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out} exists and is not an empty folder: give a new folder name")
-    ckpt = Path(ckpt_path)
-    check_checkpoint_path(ckpt)  # a folder: named with the .ckpt files in it; answered before torch loads
-    from safetensors.torch import save_file
+    ckpt = Path(find_checkpoint(ckpt_path))  # a run folder: its last.ckpt; answered before torch loads
+    from safetensors.torch import save
 
     from .checkpoints.loading import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint
 
@@ -183,10 +186,13 @@ def export(ckpt_path: str | Path, out: str | Path, onnx: bool = False, ema: bool
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
         weights = {k: v.detach().contiguous() for k, v in loaded.model.state_dict().items()}
-        save_file(weights, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        write_bytes(tmp / WEIGHTS_FILE, save(weights, metadata={"format": "pt"}))
         write_text(tmp / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
         if onnx:
             config["onnx_max_abs_diff"] = export_onnx(loaded.model, tmp / ONNX_FILE)
+            for path in tmp.iterdir():  # what ONNX wrote itself: the permissions of `cp` under the umask
+                path.chmod(default_mode())
+        tmp.chmod(default_mode(folder=True))  # mkdtemp's 0700: the folder's permissions of `mkdir`
         if out.exists():
             out.rmdir()  # empty (checked above): the rename takes its place
         tmp.rename(out)
@@ -199,7 +205,7 @@ def export(ckpt_path: str | Path, out: str | Path, onnx: bool = False, ema: bool
 def build_parser(prog: str = "vit export") -> argparse.ArgumentParser:
     """The options of ``vit export``."""
     parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("--ckpt_path", required=True, help="the .ckpt written by `vit fit` (e.g. last.ckpt)")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--out", required=True, help="the folder to write (new, or empty)")
     parser.add_argument("--onnx", action="store_true", help="also write model.onnx, checked with ONNX Runtime")
     parser.add_argument("--ema", action="store_true", help="export the EMA weights (runs with model.ema_decay)")
@@ -213,7 +219,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit export") -> int:
         VitError: For bad input (the ``vit`` entry point prints one ``error:`` line and exits 2).
     """
     args = build_parser(prog).parse_args(argv)
-    config = export(ckpt_path=args.ckpt_path, out=args.out, onnx=args.onnx, ema=args.ema)
+    ckpt_path = find_checkpoint(args.ckpt_path, config=args.config, runs_dir=args.runs_dir)
+    config = export(ckpt_path=ckpt_path, out=args.out, onnx=args.onnx, ema=args.ema)
     from .checkpoints.loading import CONFIG_FILE, WEIGHTS_FILE
 
     files = [WEIGHTS_FILE, CONFIG_FILE] + ([ONNX_FILE] if args.onnx else [])
@@ -222,7 +229,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit export") -> int:
         if config["architecture"] != "vit.VisionTransformer"
         else f'vit.load("{args.out}")'
     )
-    print(f"exported {args.ckpt_path} to {args.out}/ ({', '.join(files)}); open it with {opener}")
+    print(f"exported {ckpt_path} to {args.out}/ ({', '.join(files)}); open it with {opener}")
     if args.onnx:
         print(f"ONNX Runtime vs PyTorch at batch 1, 3, 7: max |dlogit| {config['onnx_max_abs_diff']:.2e}")
     return 0

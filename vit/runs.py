@@ -6,13 +6,14 @@ The one owner of the mechanism that the CLI, the W&B loggers and the resume call
 - ``vit fit`` claims ``<runs_dir>/<config>/<run name>/`` atomically (:func:`claim_folder`: a second run started in
   the same second gets ``-2``), and folders left unused by a run that failed before writing an output are removed
   again (:func:`remove_unused_folders`);
-- ``--ckpt_path last`` is the newest ``last.ckpt`` of the config's runs (:func:`find_last_checkpoint`), and the run
-  continues in that folder with its W&B run id (:func:`wandb_run_id`);
+- ``--ckpt_path last`` is the newest ``last.ckpt`` of the config's runs (:mod:`vit.checkpoints.naming`, which every
+  command names checkpoints with), and the run continues in that folder with its W&B run id (:func:`wandb_run_id`);
 - the DDP processes that Lightning starts find rank 0's folder through :data:`RUN_DIR_ENV`; under multi-node DDP only
   the job's first process claims a folder (:func:`first_process_of_job`), the others write nothing of their own;
 - ``last.ckpt`` itself goes to the run's ``checkpoints/`` (:func:`last_checkpoint_path`);
 - the CLI's policy: which folder a ``fit``, ``validate``, ``test`` or ``predict`` writes to (:func:`choose_run_folder`,
-  :func:`place_run_outputs`) and which ``last.ckpt`` ``--ckpt_path last`` means (:func:`resolve_last_checkpoint`).
+  :func:`place_run_outputs`) and which checkpoint ``--ckpt_path last``, ``best`` or a run folder means
+  (:func:`resolve_ckpt_path`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from jsonargparse import Namespace
 
+from .checkpoints.files import CHECKPOINT_FORMS as FORMS
+from .checkpoints.naming import SHORT_NAMES, find_checkpoint, run_folder_of
 from .errors import MissingCheckpointError
 from .models import model_config
 from .models.vision_transformer import AttentionKind, block_attention_kinds
@@ -128,23 +131,6 @@ def wandb_run_id(run_dir: str | Path) -> str | None:
     return runs[-1].name.rsplit("-", 1)[-1] if runs else None
 
 
-def find_last_checkpoint(runs_dir: str | Path, config: str) -> Path | None:
-    """The ``last.ckpt`` written most recently by any run of ``config``: ``<runs_dir>/<config>/*/checkpoints/``.
-
-    Args:
-        runs_dir: The folder of all runs (``runs``).
-        config: The config name.
-    """
-    candidates = list(Path(runs_dir, config).glob("*/checkpoints/last.ckpt"))
-    return max(candidates, key=lambda p: p.stat().st_mtime_ns) if candidates else None
-
-
-def run_folder_of(checkpoint: str | Path) -> Path | None:
-    """The run folder holding ``checkpoint`` (``<run>/checkpoints/<file>``), or ``None``."""
-    path = Path(checkpoint)
-    return path.parent.parent if path.parent.name == "checkpoints" else None
-
-
 def claim_folder(folder: Path) -> Path:
     """Create and return ``folder``, or ``folder-2``, ``folder-3``... the first that did not exist (atomically: two
     runs started in the same second get two folders)."""
@@ -203,38 +189,55 @@ def last_checkpoint_path(trainer: Trainer) -> Path:
 
 
 # ------------------------------------------------------------------------------------------- the CLI's policy
-def resolve_last_checkpoint(config: Namespace, subcommand: str) -> tuple[str | None, Path | None]:
-    """What ``--ckpt_path last`` means: ``(checkpoint, run folder)``. With ``checkpoint.dirpath`` or
-    ``trainer.default_root_dir`` set, the ``last.ckpt`` there (no run folder to continue); else the newest
-    ``last.ckpt`` of the config's runs (:func:`find_last_checkpoint`) and its run. ``fit`` without one starts a new run
-    (``(None, None)``); the other subcommands refuse to evaluate an untrained model.
+def resolve_ckpt_path(config: Namespace, subcommand: str) -> tuple[str | None, Path | None]:
+    """What a ``--ckpt_path`` that is not a file means (:func:`vit.checkpoints.naming.find_checkpoint`):
+    ``(checkpoint, run folder to continue)``.
+
+    ``last`` / ``best`` are the newest run's of the config (``config.runs_dir``; every run's without ``--config``,
+    except for ``fit``, whose config-less runs are filed under ``cli``); with ``checkpoint.dirpath`` or
+    ``trainer.default_root_dir`` set, ``last`` is the ``last.ckpt`` there (no run folder to continue). A run folder
+    means its ``last.ckpt``. ``fit`` continues the run of ``last`` or of a run folder in place, and starts a new run
+    when ``last`` finds none (``(None, None)``); the other subcommands refuse to evaluate an untrained model.
 
     Args:
         config: The subcommand's parsed config.
         subcommand: ``fit``, ``validate``, ``test`` or ``predict``.
 
     Raises:
-        MissingCheckpointError: If there is no ``last.ckpt`` to evaluate.
+        MissingCheckpointError: If there is no checkpoint of that name to evaluate.
     """
-    resumed = None
-    if _get(config, "checkpoint.dirpath") or _get(config, "trainer.default_root_dir"):
-        folder = _get(config, "checkpoint.dirpath") or Path(config.trainer.default_root_dir, "checkpoints")
-        path: Path | None = Path(folder, "last.ckpt")
-        path = path if path.is_file() else None
-    else:
-        path = find_last_checkpoint(config.runs_dir, config_name(config))
-        resumed = run_folder_of(path) if path is not None else None
-    fitting = subcommand == "fit"
-    if path is None and not fitting:  # nothing to evaluate: never silently use an untrained model
-        raise MissingCheckpointError(
-            f"--ckpt_path last: no last.ckpt of config {config_name(config)!r} under {config.runs_dir}/; "
-            "train one first with `vit fit`, or pass --ckpt_path <file>"
-        )
+    spec, fitting = str(config.ckpt_path), subcommand == "fit"
+    folder = _get(config, "checkpoint.dirpath") or _get(config, "trainer.default_root_dir")
+    if spec == "last" and folder:
+        path = Path(_get(config, "checkpoint.dirpath") or Path(folder, "checkpoints"), "last.ckpt")
+        if not path.is_file() and not fitting:
+            raise MissingCheckpointError(f"--ckpt_path last: no last.ckpt in {path.parent}; pass {FORMS}")
+        return _resolved(spec, path if path.is_file() else None, None, fitting)
+    name = config_name(config)
+    try:
+        path = Path(find_checkpoint(spec, config=None if name == "cli" and not fitting else name,
+                                    runs_dir=config.runs_dir))  # fmt: skip
+    except MissingCheckpointError:
+        if spec == "last" and fitting:
+            return _resolved(spec, None, None, fitting)
+        raise
+    continues = fitting and (spec == "last" or Path(spec).is_dir())
+    return _resolved(spec, path, run_folder_of(path) if continues else None, fitting)
+
+
+def _resolved(spec: str, path: Path | None, run: Path | None, fitting: bool) -> tuple[str | None, Path | None]:
+    """``(path, run)``, said on stderr."""
     if path is None:
-        sys.stderr.write("--ckpt_path last: no last.ckpt of this config yet, starting a new run\n")
+        sys.stderr.write(f"--ckpt_path {spec}: no last.ckpt of this config yet, starting a new run\n")
         return None, None
-    sys.stderr.write(f"--ckpt_path last: {'resuming' if fitting else 'using'} {path}\n")
-    return str(path), resumed
+    sys.stderr.write(f"--ckpt_path {spec}: {'resuming' if run is not None else 'using'} {path}\n")
+    return str(path), run
+
+
+def needs_resolving(ckpt_path: object) -> bool:
+    """Whether ``--ckpt_path`` is a short name or a folder (:func:`resolve_ckpt_path`) rather than a file."""
+    text = str(ckpt_path or "")
+    return bool(text) and "://" not in text and (text in SHORT_NAMES or not Path(text).is_file())
 
 
 def choose_run_folder(
@@ -251,7 +254,7 @@ def choose_run_folder(
     Args:
         config: The subcommand's parsed config.
         subcommand: ``fit``, ``validate``, ``test`` or ``predict``.
-        resumed: The run folder ``--ckpt_path last`` resumes (:func:`resolve_last_checkpoint`).
+        resumed: The run folder ``--ckpt_path last`` resumes (:func:`resolve_ckpt_path`).
         given_name: A run name the user gave its W&B logger; default :func:`default_run_name`.
     """
     inherited = os.environ.get(RUN_DIR_ENV) if int(os.environ.get("LOCAL_RANK", "0")) > 0 else None

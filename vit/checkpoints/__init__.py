@@ -1,6 +1,8 @@
 """One home for checkpoints: reading files safely, the state dict inside, the description a checkpoint carries of
 its model, loading a model from a checkpoint or an export folder, and rebuilding the data module of its run.
 
+- :mod:`~vit.checkpoints.naming`: :func:`find_checkpoint`, the one way every command names a checkpoint (a file, a
+  run folder, ``last`` / ``best``);
 - :mod:`~vit.checkpoints.files`: :func:`read_checkpoint` / :func:`load_file` (``weights_only=True`` or
   safetensors; one sentence for a file that is not a checkpoint);
 - :mod:`~vit.checkpoints.state`: :func:`extract_state_dict` and :func:`check_checkpoint_fits`;
@@ -25,12 +27,13 @@ _NAMES = {
     ),
     "vit.checkpoints.data": ("data_settings", "rebuild_datamodule"),
     "vit.checkpoints.files": (
-        "check_checkpoint_path", "check_is_checkpoint", "checkpoint_errors", "folder_message", "load_file",
-        "read_checkpoint",
+        "CHECKPOINT_FORMS", "check_checkpoint_path", "check_is_checkpoint", "checkpoint_errors", "folder_message",
+        "load_file", "read_checkpoint",
     ),
     "vit.checkpoints.loading": (
         "CONFIG_FILE", "WEIGHTS_FILE", "Loaded", "build", "load", "load_any", "load_checkpoint", "load_export",
     ),
+    "vit.checkpoints.naming": ("add_checkpoint_arguments", "best_checkpoint", "find_checkpoint", "run_checkpoints"),
     "vit.checkpoints.metadata": ("METADATA_KEY", "inference_metadata", "model_args", "pretrained_cfg", "read_metadata"),
     "vit.checkpoints.state": ("check_checkpoint_fits", "describe_mismatch", "extract_state_dict"),
 }  # fmt: skip

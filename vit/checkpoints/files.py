@@ -26,6 +26,11 @@ from ..errors import (
 if TYPE_CHECKING:
     import torch
 
+CHECKPOINT_FORMS = (
+    "a .ckpt file, a run folder, or last / best (of the newest run of --config, or of every run under runs/)"
+)
+"""What every command's ``--ckpt_path`` takes (:mod:`vit.checkpoints.naming`), in the words of its errors and help."""
+
 _PICKLE_PROTOCOL_2 = b"\x80\x02"  # torch.save's legacy (pre-zip) format starts with a protocol-2 pickle
 
 
@@ -117,9 +122,7 @@ def check_checkpoint_path(path: str | Path) -> None:
     if path.is_dir():
         raise CheckpointFolderError(folder_message(path))
     if not path.is_file():
-        raise MissingCheckpointError(
-            f"checkpoint {path} not found: pass the .ckpt written by `vit fit` (e.g. last.ckpt)"
-        )
+        raise MissingCheckpointError(f"checkpoint {path} not found: pass {CHECKPOINT_FORMS}")
 
 
 def check_is_checkpoint(path: str | Path) -> None:

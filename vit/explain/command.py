@@ -32,6 +32,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..checkpoints.naming import add_checkpoint_arguments, find_checkpoint
 from ..errors import ArgumentParser, InputError, UsageError, VitError, error_message, fail
 from .progress import stop_all
 
@@ -123,8 +124,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command's options (``scripts/explain.py``)."""
     head, tail = __doc__.split("\n\n", 1)
     parser = ArgumentParser(prog=prog or "vit explain", description=head, epilog=tail.split("\n\n", 1)[1])
-    parser.add_argument("checkpoint", type=Path, help="Lightning .ckpt of `vit fit`, or weights with --model")
-    parser.add_argument("images", nargs="*", help="image files and/or folders (searched recursively)")
+    parser.add_argument("inputs", nargs="*", metavar="[CHECKPOINT] IMAGES", help="the checkpoint (unless --ckpt_path "
+                        "names it), then image files and/or folders (searched recursively)")  # fmt: skip
+    add_checkpoint_arguments(parser, required=False)
     parser.add_argument("--split", choices=("val",), default=None, help="explain the run's validation split instead")
     parser.add_argument("--limit", type=int, default=None, help="with --split: N images evenly spaced over the split")
     parser.add_argument("--model", default=None, help="preset name for plain weights (.pth/.safetensors)")
@@ -237,7 +239,12 @@ def new_folder(path: Path) -> Path:
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Reject option values that cannot work (argparse's usage error, exit 2)."""
+    """Reject option values that cannot work (argparse's usage error, exit 2); ``args.checkpoint`` is what
+    ``--ckpt_path`` or the first positional argument names, ``args.images`` the rest."""
+    if args.ckpt_path is None and not args.inputs:
+        parser.error("name the checkpoint: --ckpt_path CKPT or CKPT first (a .ckpt, a run folder, last or best)")
+    args.checkpoint = args.ckpt_path or args.inputs[0]
+    args.images = args.inputs if args.ckpt_path else args.inputs[1:]
     if not 0.0 <= args.discard_ratio < 1.0:
         parser.error(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
     if not 0.0 <= args.alpha <= 1.0:
@@ -277,14 +284,15 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     check_arguments(parser, args)
-    out = args.out or new_folder(Path("explanations") / f"{args.checkpoint.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    stem = Path(args.checkpoint).stem
+    out = args.out or new_folder(Path("explanations") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     start = time.perf_counter()
     try:
         methods = parse_methods(args.methods, args.method)
         if args.tune and not set(methods) & set(TUNABLE):
             raise InputError(f"--tune chooses the gamma rule of {' or '.join(TUNABLE)}: add one to --methods")
         files = find_images(args.images) if args.images else []
-        check_checkpoint(args.checkpoint)  # missing, or a folder: answered before torch loads
+        args.checkpoint = Path(find_checkpoint(args.checkpoint, config=args.config, runs_dir=args.runs_dir))
         require_method_extras(methods)
         explanation, files = run(args, methods, files, out, f"{parser.prog} {shlex.join(argv)}")
     except VitError as err:
@@ -423,13 +431,6 @@ def removals_for(model, removals: Sequence[str]) -> list[str]:
         raise InputError(f"--removal drop does not apply to this model ({reason}): use mean or road")
     print(f"drop: skipped, this model cannot drop tokens ({reason}); {', '.join(kept)} measured", file=sys.stderr)
     return kept
-
-
-def check_checkpoint(path: Path) -> None:
-    """A missing checkpoint, or a folder, is one clear error (:func:`vit.checkpoints.check_checkpoint_path`)."""
-    from ..checkpoints.files import check_checkpoint_path
-
-    check_checkpoint_path(path)
 
 
 def find_images(inputs: Sequence[str]) -> list[Path]:
