@@ -1,5 +1,9 @@
 """vit.allocator: glibc keeps freed blocks for reuse, and a user's own malloc settings win (the benchmark's and the
-CLI's switches are tested beside their other options)."""
+CLI's switches are tested beside their other options).
+
+Checked against glibc's own accounting (mallinfo2), which no other process changes; what keeping the blocks saves
+(page faults, time) depends on the machine's other work and is measured by ``vit bench`` (``--keep-freed-memory``
+against ``--no-keep-freed-memory``), never asserted here."""
 
 from __future__ import annotations
 
@@ -10,24 +14,6 @@ import sys
 import pytest
 
 from vit import allocator
-
-# Four 8 MiB blocks alive together, then all freed: with glibc's defaults they usually come back as fresh pages
-# (40,800 faults over these 5 steps here), but not always (an allocation that lands above them keeps them in the
-# heap; a CI run saw that in three processes in a row), so the defaults' faults are no reference to test against.
-STEPS = """
-import resource, torch
-from vit.allocator import keep_freed_memory
-assert keep_freed_memory()
-def step():
-    blocks = [torch.ones(2**21) for _ in range(4)]
-    del blocks
-for _ in range(3):
-    step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
-    step()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-"""
 
 # Where glibc puts a fresh 24 MiB block, from its own accounting (mallinfo2: bytes in mmapped blocks).
 MAPPED = """
@@ -58,13 +44,6 @@ def run_python(code: str, *args: str) -> int:
 def test_large_blocks_come_from_the_heap_not_fresh_mappings():
     assert run_python(MAPPED, "default") >= 24 * MIB  # glibc's default: a block this large is a fresh mmap
     assert run_python(MAPPED, "keep") == 0  # below the raised threshold: served from the heap
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not allocator.is_glibc(), reason="glibc's malloc only")
-def test_freed_blocks_are_reused_without_page_faults():
-    pages = 5 * 4 * (2**21 * 4) // os.sysconf("SC_PAGE_SIZE")  # every block of every step faulted in again
-    assert run_python(STEPS) <= 0.01 * pages  # kept: the blocks are reused (0 here)
 
 
 @pytest.mark.parametrize(

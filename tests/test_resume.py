@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,7 +30,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from vit import ImageClassifier, ImageDataModule
+from vit import ImageClassifier, ImageDataModule, loggers
 from vit.callbacks.nonfinite import NonFiniteGuard
 from vit.callbacks.resume import rng_state, set_rng_state
 from vit.checkpoints.writing import AtomicCheckpointIO
@@ -419,20 +420,29 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # closed again on exit: connections are refused
 
 
-def test_wandb_probe_is_quick_and_loopback_only():
-    start = time.monotonic()
+def test_wandb_probe_answers_loopback_and_gives_up_after_its_timeout(monkeypatch):
     assert not wandb_reachable(f"http://127.0.0.1:{_closed_port()}", timeout=2.0)
-    assert time.monotonic() - start < 2.5
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
         assert wandb_reachable(f"http://127.0.0.1:{server.getsockname()[1]}", timeout=2.0)
+    release, calls = threading.Event(), []
+
+    def hanging(address, timeout):  # a name lookup that answers only when released (getaddrinfo has no timeout)
+        calls.append((address, timeout))
+        release.wait(60)
+        return SimpleNamespace(close=lambda: None)
+
+    monkeypatch.setattr(loggers.socket, "create_connection", hanging)
+    assert not wandb_reachable("http://wandb.invalid:8080", timeout=0.05)  # it did not wait for the answer
+    release.set()
+    assert calls == [(("wandb.invalid", 8080), 0.05)]
 
 
 @pytest.mark.slow
 def test_wandb_without_network_goes_offline_at_once(tmp_path, fit_args):
     # Credentials present, server unreachable, WANDB_MODE unset: without the probe wandb.init retries for 90 s and
-    # then raises. The child prints how long the run took from the command line's start to its end.
+    # then raises, failing the run.
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(
         WANDB_API_KEY="x" * 40,
@@ -450,13 +460,10 @@ def test_wandb_without_network_goes_offline_at_once(tmp_path, fit_args):
     }
     args = [a for a in fit_args(tmp_path, epochs=1) if not a.startswith("--trainer.logger")]
     args += [f"--trainer.logger={json.dumps(logger)}", "--trainer.max_steps=2"]
-    code = "import sys, time\nfrom vit.cli import cli_main\nt = time.monotonic()\ncli_main(sys.argv[1:])\n"
-    code += "print('ELAPSED', time.monotonic() - t)"
+    code = "import sys\nfrom vit.cli import cli_main\ncli_main(sys.argv[1:])\n"
     proc = subprocess.run(
         [sys.executable, "-c", code, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    elapsed = float(proc.stdout.split("ELAPSED")[-1])
-    assert elapsed < 30, elapsed
     assert "unreachable" in proc.stderr and "logging offline" in proc.stderr
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
