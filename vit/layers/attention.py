@@ -137,7 +137,8 @@ class Attention(AttentionBase):
         B, N, _ = qkv.shape
         # Unbinding dim 2 (not a leading permute) lets backward stack the three gradients straight into the
         # (B, N, 3C) layout: one copy instead of two.
-        q, k, v = (t.transpose(1, 2) for t in qkv.view(B, N, 3, self.num_heads, self.head_dim).unbind(2))
+        q, k, v = qkv.view(B, N, 3, self.num_heads, self.head_dim).unbind(2)  # (B, N, heads, head_dim)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # unpacked, not a generator: torch.fx
         return self.q_norm(q), self.k_norm(k), v  # (B, heads, N, head_dim)
 
     def forward(

@@ -75,7 +75,8 @@ class CrossAttention(AttentionBase):
         L = queries.shape[1]
         q = self.q(queries).expand(B, -1, -1).view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
         # q: (B, heads, L, head_dim)
-        k, v = (t.transpose(1, 2) for t in self.kv(context).view(B, S, 2, self.num_heads, self.head_dim).unbind(2))
+        k, v = self.kv(context).view(B, S, 2, self.num_heads, self.head_dim).unbind(2)  # (B, S, heads, head_dim)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # unpacked, not a generator: torch.fx traces it
         return self.q_norm(q), self.k_norm(k), v  # k, v: (B, heads, S, head_dim)
 
     def forward(

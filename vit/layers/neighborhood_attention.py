@@ -35,8 +35,10 @@ import torch.nn.functional as F
 
 from ..kernels import neighborhood as neighborhood_kernel
 from .attention import Attention
-from .utils import lru_get, to_2tuple
+from .utils import check_num_tokens, lru_get, to_2tuple
 from .window_attention import LAYOUT_CACHE_SIZE
+
+torch.fx.wrap("check_num_tokens")  # a leaf of traced graphs, which run it
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
@@ -295,15 +297,11 @@ class NeighborhoodAttention(Attention):
         layer's grid)."""
         if attn_mask is not None:
             raise ValueError("NeighborhoodAttention builds its own pattern; attn_mask is not supported")
-        rows, cols = grid_size or self.grid_size
-        if x.shape[1] != self.num_prefix_tokens + rows * cols:
-            raise ValueError(
-                f"NeighborhoodAttention over a {rows}x{cols} grid with {self.num_prefix_tokens} prefix tokens expects "
-                f"{self.num_prefix_tokens + rows * cols} tokens, got {x.shape[1]}"
-            )
+        x = check_num_tokens(x, grid_size or self.grid_size, self.num_prefix_tokens, "NeighborhoodAttention")
         args = (x,) if grid_size is None else (x, grid_size)  # the layer's own grid: the one-argument call, as ever
-        # The fused paths have no attention dropout, and fused_attn=False means the tiled path's explicit softmax.
-        fused = self.fused_attn and not (self.training and self.attn_drop.p > 0)
+        # The fused paths have no attention dropout, and fused_attn=False means the tiled path's explicit softmax. A
+        # torch.fx trace knows no device yet: its graph takes the tiled path, which runs on any.
+        fused = self.fused_attn and not (self.training and self.attn_drop.p > 0) and not isinstance(x, torch.fx.Proxy)
         if fused and x.is_cuda and flex_attention is not None:
             return self.forward_flex(*args)
         if fused and x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
@@ -350,21 +348,25 @@ class NeighborhoodAttention(Attention):
         q = q.reshape(B * T, h, tq, hd)
         k, v = (t.index_select(1, tables.key_index).view(B * T, -1, h, hd).transpose(1, 2) for t in (k_all, v_all))
         # 4-D with the mask repeated per image: the CPU's fused kernel is slower on 5-D inputs.
-        mask = tables.tile_mask.expand(B, -1, -1, -1, -1).flatten(0, 1)  # (B * T, 1, tq, P + tk)
+        # broadcast_to, not the buffer's expand: torch.fx traces a torch function of the traced batch size
+        mask = torch.broadcast_to(tables.tile_mask, (B, *tables.tile_mask.shape)).flatten(
+            0, 1
+        )  # (B * T, 1, tq, P + tk)
         out = self.attend(self.q_norm(q), self.k_norm(k), v, mask)  # (B * T, heads, tq, head_dim)
-        # Written once into the output in sequence order (a concatenation and a gather were two more copies).
+        # Written once into the output in sequence order (a concatenation and a gather were two more copies), by
+        # copy_ into its slices: torch.fx traces no item assignment.
         y = out.new_empty(B, N, C)  # the attention's dtype (bf16 under autocast), as the projection wants it
         if tables.tile_grid is not None:
             nr, tr, nc, tc = tables.tile_grid
             tiles = out.view(B, nr, nc, h, tr, tc, hd).permute(0, 1, 4, 2, 5, 3, 6)  # (B, nr, tr, nc, tc, heads, hd)
             y[:, P:].view(B, nr, tr, nc, tc, h, hd).copy_(tiles)
         else:
-            y[:, P:] = out.transpose(1, 2).reshape(B, T * tq, C).index_select(1, tables.owner)
+            y[:, P:].copy_(out.transpose(1, 2).reshape(B, T * tq, C).index_select(1, tables.owner))
         if P:
             # Prefix queries attend to every token: cost O(P · N).
             q_p = self.q_norm(q_p.reshape(B, P, h, hd).transpose(1, 2))  # (B, heads, P, head_dim)
             k_all, v_all = (t.view(B, N, h, hd).transpose(1, 2) for t in (k_all, v_all))  # (B, heads, N, head_dim)
-            y[:, :P] = self.attend(q_p, self.k_norm(k_all), v_all).transpose(1, 2).reshape(B, P, C)
+            y[:, :P].copy_(self.attend(q_p, self.k_norm(k_all), v_all).transpose(1, 2).reshape(B, P, C))
         return self.proj_drop(self.proj(y))
 
     def block_mask(self, device: torch.device, grid_size: tuple[int, int] | None = None) -> BlockMask:

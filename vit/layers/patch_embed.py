@@ -18,6 +18,30 @@ from torch import nn
 from .utils import to_2tuple
 
 
+@torch.fx.wrap  # a leaf of torch.fx graphs: shapes are known only when they run, and the check runs then
+def check_image_size(
+    x: torch.Tensor, img_size: tuple[int, int] | None, patch_size: tuple[int, int], padded: bool
+) -> torch.Tensor:
+    """``x`` itself, once its size ``(H, W)`` is checked: ``img_size`` when it is fixed (not ``None``), and a multiple
+    of ``patch_size`` unless the embedding pads (``padded``).
+
+    Raises:
+        ValueError: Naming the size and the model option that would accept it.
+    """
+    H, W = x.shape[-2:]
+    if img_size is not None and tuple(img_size) != (H, W):
+        raise ValueError(
+            f"input image size {(H, W)} does not match the model's img_size {tuple(img_size)}: resize the input, "
+            "or build the model with dynamic_img_size=True"
+        )
+    if not padded and (H % patch_size[0] or W % patch_size[1]):
+        raise ValueError(
+            f"input image size {(H, W)} is not divisible by the patch size {tuple(patch_size)}: resize the input, "
+            "or build the model with dynamic_img_pad=True"
+        )
+    return x
+
+
 class PatchEmbed(nn.Module):
     """Image to patch tokens through a convolution with kernel = stride = patch size.
 
@@ -104,21 +128,12 @@ class PatchEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Map ``(B, C, H, W)`` images to tokens in row-major grid order: ``(B, rows * cols, embed_dim)``, or
         ``(B, rows, cols, embed_dim)`` with ``output_fmt="NHWC"``."""
+        x = check_image_size(x, None if self.dynamic_img_size else self.img_size, self.patch_size, self.dynamic_img_pad)
         B, C, H, W = x.shape
         ph, pw = self.patch_size
-        if not self.dynamic_img_size and self.img_size != (H, W):
-            raise ValueError(
-                f"input image size {(H, W)} does not match the model's img_size {self.img_size}: resize the input, "
-                "or build the model with dynamic_img_size=True"
-            )
         if self.dynamic_img_pad:
             x = F.pad(x, (0, (pw - W % pw) % pw, 0, (ph - H % ph) % ph))  # zeros at the bottom and right
             H, W = x.shape[-2:]
-        elif H % ph or W % pw:
-            raise ValueError(
-                f"input image size {(H, W)} is not divisible by the patch size {self.patch_size}: resize the input, "
-                "or build the model with dynamic_img_pad=True"
-            )
         gh, gw = H // ph, W // pw
         if self.stem is not None:
             x = self.proj(self.stem(x)).permute(0, 2, 3, 1)  # (B, gh, gw, embed_dim)

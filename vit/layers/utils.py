@@ -7,6 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import TypeVar
 
+import torch
 from torch import nn
 
 T = TypeVar("T")
@@ -21,6 +22,23 @@ def lru_get(cache: OrderedDict, key: Hashable, build: Callable[[], T], size: int
         if len(cache) > size:
             cache.popitem(last=False)
     return cache[key]
+
+
+def check_num_tokens(x: torch.Tensor, grid_size: tuple[int, int], num_prefix_tokens: int, layer: str) -> torch.Tensor:
+    """``x`` itself, once its ``(B, N, C)`` sequence is checked to hold ``num_prefix_tokens`` and one token per patch of
+    ``grid_size``. Modules that call it mark it a leaf of torch.fx graphs (``torch.fx.wrap``): while tracing, ``N`` is
+    not a number yet; the traced graph runs the check.
+
+    Raises:
+        ValueError: Naming ``layer``, the grid and both counts.
+    """
+    rows, cols = grid_size
+    if x.shape[1] != num_prefix_tokens + rows * cols:
+        raise ValueError(
+            f"{layer} over a {rows}x{cols} grid with {num_prefix_tokens} prefix tokens expects "
+            f"{num_prefix_tokens + rows * cols} tokens, got {x.shape[1]}"
+        )
+    return x
 
 
 def to_2tuple(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:

@@ -23,7 +23,9 @@ from typing import NamedTuple
 import torch
 
 from .attention import Attention
-from .utils import lru_get, to_2tuple
+from .utils import check_num_tokens, lru_get, to_2tuple
+
+torch.fx.wrap("check_num_tokens")  # a leaf of traced graphs, which run it
 
 
 def window_band_labels(grid_size: int | tuple[int, int], window_size: int, shift: int = 0) -> torch.Tensor:
@@ -189,14 +191,9 @@ class WindowAttention(Attention):
         layer's grid)."""
         if attn_mask is not None:
             raise ValueError("WindowAttention builds its own pattern; attn_mask is not supported")
+        x = check_num_tokens(x, grid_size or self.grid_size, self.num_prefix_tokens, "WindowAttention")
         B, N, C = x.shape
         P, h, d = self.num_prefix_tokens, self.num_heads, self.head_dim
-        rows, cols = grid_size or self.grid_size
-        if P + rows * cols != N:
-            raise ValueError(
-                f"WindowAttention over a {rows}x{cols} grid with {P} prefix tokens expects {P + rows * cols} tokens, "
-                f"got {N}"
-            )
         layout = self.layout(grid_size, x.device)
         qkv = self.qkv(x).reshape(B * N, 3 * C)
         batch = torch.arange(B, device=x.device)[:, None]
@@ -205,8 +202,9 @@ class WindowAttention(Attention):
         slots = layout.gather_index.split([n * (P + L) for n, L in layout.groups])
         win = qkv.index_select(0, torch.cat([(batch * N + s).flatten() for s in slots]))
         outs = []
-        for (n, L), chunk in zip(layout.groups, win.split([B * n * (P + L) for n, L in layout.groups]), strict=True):
-            q, k, v = chunk.view(B * n, P + L, 3, h, d).unbind(2)  # (B * windows, P + L, heads, head_dim)
+        chunks = win.split([B * n * (P + L) for n, L in layout.groups])  # indexed, not zipped: torch.fx traces it
+        for i, (n, L) in enumerate(layout.groups):
+            q, k, v = chunks[i].view(B * n, P + L, 3, h, d).unbind(2)  # (B * windows, P + L, heads, head_dim)
             q = self.q_norm(q[:, P:].transpose(1, 2))  # (B * windows, heads, L, head_dim): patch queries only
             out = self.attend(q, self.k_norm(k.transpose(1, 2)), v.transpose(1, 2))  # (B * windows, heads, L, hd)
             outs.append(out.transpose(1, 2).reshape(B * n * L, C))
