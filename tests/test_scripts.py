@@ -261,29 +261,6 @@ def test_sweep_parameters_are_valid_overrides(path, capsys):
         vit.create_model(name, **yaml.safe_load(overrides))
 
 
-# ------------------------------------------------------------------------------------------------ gpu_check.sh
-GPU_CHECK = ROOT / "scripts" / "gpu_check.sh"
-
-
-def test_gpu_check_usage_and_no_pythonpath(tmp_path):
-    """The check runs from the repository root without PYTHONPATH, each suite through ``python -m vit.bench``."""
-    import subprocess
-
-    assert subprocess.run(["bash", "-n", str(GPU_CHECK)]).returncode == 0
-    done = subprocess.run(["bash", str(GPU_CHECK)], capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode == 2 and done.stderr == "usage: scripts/gpu_check.sh OUTDIR\n"
-    text = GPU_CHECK.read_text()
-    assert "PYTHONPATH" not in text.split("set -uo pipefail")[1] and "scripts/benchmark.py" not in text
-    steps = [line.split()[1] for line in text.splitlines() if line.strip().startswith(("step ", "fit "))]
-    # every step under its own timeout (the step helper; fit wraps it), the recipes first in their order, then the
-    # benchmarks, the model comparison compiled last
-    recipes = ["speedrun", "vit_small", "speedrun_lr2x", "vit_small_lr2x", "prepare_shards", "imagenet_stream"]
-    assert [s for s in steps if s in recipes] == recipes
-    assert {"environment", "model_eager", "attention", "attribution", "data"} <= set(steps)
-    assert max(steps.index(s) for s in recipes) < steps.index("model_eager")
-    assert steps[-1] == "model_compiled"
-
-
 def test_compare_select_and_merge_without_wandb(tmp_path, compare):
     """Selection and merging on hand-made runs: what is left out and why, and which parts join."""
     from vit.compare import Run, merge_resumed, select
