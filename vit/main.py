@@ -3,6 +3,7 @@
     vit fit|validate|test|predict --config CONFIG [--section.key VALUE ...]   # LightningCLI (vit.cli)
     vit explain CHECKPOINT IMAGES... [--methods attnlrp,...] [--html report.html]  # vit.explain.command
     vit compare runs/ [--plot val_acc.png]                                   # vit.compare
+    vit sweep configs/sweeps/FILE.yaml [--budget 5m,15m] [--workers K]     # vit.sweep
     vit bench --suite model|attention|data|explorer|all [--json report.json] # vit.bench
     vit export --ckpt_path CKPT --out DIR [--onnx] [--ema]                   # vit.export
     vit data prepare --data.dataset NAME --data.data_dir SRC --out DEST      # vit.data.prepare
@@ -79,6 +80,10 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "compare": (
         "compare W&B runs (offline folders or a project): a table and a plot",
         _command("vit.compare.command", "vit compare"),
+    ),
+    "sweep": (
+        "run a W&B sweep file with Optuna: equal time budgets, successive halving, resumable studies",
+        _command("vit.sweep.command", "vit sweep"),
     ),
     "bench": ("benchmarks of the model, attention and data pipelines", _command("vit.bench.cli", "vit bench")),
     "export": (

@@ -1,0 +1,195 @@
+"""``vit sweep``'s pieces without training: the Optuna mapping, successive halving's promotions, resuming a study,
+failing and retrying a trial whose worker died, a trial's arguments and outcome, the table and best.yaml."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from vit.errors import UsageError
+from vit.sweep.halving import CONFIG_ATTR, Plan, open_sweep, promotions, rung_status
+from vit.sweep.report import Row, best_row, fit_config, table, write_best_config
+from vit.sweep.space import grid_points, sampler, suggest
+from vit.sweep.spec import parse_sweep
+from vit.sweep.storage import WORKER_ATTR, open_storage, reap_lost_trials
+from vit.sweep.trial import fit_arguments, read_outcome
+from vit.sweep.worker import cpu_share
+
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+BASE = {"program": "scripts/fit.py", "metric": {"name": "val/acc", "goal": "maximize"},
+        "command": ["${env}", "${interpreter}", "${program}", "--config", "quickstart", "${args}"]}  # fmt: skip
+
+
+def plan_of(parameters: dict, method: str = "random", count: int = 9, budgets=(), goal="maximize") -> Plan:
+    raw = {**BASE, "method": method, "parameters": parameters, "metric": {"name": "val/acc", "goal": goal}}
+    sweep = parse_sweep(raw, "s.yaml")
+    return Plan(sweep, list(budgets), count, 3, list(sweep.fit_args), 0, raw)
+
+
+def test_every_distribution_draws_what_wandb_documents():
+    plan = plan_of({
+        "u": {"distribution": "uniform", "min": 0.1, "max": 0.5},
+        "i": {"distribution": "int_uniform", "min": 2, "max": 6},
+        "q": {"distribution": "q_uniform", "min": 64, "max": 256, "q": 64},
+        "lv": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1e-2},
+        "ql": {"distribution": "q_log_uniform_values", "min": 8, "max": 512, "q": 8},
+        "c": {"values": [[2, 5], "avg", True]},
+        "k": {"value": [0, 3]},
+    })  # fmt: skip
+    study = optuna.create_study(sampler=sampler(plan.sweep, seed=0))
+    draws = [suggest(study.ask(), plan.sweep) for _ in range(300)]
+    assert all(0.1 <= d["u"] <= 0.5 for d in draws)
+    assert {d["i"] for d in draws} == {2, 3, 4, 5, 6}
+    assert {d["q"] for d in draws} == {64, 128, 192, 256}
+    assert all(d["ql"] % 8 == 0 and 8 <= d["ql"] <= 512 and isinstance(d["ql"], int) for d in draws)
+    assert {repr(d["c"]) for d in draws} == {"[2, 5]", "'avg'", "True"}
+    assert all(d["k"] == [0, 3] for d in draws)
+    # log-uniform: the log of the value is uniform, so its median is the middle of the log bounds (sd of the
+    # median of 300 uniform draws on a 4.6-wide interval: about 0.096)
+    middle = (math.log(1e-4) + math.log(1e-2)) / 2
+    assert abs(statistics.median(math.log(d["lv"]) for d in draws) - middle) < 0.4
+    assert statistics.median(d["u"] for d in draws) == pytest.approx(0.3, abs=0.05)
+
+
+def test_tpe_is_multivariate_with_constant_liar():
+    tpe = sampler(plan_of({"u": {"min": 0.0, "max": 1.0}}, method="bayes").sweep, seed=0)
+    assert isinstance(tpe, optuna.samplers.TPESampler)
+    assert tpe._multivariate and tpe._constant_liar
+
+
+def test_a_grid_is_enqueued_once_and_runs_every_combination():
+    plan = plan_of({"a": {"values": [1, 2, 3]}, "b": {"values": ["x", "y"]}, "c": {"value": 0}}, "grid", count=6)
+    storage = optuna.storages.InMemoryStorage()
+    study, resumed = open_sweep(storage, plan, sampler(plan.sweep, 0))
+    assert not resumed
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    fixed = [t.system_attrs["fixed_params"] for t in waiting]  # enqueue_trial keeps them there until asked
+    assert sorted((p["a"], p["b"]) for p in fixed) == [(a, b) for a in (1, 2, 3) for b in "xy"]
+    assert len(grid_points(plan.sweep)) == 6
+    seen = set()
+    for _ in range(6):
+        trial = study.ask()
+        values = suggest(trial, plan.sweep)
+        seen.add((values["a"], values["b"], values["c"]))
+        study.tell(trial, 0.5)
+    assert len(seen) == 6 and rung_status(study, plan, 0).done
+
+
+@pytest.mark.parametrize("goal", ["maximize", "minimize"])
+def test_promotion_keeps_the_best_third_of_a_rung(goal):
+    plan = plan_of({"a": {"min": 0.0, "max": 1.0}}, count=9, budgets=(20, 60), goal=goal)
+    study, _ = open_sweep(optuna.storages.InMemoryStorage(), plan, sampler(plan.sweep, 0))
+    values = [0.3, 0.9, None, 0.1, 0.7, 0.5, 0.8, 0.2, 0.6]  # None: a trial that failed on its own
+    for value in values:
+        trial = study.ask()
+        trial.set_user_attr(CONFIG_ATTR, trial.number)
+        suggest(trial, plan.sweep)
+        study.tell(trial, value, state=TrialState.FAIL if value is None else None)
+    status = rung_status(study, plan, 0)
+    assert (status.done, status.complete, status.failed) == (True, 8, 1)
+    kept = promotions(study, plan)
+    order = sorted((v, i) for i, v in enumerate(values) if v is not None)
+    best = [i for _, i in (order[::-1] if goal == "maximize" else order)][:3]  # 9 configurations // eta 3
+    assert [entry["user_attrs"][CONFIG_ATTR] for entry in kept] == best
+    assert [entry["params"] for entry in kept] == [study.trials[i].params for i in best]
+
+
+def test_a_second_start_resumes_and_a_changed_plan_is_refused(tmp_path):
+    plan = plan_of({"a": {"min": 0.0, "max": 1.0}}, budgets=(20, 60))
+    storage = open_storage(None, tmp_path, max_retry=1)
+    assert open_sweep(storage, plan, sampler(plan.sweep, 0))[1] is False
+    again = open_storage(None, tmp_path, max_retry=1)  # another process: the journal file read back
+    assert open_sweep(again, plan, sampler(plan.sweep, 0))[1] is True
+    changed = plan_of({"a": {"min": 0.0, "max": 1.0}}, budgets=(20, 90))
+    with pytest.raises(UsageError, match="budgets differs"):
+        open_sweep(again, changed, sampler(changed.sweep, 0))
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("max_retry", [0, 2])
+def test_a_trial_whose_worker_died_is_failed_and_enqueued_again(tmp_path, max_retry):
+    plan = plan_of({"a": {"min": 0.0, "max": 1.0}})
+    study, _ = open_sweep(open_storage(None, tmp_path, max_retry), plan, sampler(plan.sweep, 0))
+    host = socket.gethostname()
+    lost, alive = study.ask(), study.ask()
+    for trial, pid in ((lost, dead_pid()), (alive, None)):
+        suggest(trial, plan.sweep)
+        trial.set_user_attr(CONFIG_ATTR, trial.number)
+        trial.set_user_attr(WORKER_ATTR, f"{host}:{pid or os.getpid()}")
+    assert reap_lost_trials(study, max_retry) == [lost.number]
+    states = {t.number: t.state for t in study.trials}
+    assert states[lost.number] == TrialState.FAIL and states[alive.number] == TrialState.RUNNING
+    retries = study.get_trials(states=(TrialState.WAITING,))
+    assert len(retries) == (1 if max_retry else 0)
+    if retries:
+        assert retries[0].params == study.trials[lost.number].params
+        assert retries[0].user_attrs[CONFIG_ATTR] == lost.number
+        assert retries[0].system_attrs["failed_trial"] == lost.number
+    assert reap_lost_trials(study, max_retry) == []  # once only
+
+
+def test_trial_arguments_are_the_sweep_command_then_budget_then_values(tmp_path):
+    args = fit_arguments(["--config", "c.yaml"], {"model.lr": 0.002, "m.idx": [2, 5], "m.flag": True, "m.s": "avg",
+                                                  "m.none": None}, tmp_path, 300, "grp")  # fmt: skip
+    assert args == ["--config", "c.yaml", f"--runs_dir={tmp_path}", "--model.schedule=time",
+                    "--trainer.max_time=00:00:05:00", "--trainer.max_epochs=-1",
+                    "--trainer.logger.init_args.group=grp", "--model.lr=0.002", "--m.idx=[2, 5]", "--m.flag=true",
+                    "--m.s=avg", "--m.none=null"]  # fmt: skip
+    assert fit_arguments([], {}, tmp_path, None, None) == [f"--runs_dir={tmp_path}"]
+
+
+def test_a_trial_outcome_is_its_metric_or_its_one_line_reason(tmp_path):
+    result, log = tmp_path / "r.json", tmp_path / "t.log"
+    result.write_text('{"metric": "val/acc", "value": 0.75, "logged": ["val/acc"], "run_dir": "runs/x"}')
+    assert read_outcome(result, log, 0).value == 0.75
+    result.write_text('{"metric": "val/acc", "value": NaN, "logged": ["val/acc"], "run_dir": "runs/x"}')
+    assert read_outcome(result, log, 0).reason == "val/acc is nan"
+    result.write_text('{"metric": "val/top5", "value": null, "logged": ["val/acc", "val/loss"], "run_dir": ""}')
+    assert read_outcome(result, log, 0).reason == "val/top5 was not logged (logged: val/acc, val/loss)"
+    result.unlink()
+    log.write_text("Seed set to 0\nerror: training stopped: the loss is nan at step 12\n")
+    outcome = read_outcome(result, log, 3)
+    assert (outcome.value, outcome.reason) == (None, "training stopped: the loss is nan at step 12")
+
+
+def test_cpu_shares_partition_the_cores():
+    assert [cpu_share(i, 2, [0, 1, 2, 3]) for i in range(2)] == [{0, 1}, {2, 3}]
+    assert [cpu_share(i, 3, [0, 1]) for i in range(3)] == [{0}, {1}, {0}]
+
+
+def test_the_table_and_best_yaml_carry_the_best_trial(tmp_path):
+    plan = plan_of({"model.lr": {"values": [0.001, 0.004]}, "model.model_overrides.depth": {"value": 2}},
+                   count=2, budgets=(20,))  # fmt: skip
+    plan.fit_args.append("--data.batch_size=16")
+    study, _ = open_sweep(optuna.storages.InMemoryStorage(), plan, sampler(plan.sweep, 0))
+    for value, lr in ((0.6, 0.001), (0.8, 0.004)):
+        study.enqueue_trial({"model.lr": lr})
+        trial = study.ask()
+        suggest(trial, plan.sweep)
+        trial.set_user_attr("run_dir", f"runs/lr{lr}")
+        study.tell(trial, value)
+    found = [Row(0, t) for t in study.trials]
+    best = best_row(found, plan)
+    assert best.trial.params["model.lr"] == 0.004
+    lines = table(found, plan).splitlines()
+    assert lines[0].split() == ["rung", "budget", "trial", "config", "lr", "val/acc", "run", "folder", "/", "state"]
+    assert lines[1].split() == ["0", "20s", "1", "1", "0.004", "0.8000", "runs/lr0.004"]
+    written = yaml.safe_load(write_best_config(tmp_path / "best.yaml", plan, best).read_text())
+    base, _ = fit_config(["--config", "quickstart"])
+    assert written["model"]["lr"] == 0.004 and written["model"]["model_overrides"]["depth"] == 2
+    assert written["data"]["batch_size"] == 16 and written["trainer"] == base["trainer"]
+    assert written["model"]["model_overrides"]["embed_dim"] == base["model"]["model_overrides"]["embed_dim"]

@@ -1,0 +1,185 @@
+"""The ``vit sweep`` process: open (or resume) the study, start the workers, print progress, write the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from vit.errors import EXIT_BAD_INPUT, EXIT_OK, UsageError
+
+from .budget import format_duration
+from .halving import Plan, load_rung, open_sweep, rung_status
+from .report import best_row, rows, summary, table, write_best_config, write_figures
+from .space import sampler
+from .spec import Sweep
+from .storage import describe, open_storage, reap_lost_trials
+
+POLL_S = 5.0
+"""Seconds between two looks at the study for the progress line."""
+PLAN_FILE = "plan.json"
+"""The plan the workers of this machine read, in the sweep folder (its presence marks a sweep folder)."""
+
+
+class Sweeper:
+    """One ``vit sweep`` command.
+
+    Args:
+        sweep: The sweep file.
+        plan_args: ``budgets``, ``count``, ``eta`` and ``seed`` of the :class:`~vit.sweep.halving.Plan`.
+        fit_args: The ``vit fit`` arguments before each trial's values.
+        folder: The sweep folder.
+        storage_url: ``--storage``, or ``None`` for the journal file in ``folder``.
+        max_retry: Runs again of a trial whose worker died.
+        heartbeat: Seconds between heartbeats of an RDB storage (its grace period is four of them).
+    """
+
+    def __init__(self, sweep: Sweep, plan_args: dict[str, Any], fit_args: list[str], folder: Path,
+                 storage_url: str | None, max_retry: int, heartbeat: int) -> None:  # fmt: skip
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        self.plan = Plan(sweep, raw=_raw(sweep), fit_args=fit_args, **plan_args)
+        self.folder, self.url, self.max_retry, self.heartbeat = folder, storage_url, max_retry, heartbeat
+        self.storage = open_storage(storage_url, folder, max_retry, heartbeat, 4 * heartbeat)
+
+    def run(self, workers: int) -> int:
+        """Open or resume the study, run ``workers`` workers until the last rung is finished, then report."""
+        plan = self.plan
+        study, resumed = open_sweep(self.storage, plan, sampler(plan.sweep, plan.seed))
+        where = describe(self.storage, self.folder)
+        if resumed:
+            lost = reap_lost_trials(study, self.max_retry)
+            again = f"; trials {', '.join(map(str, lost))} had lost their worker: enqueued again" if lost else ""
+            print(
+                stamp(f"resuming sweep {plan.sweep.name} ({where}): {summary(rows(self.storage, plan), plan)}{again}")
+            )
+        else:
+            print(stamp(f"starting sweep {plan.sweep.name} ({where}): {plan.count} configurations, method "
+                        f"{plan.sweep.method}, {plan.sweep.metric} ({plan.sweep.goal}), budgets "
+                        f"{budget_text(plan.budgets)}, keep 1/{plan.eta} per rung, {workers} workers"))  # fmt: skip
+        write_plan(self.folder / PLAN_FILE, {"plan": plan.fingerprint(), "fit_args": plan.fit_args,
+                                             "source": str(plan.sweep.source), "max_retry": self.max_retry,
+                                             "heartbeat_interval": self.heartbeat, "grace_period": 4 * self.heartbeat,
+                                             "group": plan.sweep.name})  # fmt: skip
+        procs = start_workers(self.folder / PLAN_FILE, workers, self.url)
+        try:
+            wait_for(procs, self.progress)
+        except KeyboardInterrupt:
+            print(stamp("interrupted: the workers stop their trials (failed, enqueued again)"), file=sys.stderr)
+            _stop(procs)
+            self.report()
+            print(f"`vit sweep {plan.sweep.source} ...` with the same options resumes it", file=sys.stderr)
+            return 130
+        status = self.report()
+        failed = [p.returncode for p in procs if p.returncode]
+        if failed and not self.finished():
+            raise UsageError(f"{len(failed)} of {workers} workers stopped (exit status {failed[0]}) before the sweep "
+                             f"finished; `vit sweep {plan.sweep.source}` again resumes it")  # fmt: skip
+        return status
+
+    def finished(self) -> bool:
+        """Whether the last rung exists and is done."""
+        last = self.plan.rungs - 1
+        study = load_rung(self.storage, self.plan, last)
+        if study is None:
+            return False
+        return rung_status(study, self.plan, last).done
+
+    def progress(self) -> str:
+        """The progress line: the current rung's trials by state, and the best so far."""
+        plan, line = self.plan, ""
+        for rung in range(plan.rungs):
+            study = load_rung(self.storage, plan, rung)
+            if study is None:
+                break
+            s = rung_status(study, plan, rung)
+            budget = f" ({budget_text([plan.budgets[rung]])})" if plan.budgets else ""
+            line = (f"rung {rung + 1}/{plan.rungs}{budget}: {s.complete} done, {s.running} running, {s.failed} failed,"
+                    f" {s.waiting} waiting of {s.size}")  # fmt: skip
+            if s.best is not None:
+                line += f"; best {plan.sweep.metric} {s.best.value:.4f} (trial {s.best.number})"
+            if not s.done:
+                break
+        return line
+
+    def report(self) -> int:
+        """Print the table of trials; write ``best.yaml`` and the figures into the sweep folder."""
+        plan = self.plan
+        found = rows(self.storage, plan)
+        if not found:
+            raise UsageError(f"sweep {plan.sweep.name} has no trials yet in {describe(self.storage, self.folder)}")
+        print(f"\nsweep {plan.sweep.name}: {summary(found, plan)}\n")
+        print(table(found, plan))
+        best = best_row(found, plan)
+        for path in write_figures(self.storage, plan, found, self.folder):
+            print(f"wrote {path}")
+        if best is None:
+            reasons = [r.trial.user_attrs.get("reason") for r in found if r.trial.user_attrs.get("reason")]
+            print(f"error: no trial of sweep {plan.sweep.name} has a value of {plan.sweep.metric}"
+                  + (f" (first failure: {reasons[0]})" if reasons else ""), file=sys.stderr)  # fmt: skip
+            return EXIT_BAD_INPUT
+        path = write_best_config(self.folder / "best.yaml", plan, best)
+        print(f"wrote {path}  (vit fit --config {path})")
+        return EXIT_OK
+
+
+def _raw(sweep: Sweep) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(Path(sweep.source).read_text(encoding="utf-8"))
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def start_workers(plan_file: Path, workers: int, storage: str | None) -> list[subprocess.Popen]:
+    """Start ``workers`` processes of :mod:`vit.sweep.worker` on ``plan_file``; ``storage`` reaches them through the
+    environment."""
+    from .worker import STORAGE_ENV
+
+    env = {**os.environ, STORAGE_ENV: storage or ""}
+    command = [sys.executable, "-m", "vit.sweep.worker", str(plan_file)]
+    return [subprocess.Popen([*command, str(i), str(workers)], env=env) for i in range(workers)]
+
+
+def write_plan(plan_file: Path, data: dict) -> None:
+    """The plan the workers read (no storage URL: that goes through the environment)."""
+    from vit.atomic import write_text
+
+    write_text(plan_file, json.dumps(data, indent=1) + "\n")
+
+
+def stamp(text: str) -> str:
+    """A progress line with the time of day."""
+    return f"[{datetime.now():%H:%M:%S}] {text}"
+
+
+def wait_for(workers: list[subprocess.Popen], progress) -> None:
+    """Print ``progress()`` whenever it changes until every worker has exited."""
+    last = None
+    while True:
+        line = progress()
+        if line != last:
+            print(stamp(line), flush=True)
+            last = line
+        if all(w.poll() is not None for w in workers):
+            return
+        time.sleep(POLL_S)
+
+
+def budget_text(budgets: list[float]) -> str:
+    return ", ".join(format_duration(b) for b in budgets) if budgets else "as configured"
