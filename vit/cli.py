@@ -322,15 +322,10 @@ class VitCLI(LightningCLI):
         parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")
         parser.add_lightning_class_args(RunSummary, "run_summary")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
-        parser.add_lightning_class_args(EvaluationReport, "evaluation")  # vit test: evaluation.json, figures, W&B
-        parser.add_argument(
-            "--corruptions",
-            type=str | None,
-            default=None,
-            help="vit test: also evaluate on the 15 common corruptions x 5 severities: cifar10-c (generated here) or "
-            "a folder of the released CIFAR-10-C .npy files (vit.evaluation.evaluate_corruptions).",
-        )
-        parser.link_arguments("corruptions", "evaluation.corruptions", apply_on="parse")
+        if str(parser.usage).startswith("vit test "):  # evaluation.json, figures, W&B: options of `vit test` alone
+            parser.add_lightning_class_args(EvaluationReport, "evaluation")
+            parser.add_argument("--corruptions", type=str | None, default=None, help="cifar10-c or a CIFAR-10-C folder")
+            parser.link_arguments("corruptions", "evaluation.corruptions", apply_on="parse")
         # LogConfig sends every logger the whole nested config; Lightning's own flat copy of the model's and data's
         # arguments would overwrite its `model` section in W&B (Lightning #19728).
         parser.set_defaults({"trainer.enable_autolog_hparams": False})
