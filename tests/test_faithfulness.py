@@ -194,3 +194,34 @@ def test_progress_bar_on_a_terminal_counts_every_image(monkeypatch):
     assert re.search(r"\r\s+\r$", bar_a) and re.search(r"\r\s+\r$", bar_random)  # cleared before the line
     assert re.fullmatch(r"a: deletion/insertion curves of 5 images \(4 steps\) in \d+\.\d s", line_a)
     assert line_random.startswith("random: deletion/insertion curves of 5 images x 3 seeds (4 steps) in ")
+
+
+@pytest.mark.parametrize("batch_size", [5, 64])
+def test_road_curves_equal_one_imputation_per_image_and_point(random_vit, monkeypatch, batch_size):
+    """ROAD imputes every view of a chunk in one solve: the curves equal imputing each image at each point alone."""
+    from vit.explain.removal import road_impute
+
+    monkeypatch.setattr(
+        importlib.import_module("vit.explain.faithfulness"), "road_impute", partial(road_impute, noise=0.0)
+    )  # the noise is drawn per call
+    torch.manual_seed(0)
+    model = random_vit(img_size=8, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=5).eval()
+    images, relevance = torch.randn(3, 3, 8, 8), torch.rand(3, 2, 2)
+    result = faithfulness(model, images, {"m": relevance}, steps=4, baseline="road", num_random=0,
+                          batch_size=batch_size)  # fmt: skip
+    order = relevance.flatten(1).argsort(dim=1, descending=True, stable=True)
+    with torch.no_grad():
+        target = model(images).argmax(-1)
+        for kind, removed in (("deletion", lambda o, k: o[:k]), ("lerf", lambda o, k: o[4 - k :]),
+                              ("insertion", lambda o, k: o[k:])):  # fmt: skip
+            expected = []
+            for k in range(5):
+                probs = []
+                for b in range(3):
+                    mask = torch.zeros(4, dtype=torch.bool)
+                    mask[removed(order[b], k)] = True
+                    pixels = mask.view(1, 2, 2).repeat_interleave(4, 1).repeat_interleave(4, 2)
+                    imputed = road_impute(images[b : b + 1], pixels[None], noise=0.0)
+                    probs.append(model(imputed).softmax(-1)[0, target[b]])
+                expected.append(float(torch.stack(probs).mean()))
+            assert result[f"{kind}_curve"]["m"] == pytest.approx(expected, abs=1e-5), kind

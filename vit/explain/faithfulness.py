@@ -122,14 +122,13 @@ def _curves(
         chunk, rows = max(1, batch_size // len(views)), []
         for start in range(0, B, chunk):
             part = slice(start, start + chunk)
-            perturbed = []
-            for kind, count in views:
-                mask = _pixels(_removed(rank[part], kind, count), grid, (H, W))
-                if removal == "road":
-                    perturbed.append(road_impute(images[part], mask, generator=generator))
-                else:
-                    perturbed.append(torch.where(mask, fill[part], images[part]))
-            stacked = torch.stack(perturbed, 1)  # (b, views, C, H, W)
+            masks = torch.stack([_pixels(_removed(rank[part], kind, count), grid, (H, W)) for kind, count in views], 1)
+            if removal == "road":  # one solve for every view of the chunk: its iterations are many small steps
+                copies = images[part, None].expand(-1, len(views), -1, -1, -1)
+                stacked = road_impute(copies.flatten(0, 1), masks.flatten(0, 1), generator=generator)
+                stacked = stacked.view(-1, len(views), *images.shape[1:])
+            else:
+                stacked = torch.where(masks, fill[part, None], images[part, None])  # (b, views, C, H, W)
             rows.append(_probabilities(model, stacked.flatten(0, 1), target[part].repeat_interleave(len(views)),
                                        batch_size).view(-1, len(views)))  # fmt: skip
             if advance is not None:
