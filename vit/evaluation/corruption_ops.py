@@ -96,8 +96,14 @@ def defocus_blur(images: np.ndarray, params: tuple, rng: np.random.Generator) ->
 
 
 def glass_shuffle(images: np.ndarray, delta: int, shifts: np.ndarray) -> np.ndarray:
-    """Swap pixels in place, in the generators' order: rows from ``H - delta`` down to ``delta + 1``, in each the
-    columns from ``W - delta`` down to ``delta + 1``; pixel ``(h, w)`` swaps with ``(h + dy, w + dx)``.
+    """The generators' local shuffle, in place: rows from ``H - delta`` down to ``delta + 1``, in each the columns from
+    ``W - delta`` down to ``delta + 1``, pixel ``(h, w)`` takes the value of ``(h + dy, w + dx)``.
+
+    The generators write a swap, ``x[h, w], x[h + dy, w + dx] = x[h + dy, w + dx], x[h, w]``, but on an RGB array
+    both sides are views: ``(h, w)`` gets its neighbour's value and the neighbour keeps its own. With ``delta`` 1
+    (every CIFAR-10-C severity) each source lies up or left of its target, not yet visited, so a round reads the
+    image as it was before the round and is one gather; with larger shifts a source may already have been visited,
+    and the pixels are visited one by one as the generators do.
 
     Args:
         images: uint8 (N, H, W, C), changed in place.
@@ -105,14 +111,16 @@ def glass_shuffle(images: np.ndarray, delta: int, shifts: np.ndarray) -> np.ndar
         shifts: int (rounds, H - 2 delta, W - 2 delta, N, 2): ``(dx, dy)`` of every step, in ``[-delta, delta)``.
     """
     n, h, w = images.shape[:3]
-    rows = np.arange(n)
+    rows, cols = np.arange(h - delta, delta, -1), np.arange(w - delta, delta, -1)  # the visiting order
+    index = np.arange(n)
     for step in shifts:
-        for i, r in enumerate(range(h - delta, delta, -1)):
-            for j, c in enumerate(range(w - delta, delta, -1)):
-                r2, c2 = r + step[i, j, :, 1], c + step[i, j, :, 0]
-                here = images[:, r, c].copy()
-                images[:, r, c] = images[rows, r2, c2]
-                images[rows, r2, c2] = here
+        if delta == 1:
+            r, c = rows[:, None, None], cols[None, :, None]
+            images[index, r, c] = images[index, r + step[..., 1], c + step[..., 0]]
+            continue
+        for i, r in enumerate(rows):
+            for j, c in enumerate(cols):
+                images[:, r, c] = images[index, r + step[i, j, :, 1], c + step[i, j, :, 0]]
     return images
 
 
@@ -121,7 +129,7 @@ def glass_blur(images: np.ndarray, params: tuple, rng: np.random.Generator) -> n
     sigma, delta, rounds = params
     n, h, w = images.shape[:3]
     x = (gaussian(images / 255.0, sigma) * 255).astype(np.uint8)
-    shifts = rng.integers(-delta, delta, size=(rounds, h - 2 * delta, w - 2 * delta, n, 2))
+    shifts = rng.integers(-delta, delta, size=(rounds, h - 2 * delta, w - 2 * delta, n, 2), dtype=np.int8)
     return to_uint8(gaussian(glass_shuffle(x, delta, shifts) / 255.0, sigma))
 
 
