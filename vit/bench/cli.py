@@ -23,6 +23,9 @@ Suites (``--suite model|attention|data|explorer|recipe|all``), each printing a t
   attention entropy, gradient norm and update/weight ratio; per variant the largest stable learning rate
   (Wortsman et al., 2023). It trains dozens of models (minutes each on a CPU), so ``--suite all`` leaves it out:
   ask for it with ``--suite recipe``.
+- ``corruption``: generation time of the 15 common corruptions x 5 severities on real CIFAR-10 test images
+  (``--corruption-data``), per corruption with where its time goes, and the disk cache's write and read; ask for it
+  with ``--suite corruption``.
 
 Every suite runs with glibc's malloc keeping freed memory for reuse (:mod:`vit.allocator`), as ``vit`` commands do;
 ``--no-keep-freed-memory`` measures with the C library's defaults.
@@ -53,10 +56,10 @@ from typing import Any
 from vit.allocator import keep_freed_memory
 from vit.bench.defaults import EXPLORER_CASES, RECIPE_LRS, RECIPE_VARIANTS
 from vit.bench.harness import BenchError, log, write_report
-from vit.env import available_cores, busy_load, default_threads, run_header
+from vit.env import available_cores, busy_cores, default_threads, run_header
 from vit.errors import ArgumentParser, fail
 
-SUITES = ("model", "attention", "data", "explorer", "recipe")
+SUITES = ("model", "attention", "data", "explorer", "recipe", "corruption")
 ALL_SUITES = ("model", "attention", "data", "explorer")  # --suite all: the recipe sweep trains for many minutes
 
 
@@ -75,7 +78,8 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="torch.set_num_threads (default: the cores this process may use "
-        "minus the 1-minute load average, at least 1, as vit explain: all cores on an idle machine; see "
+        "minus those other processes keep busy now (/proc/stat), at least 1, as vit explain: all cores on an idle "
+        "machine; see "
         "vit.env.default_threads)",
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -171,6 +175,9 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     recipe.add_argument(
         "--data-dir", help="folder of train/<class>/*.jpg (default: scikit-learn's digits upscaled to 32x32 RGB)"
     )
+    corruption = parser.add_argument_group("corruption suite")
+    corruption.add_argument("--corruption-data", help="folder of the CIFAR-10 test images (<class>/*.jpg)")
+    corruption.add_argument("--corruption-images", type=int, default=10000, help="images per cell")
     return parser
 
 
@@ -199,10 +206,11 @@ def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParse
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    busy = busy_cores()
     if args.threads is None:
-        args.threads = default_threads(available_cores(), busy_load())
+        args.threads = default_threads(available_cores(), busy)
     torch.set_num_threads(args.threads)
-    log(f"threads: {args.threads} of {available_cores()} cores, load average {busy_load():.2f}")
+    log(f"threads: {args.threads} of {available_cores()} cores, {busy:.1f} busy with other processes")
     args.freed_memory_kept = keep_freed_memory() if args.keep_freed_memory else False
     return args
 
@@ -293,6 +301,10 @@ def run(args: argparse.Namespace, command: str = "vit bench") -> dict[str, Any]:
                 cifar_mini=args.cifar_mini,
                 **common,
             )
+        elif suite == "corruption":  # numpy / scipy / OpenCV only, minutes of CPU: only when asked for
+            from vit.bench.corruption_suite import run_corruption_suite
+
+            run_corruption_suite(data_dir=args.corruption_data, images=args.corruption_images, **common)
         else:  # the recipe sweep trains models for minutes: only when asked for
             from vit.bench.recipe_suite import run_recipe_suite
 
