@@ -1,7 +1,8 @@
 """Where and how a run was measured: the machine, its cores and load, the thread count and the versions.
 
 The header that the benchmarks (``vit bench``) and ``vit explain --faithfulness`` write at the top of their JSON
-reports is :func:`run_header`; :func:`default_threads` is the thread count both use on a shared CPU. Standard library
+reports is :func:`run_header`; :func:`default_threads` of :func:`busy_cores` is the thread count both use on a shared
+CPU. Standard library
 only at import: torch is imported by the functions that read it.
 """
 
@@ -11,11 +12,15 @@ import contextlib
 import datetime
 import os
 import platform
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+PROC_STAT = Path("/proc/stat")
+"""Linux's CPU counters since boot: :func:`busy_cores` reads how busy the cores are now from two readings."""
 
 
 def available_cores() -> int:
@@ -30,6 +35,35 @@ def busy_load() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
+def cpu_jiffies(cores: set[int], stat: Path = PROC_STAT) -> tuple[int, int] | None:
+    """``(busy, total)`` clock ticks of ``cores`` since boot, from the per-CPU lines of ``/proc/stat`` (idle and
+    I/O wait are not busy); ``None`` where the file is missing or names none of ``cores``."""
+    busy = total = 0
+    with contextlib.suppress(OSError, ValueError):
+        for line in stat.read_text().splitlines():
+            name, *fields = line.split()
+            if name[:3] == "cpu" and name[3:].isdigit() and int(name[3:]) in cores:
+                ticks = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+                total += sum(ticks)
+                busy += sum(ticks) - ticks[3] - ticks[4]
+    return (busy, total) if total else None
+
+
+def busy_cores(window: float = 0.25, stat: Path = PROC_STAT) -> float:
+    """How many of this process's cores other processes keep busy now: the busy share of their ``/proc/stat`` ticks
+    over ``window`` seconds (this process sleeps meanwhile), times their number. Where ``/proc/stat`` is missing, the
+    1-minute load average (:func:`busy_load`), which lags: it still counts a command that ended a minute ago."""
+    cores = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    first = cpu_jiffies(cores, stat)
+    if first is None:
+        return busy_load()
+    time.sleep(window)
+    second = cpu_jiffies(cores, stat)
+    if second is None or second[1] <= first[1]:
+        return busy_load()
+    return len(cores) * (second[0] - first[0]) / (second[1] - first[1])
+
+
 def default_threads(cores: int, load: float) -> int:
     """Intra-op threads that do not oversubscribe a shared CPU: the cores minus the busy ones, at least 1.
 
@@ -37,13 +71,12 @@ def default_threads(cores: int, load: float) -> int:
     thread: a core that another process holds makes each of them wait for a time slice. ``vit explain CKPT --split val
     --limit 120 --no-overlays`` on a 2-core machine: 13.4 s idle with 2 threads, 45.0 s beside one busy process with 2
     threads, 15.4 s beside it with 1 thread; with ``--methods attnlrp,ig --faithfulness``, 12 s idle and 104 s beside a
-    busy loop with 2 threads. The load average counts the busy processes (it lags by about a minute); rounding it
-    leaves all cores to a machine that is merely noisy. See docs/explanations.md for the command that measures it.
+    busy loop with 2 threads. Rounding the busy cores leaves all cores to a machine that is merely noisy. See
+    docs/explanations.md for the command that measures it.
 
     Args:
         cores: The cores this process may use (:func:`available_cores`).
-        load: Processes already running, the 1-minute load average (:func:`os.getloadavg`), rounded to the nearest
-            whole process.
+        load: The cores other processes keep busy (:func:`busy_cores`), rounded to the nearest whole core.
     """
     return max(1, min(cores, cores - round(load)))
 

@@ -190,9 +190,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "limit (default: 50000000, as vit predict's --data.max_image_pixels)",
     )  # fmt: skip
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: the cores this process may use minus the "
-        "1-minute load average, at least 1: one thread per core, PyTorch's default, makes every parallel step wait "
-        "for a core another process holds; measured 8x slower beside one busy process on 2 cores)",
+        "--threads", type=int, default=None, help="torch threads (default: the cores this process may use minus "
+        "those other processes keep busy now, from /proc/stat over 0.25 s, at least 1: one thread per core, "
+        "PyTorch's default, makes every parallel step wait for a core another process holds; measured 8x slower "
+        "beside one busy process on 2 cores)",
     )  # fmt: skip
     return parser
 
@@ -212,16 +213,16 @@ def pixel_limit(value: str) -> int | None:
 
 def set_threads(requested: int | None) -> str:
     """Set torch's intra-op threads to ``requested``, or to :func:`~vit.env.default_threads` of this machine's cores
-    and load; returns the words saying which, for the first progress line."""
+    and the cores other processes keep busy now; returns the words saying which, for the first progress line."""
     import torch
 
-    from ..env import available_cores, busy_load, default_threads
+    from ..env import available_cores, busy_cores, default_threads
 
-    cores, load = available_cores(), busy_load()
-    threads = requested or default_threads(cores, load)
+    cores, busy = available_cores(), busy_cores()
+    threads = requested or default_threads(cores, busy)
     torch.set_num_threads(threads)
-    how = "--threads" if requested else "cores minus the 1-minute load average; --threads N to choose"
-    return f"{threads} thread{'s' * (threads > 1)} of {cores} cores, load average {load:.2f} ({how})"
+    how = "--threads" if requested else "the cores not busy with other processes; --threads N to choose"
+    return f"{threads} thread{'s' * (threads > 1)} of {cores} cores, {busy:.1f} busy now ({how})"
 
 
 def explorer_bits(value: str) -> int | str:
