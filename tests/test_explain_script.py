@@ -24,7 +24,7 @@ from vit.bench import cli as bench_cli
 from vit.bench.explorer_suite import find_chromium
 from vit.bench.harness import default_threads
 from vit.data import build_transforms, load_rgb
-from vit.explain import METHODS, benchmark_methods, command, pipeline, progress, tuning
+from vit.explain import METHODS, benchmark_methods, command, pipeline, progress
 from vit.explain.command import main
 from vit.explain.progress import Progress
 
@@ -588,7 +588,6 @@ def test_the_light_command_names_the_registry_exactly():
     assert tuple(METHODS) == command.METHOD_NAMES
     assert command.METHOD_ALIASES == ALIASES
     assert command.DEFAULT_METHOD == DEFAULT_METHOD
-    assert command.TUNABLE == tuning.TUNABLE
     assert get_args(HeadFusion) == command.HEAD_FUSIONS
 
 

@@ -20,15 +20,18 @@ if TYPE_CHECKING:  # the public names, imported on first use (below); type check
     from ..normalize import unnormalize
     from .attribution import attention_attribution, relevance_from_gradients
     from .capture import AttentionRecord, attention_modules, capture_attention, eval_mode, pool_module, record_attention
+    from .choice import MethodChoice, choice_path, read_choice, stored_methods
     from .colors import ColorScale, apply_colormap, color_scale, is_signed
     from .explanation import Explanation, benchmark_scores, display_pixels
     from .faithfulness import faithfulness
     from .lrp import LRPResult, lrp, relevance_rules
     from .method_benchmark import MethodBenchmark, MethodScore, benchmark_methods
     from .methods import DEFAULT_METHOD, METHODS, Method, MethodMap, applicable_methods, explain_map, get_method
+    from .mistakes import Mistakes, worst_mistakes
     from .pipeline import block_index, explain, explain_images, model_inputs
     from .render.explorer import ExplorerTooLarge, explorer_payload, render_explorer, write_explorer
     from .render.images import png_bytes, to_uint8_image
+    from .render.mistakes import render_mistakes
     from .render.notebook import Explorer, show_explorer
     from .render.overlay import make_grid, overlay_heatmap, upsample_map
     from .render.panels import explanation_png, render_grid, render_panel, render_panels
@@ -54,7 +57,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (below); type check
         patch_distances,
         row_entropy,
     )
-    from .tuning import GammaCandidate, GammaTuning, tune_gamma
+    from .tuning import GammaCandidate, GammaTuning, MethodCandidate, MethodTuning, tune_gamma, tune_method
 
 
 _WHERE = type_checking_names(__file__)
@@ -73,8 +76,12 @@ __all__ = [
     "METHODS",
     "Method",
     "MethodBenchmark",
+    "MethodCandidate",
+    "MethodChoice",
     "MethodMap",
     "MethodScore",
+    "MethodTuning",
+    "Mistakes",
     "RolloutPool",
     "applicable_methods",
     "apply_colormap",
@@ -88,6 +95,7 @@ __all__ = [
     "benchmark_scores",
     "block_index",
     "capture_attention",
+    "choice_path",
     "color_scale",
     "describe_collapse",
     "detect_collapse",
@@ -114,11 +122,13 @@ __all__ = [
     "patch_distances",
     "png_bytes",
     "pool_module",
+    "read_choice",
     "record_attention",
     "relevance_from_gradients",
     "relevance_rules",
     "render_explorer",
     "render_grid",
+    "render_mistakes",
     "render_panel",
     "render_panels",
     "rollout_grid",
@@ -126,10 +136,13 @@ __all__ = [
     "row_entropy",
     "select_indices",
     "show_explorer",
+    "stored_methods",
     "to_uint8_image",
     "tune_gamma",
+    "tune_method",
     "unnormalize",
     "upsample_map",
+    "worst_mistakes",
     "write_explorer",
 ]
 """The public names (the same as the ``TYPE_CHECKING`` block's: a test keeps them equal), written out for the

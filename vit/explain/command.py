@@ -7,7 +7,8 @@
 CHECKPOINT is a Lightning ``.ckpt`` written by ``vit fit`` (model, image size, normalisation and class names come
 from it), or plain weights (``.pth``/``.safetensors``, timm's included) with ``--model PRESET`` (ImageNet
 normalisation, ``--img-size``, class indices as names). ``--methods`` takes names of ``vit.explain.METHODS``
-(default: AttnLRP, the map measured most faithful among those a plain install has). Per image and method it writes
+(default: the method ``--tune`` chose for this checkpoint, stored beside it in ``<checkpoint>.explain.json``, else
+AttnLRP, the map measured most faithful among those a plain install has). Per image and method it writes
 ``<out>/<name>_<method>.png`` (image | overlay with a colour bar, prediction in the caption) plus a grid per method,
 and prints the predicted class and its probability. ``--faithfulness`` measures every method by deletion and
 insertion beside a random patch order (Petsiuk et al., "RISE", BMVC 2018) with 95 % bootstrap intervals and the
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from ..checkpoints.naming import add_checkpoint_arguments, find_checkpoint
 from ..errors import ArgumentParser, InputError, UsageError, VitError, error_message, fail
+from .choice import choice_path, stored_choice, stored_line
 from .progress import stop_all
 
 MAX_IMAGE_PIXELS = 50_000_000
@@ -49,8 +51,6 @@ DEFAULT_METHOD = "attnlrp"
 """:data:`vit.explain.DEFAULT_METHOD`, for the help text (a test keeps them equal)."""
 REMOVALS = ("mean", "blur", "road", "drop")
 """The removals of :data:`vit.explain.removal.REMOVALS` (a test keeps them equal)."""
-TUNABLE = ("attnlrp", "cp_lrp")
-"""The methods with a gamma rule, :data:`vit.explain.tuning.TUNABLE` (a test keeps them equal)."""
 TUNE_REMOVALS = ("mean", "road", "drop")
 """What ``--tune`` averages the SRG over without ``--removal`` (drop left out, in one line, where it cannot run)."""
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -133,7 +133,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--img-size", type=int, default=None, help="input size for plain weights (default: preset's)")
     parser.add_argument(
         "--methods", default=None, help=f"comma-separated methods of vit.explain.METHODS ({', '.join(METHOD_NAMES)}); "
-        f"default: {DEFAULT_METHOD}",
+        f"default: the one --tune chose for this checkpoint (<checkpoint>.explain.json), else {DEFAULT_METHOD}",
     )  # fmt: skip
     parser.add_argument("--method", choices=tuple(LEGACY_METHODS), default=None, help="older name: --methods rollout, "
                         "attribution or rollout,attribution (both)")  # fmt: skip
@@ -153,13 +153,20 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "per block and head, most important first: <out>/heads.json",
     )  # fmt: skip
     parser.add_argument(
-        "--tune", action="store_true", help="choose the gamma rule of attnlrp / cp_lrp for this model by the SRG of "
-        "their maps of held-out validation images (never the ones explained), under --removal's removals (default: "
-        "mean, road, drop), and explain with it: <out>/tuning.json",
+        "--tune", action="store_true", help="choose the method (among --methods, default: the cheap ones of "
+        "vit.explain.tuning.CANDIDATES) and the gamma rule of attnlrp / cp_lrp for this model by the SRG of their "
+        "maps of held-out validation images (never the ones explained), averaged over --removal's removals (default: "
+        "mean, road, drop); store the choice beside the checkpoint in <checkpoint>.explain.json (the checkpoint is "
+        "not changed) and explain with it: <out>/tuning.json",
     )  # fmt: skip
     parser.add_argument(
         "--tune-images", type=int, default=100, help="with --tune: held-out validation images measured (default: 100)"
     )
+    parser.add_argument(
+        "--mistakes", type=int, default=16, help="with --split val: the N most confident errors among the images, "
+        "with the map of the predicted and of the true class side by side: <out>/mistakes.png and the report; 0: none "
+        "(default: 16)",
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=16, help="perturbation steps of --faithfulness (default: 16)")
     parser.add_argument(
         "--removal", default=None, help="with --faithfulness: how a patch is removed, comma-separated, a table each: "
@@ -260,6 +267,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--removal chooses how --faithfulness or --tune removes a patch: add one of them")
     if args.tune_images < 1:
         parser.error(f"--tune-images must be positive, got {args.tune_images}")
+    if args.mistakes < 0:
+        parser.error(f"--mistakes must be 0 or more, got {args.mistakes}")
     args.removals = removals
     if args.steps < 1 or args.batch_size < 1:
         parser.error("--steps and --batch-size must be positive")
@@ -290,12 +299,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     start = time.perf_counter()
     try:
         methods = parse_methods(args.methods, args.method)
-        if args.tune and not set(methods) & set(TUNABLE):
-            raise InputError(f"--tune chooses the gamma rule of {' or '.join(TUNABLE)}: add one to --methods")
         files = find_images(args.images) if args.images else []
         args.checkpoint = Path(find_checkpoint(args.checkpoint, config=args.config, runs_dir=args.runs_dir))
+        named = args.methods is not None or args.method is not None
+        methods, options = (methods, {}) if args.tune else stored_choice(args.checkpoint, methods, named)
         require_method_extras(methods)
-        explanation, files = run(args, methods, files, out, f"{parser.prog} {shlex.join(argv)}")
+        command = f"{parser.prog} {shlex.join(argv)}"
+        explanation, files, tuning, mistakes = run(args, methods, files, out, command, options, named)
     except VitError as err:
         stop_all()
         fail(error_message(err), err.exit_status)
@@ -322,24 +332,30 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(f"\nwhich heads matter, mean ablation of {explanation.heads.num_images} images:")
         print(explanation.heads.table())
         written += [f"heads {out / 'heads.json'}"]
-    for tuning in explanation.tuning.values():
-        print(f"\n{tuning.method}'s gamma rule, by SRG on {tuning.num_images} held-out validation images "
+    for gamma in explanation.tuning.values():
+        print(f"\n{gamma.method}'s gamma rule, by SRG on {gamma.num_images} held-out validation images "
+              f"({', '.join(gamma.removals)}):\n{gamma.table()}")  # fmt: skip
+        print(f"chosen: gamma {gamma.gamma:g}, embed_gamma {gamma.embed_gamma:g}")
+    if tuning is not None:
+        print(f"\nthe method, by mean SRG on {tuning.num_images} held-out validation images "
               f"({', '.join(tuning.removals)}):\n{tuning.table()}")  # fmt: skip
-        print(
-            f"chosen: gamma {tuning.gamma:g}, embed_gamma {tuning.embed_gamma:g}; in training: ExplanationLogger's "
-            f"method_options: {{{tuning.method}: {{gamma: {tuning.gamma:g}, embed_gamma: {tuning.embed_gamma:g}}}}}"
-        )
-    written += [f"tuning {out / 'tuning.json'}"] if explanation.tuning else []
+        print(stored_line(args.checkpoint, tuning.method))
+        written += [f"tuning {out / 'tuning.json'}", f"choice {choice_path(args.checkpoint)}"]
+    written += [f"mistakes {out / 'mistakes.png'}"] if mistakes is not None and len(mistakes) else []
     written += [f"report {args.html}"] if args.html else []
     seconds = time.perf_counter() - start
     print(f"explained {len(files)} images in {seconds:.1f} s: {', '.join(written)}", file=sys.stderr)
     return 0
 
 
-def run(args: argparse.Namespace, methods: list[str], files: list[Path], out: Path, command: str):
-    """Load, explain and write, with progress on stderr; returns the explanation and the files explained (those of
-    ``--split val`` when it was given)."""
+def run(
+    args: argparse.Namespace, methods: list[str], files: list[Path], out: Path, command: str, options: dict, named: bool
+):
+    """Load, (tune,) explain and write, with progress on stderr; returns the explanation, the files explained (those
+    of ``--split val`` when it was given), the method tuning of ``--tune`` (or ``None``) and the mistakes (or
+    ``None``)."""
     from .loading import load_explainer, load_images, load_split
+    from .mistakes import worst_mistakes
     from .outputs import benchmark_report, report_header, write_outputs
     from .pipeline import explain
     from .progress import Progress
@@ -355,49 +371,59 @@ def run(args: argparse.Namespace, methods: list[str], files: list[Path], out: Pa
         pixels = load_images(explainer, files, args.max_image_pixels)
     progress.close(f"checkpoint and {len(files)} images in {progress.seconds:.1f} s; {threads}")
     removals = removals_for(explainer.model, args.removals)  # without --removal: mean, which every model has
-    tuning = tune(explainer, methods, args, removals if args.removal else TUNE_REMOVALS)
+    tuning = tune(explainer, methods if named else None, args, removals if args.removal else TUNE_REMOVALS, command)
+    if tuning is not None:
+        methods = methods if named else [tuning.method]
+        options = {name: value for name, value in tuning.options.items() if name in methods}
     explanation = explain(
         explainer.model, pixels, methods, mean=explainer.mean, std=explainer.std, labels=labels,
         class_names=explainer.class_names, target=target, block=args.report_block, faithfulness=args.faithfulness,
         steps=args.steps, removals=removals if args.faithfulness else ("mean",), batch_size=args.batch_size,
         head_fusion=args.head_fusion, discard_ratio=args.discard_ratio, sanity=args.sanity, heads=args.heads,
-        options={name: value.options() for name, value in tuning.items()}, show_progress=True,
+        options=options, show_progress=True,
     )  # fmt: skip
-    explanation.tuning = tuning
+    explanation.tuning = {} if tuning is None else tuning.gamma
+    mistakes = None if labels is None or not args.mistakes else worst_mistakes(
+        explainer.model, pixels, labels, num=args.mistakes, method=methods[0], options=options.get(methods[0]),
+        mean=explainer.mean, std=explainer.std, class_names=explainer.class_names, probs=explanation.probs,
+    )  # fmt: skip
     model = explainer.model_name or type(explainer.model).__name__
     images = f"--split val, {len(files)} images" if args.split else f"{len(files)} image files"
     header = report_header(model=model, checkpoint=args.checkpoint, images=images, methods=methods, command=command)
-    if tuning:
-        header["options"] = {name: value.options() for name, value in tuning.items()}
+    if options:
+        header["options"] = options
     report = None if explanation.benchmark is None else benchmark_report(explanation.benchmarks, header)
     extra = {"sanity.json": explanation.sanity, "heads.json": explanation.heads}
     measured = {name: {**header, **value.to_dict()} for name, value in extra.items() if value is not None}
-    if tuning:
-        measured["tuning.json"] = {**header, **{name: value.to_dict() for name, value in tuning.items()}}
+    if tuning is not None:
+        measured["tuning.json"] = {**header, **{name: value.to_dict() for name, value in tuning.gamma.items()}}
+        measured["method.json"] = {**header, **tuning.to_dict()}
+    if mistakes is not None:
+        measured["mistakes.json"] = {**header, **mistakes.to_dict([str(f) for f in files])}
     write_outputs(
         explanation, files=files, out=out, alpha=args.alpha, overlays=not args.no_overlays, json_path=args.json,
         curves_title=f"{model}: {images}", report=report, measured=measured, html_path=args.html,
         html_title=f"{args.checkpoint.name}: {len(files)} images", model=explainer.model, pixels=pixels,
-        mean=explainer.mean, std=explainer.std, bits=args.explorer_bits,
+        mean=explainer.mean, std=explainer.std, bits=args.explorer_bits, mistakes=mistakes,
     )  # fmt: skip
-    return explanation, files
+    return explanation, files, tuning, mistakes
 
 
-def tune(explainer, methods: Sequence[str], args: argparse.Namespace, removals: Sequence[str]) -> dict:
-    """``--tune``: :func:`~vit.explain.tune_gamma` of each LRP method among ``methods`` on ``--tune-images``
-    validation images that are not among those explained (by index, with ``--split val``), evenly spaced over the
-    rest of the split; method name to its :class:`~vit.explain.GammaTuning`, empty without ``--tune``.
+def tune(explainer, methods: Sequence[str] | None, args: argparse.Namespace, removals: Sequence[str], command: str):
+    """``--tune``: :func:`~vit.explain.tune_method` among ``methods`` (``None``: the cheap candidates) on
+    ``--tune-images`` validation images that are not among those explained (by index, with ``--split val``), evenly
+    spaced over the rest of the split, the choice stored beside the checkpoint; ``None`` without ``--tune``.
 
     Raises:
         InputError: Without a run checkpoint whose validation split can be read, or without held-out images left.
     """
     if not args.tune:
-        return {}
+        return None
+    from .choice import store_tuning
     from .loading import load_split, split_indices
     from .pipeline import model_inputs
-    from .tuning import tune_gamma
+    from .tuning import tune_method
 
-    tunable = [name for name in methods if name in TUNABLE]  # at least one: main checked
     if explainer.data is None:
         raise InputError("--tune measures on the run's validation images: it needs a checkpoint of `vit fit` whose "
                          "data settings work here")  # fmt: skip
@@ -408,12 +434,11 @@ def tune(explainer, methods: Sequence[str], args: argparse.Namespace, removals: 
         raise InputError("--tune needs validation images that are not explained: lower --limit")
     chosen = [rest[i] for i in split_indices(len(rest), min(args.tune_images, len(rest))).tolist()]
     images = model_inputs(explainer.model, pixels[chosen], explainer.mean, explainer.std)
-    removals = removals_for(explainer.model, removals)
-    return {
-        name: tune_gamma(explainer.model, images, labels[chosen], method=name, removals=removals, steps=args.steps,
-                         batch_size=args.batch_size, show_progress=True)
-        for name in tunable
-    }  # fmt: skip
+    tuning = tune_method(explainer.model, images, labels[chosen], methods=methods, steps=args.steps,
+                         removals=removals_for(explainer.model, removals), batch_size=args.batch_size,
+                         show_progress=True)  # fmt: skip
+    store_tuning(args.checkpoint, tuning, command)
+    return tuning
 
 
 def removals_for(model, removals: Sequence[str]) -> list[str]:

@@ -18,12 +18,15 @@ from .colors import is_signed
 from .explanation import Explanation
 from .method_benchmark import MethodBenchmark, plot_benchmarks
 from .methods import METHODS
+from .mistakes import Mistakes
 from .progress import Progress
 from .render.images import png_bytes
+from .render.mistakes import render_mistakes
 from .render.panels import render_grid, render_panel
 from .render.report import render_report
 
 CURVES = "faithfulness_curves.png"
+MISTAKES = "mistakes.png"
 GRID_IMAGES = 32  # the grid PNG shows the first images only
 
 
@@ -71,10 +74,12 @@ def write_outputs(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     bits: int | str = "auto",
+    mistakes: Mistakes | None = None,
 ) -> None:
     """Overlays (``overlays``) and a grid per method into ``out``, the benchmark's ``report`` as JSON
     (``json_path``, else ``out/faithfulness.json``) with its curves, the other measurements (file name -> JSON, e.g.
-    ``sanity.json``) into ``out``, and the HTML report at ``html_path``."""
+    ``sanity.json``) into ``out``, the most confident ``mistakes`` as ``out/mistakes.png`` (and in the report), and the
+    HTML report at ``html_path``."""
     captions = explanation.captions()
     first = explanation.select(slice(0, GRID_IMAGES))
     for method, maps in explanation.maps.items():
@@ -97,10 +102,13 @@ def write_outputs(
         plot_benchmarks(explanation.benchmarks, out / CURVES, title=curves_title)
     for name, value in (measured or {}).items():
         write_bytes(out / name, (json.dumps(value, indent=2) + "\n").encode())
+    picture = None if mistakes is None else render_mistakes(mistakes, alpha=alpha)
+    if picture is not None:
+        write_bytes(out / MISTAKES, png_bytes(picture))
     if html_path is not None:
         progress = Progress("report", len(files), enabled=True)
         html = render_report(files, explanation, title=html_title, alpha=alpha, model=model, pixels=pixels,
-                             mean=mean, std=std, bits=bits)  # fmt: skip
+                             mean=mean, std=std, bits=bits, mistakes=mistakes)  # fmt: skip
         write_bytes(html_path, html.encode())
         progress.close(f"{html_path} with the explorer, {len(html) / 1e6:.1f} MB in {progress.seconds:.1f} s")
 

@@ -1,4 +1,4 @@
-"""Choose LRP's gamma rule for a model by measurement, not by looking at heatmaps.
+"""Choose the explanation method, and LRP's gamma rule, for a model by measurement, not by looking at heatmaps.
 
 The gamma rule (:mod:`vit.explain.lrp`) has two values: ``gamma`` on the linear layers and ``embed_gamma`` on the
 convolutions of the patch embedding and stem. lxt's examples set them by eye; :func:`tune_gamma` measures instead.
@@ -14,6 +14,14 @@ show): a value chosen on the reported images would flatter them::
 
     tuning = tune_gamma(model, held_out_images, removals=("mean", "road"))
     explanation = explain(model, images, ["attnlrp"], options={"attnlrp": tuning.options()})
+
+No method is best for every model (on the global-attention quickstart model AttnLRP leads under token drop and
+integrated gradients under the mean fill), so :func:`tune_method` chooses the method the same way: every candidate
+of :data:`CANDIDATES` (the LRP ones with their gamma rule tuned first) explains the held-out images, and the highest
+SRG averaged over the removals wins::
+
+    choice = tune_method(model, held_out_images)
+    explanation = explain(model, images, [choice.method], options=choice.options)
 """
 
 from __future__ import annotations
@@ -199,3 +207,157 @@ def tune_gamma(
     progress.close(f"gamma {winner.gamma:g}, embed_gamma {winner.embed_gamma:g}, the best of {progress.done} "
                    f"candidates on {len(images)} images, in {progress.seconds:.1f} s")  # fmt: skip
     return GammaTuning(method, winner.gamma, winner.embed_gamma, list(removals), len(images), steps, first + second)
+
+
+CANDIDATES: tuple[str, ...] = ("attnlrp", "cp_lrp", "attribution", "gradxinput", "rollout", "attention")
+"""The methods :func:`tune_method` chooses among by default: those a plain install has (the training callback and the
+report run without the ``explain`` extra) that cost one forward and at most one backward pass per image, 0.4-4 ms
+per image on the quickstart and ``cifar10_cpu`` models (``docs/results/faithfulness.json``; 9 ms with a tuned gamma
+rule). Left out: integrated gradients, 16 forward and backward passes per image (12-16x AttnLRP's time there) and
+captum; Grad-CAM, as cheap but from the ``grad-cam`` package. Pass ``methods=`` to measure them too."""
+
+
+@dataclass
+class MethodCandidate:
+    """One method measured on the held-out images.
+
+    Attributes:
+        method: Its name in :data:`~vit.explain.METHODS`.
+        options: The options it was measured with (a tuned gamma rule), possibly empty.
+        srg: Removal name to the mean SRG over the images.
+        mean_srg: The mean of ``srg`` over the removals: what is compared.
+        ms_per_image: Wall time of its maps per image.
+    """
+
+    method: str
+    options: dict[str, float]
+    srg: dict[str, float]
+    mean_srg: float
+    ms_per_image: float
+
+
+@dataclass
+class MethodTuning:
+    """The method chosen for a model, every candidate measured, and the gamma rules tuned on the way.
+
+    Attributes:
+        method: The chosen method: the highest ``mean_srg`` (the first in ``candidates`` on a tie).
+        removals: The removals whose SRG was averaged.
+        num_images: Held-out images measured.
+        steps: Fractions of the deletion and least-relevant-first curves.
+        candidates: Every method measured, in the order given.
+        gamma: Method name to its :class:`GammaTuning`, for the LRP methods whose gamma rule was tuned.
+    """
+
+    method: str
+    removals: list[str]
+    num_images: int
+    steps: int
+    candidates: list[MethodCandidate] = field(default_factory=list)
+    gamma: dict[str, GammaTuning] = field(default_factory=dict)
+
+    @property
+    def chosen(self) -> MethodCandidate:
+        """The chosen candidate."""
+        return next(c for c in self.candidates if c.method == self.method)
+
+    @property
+    def options(self) -> dict[str, dict[str, float]]:
+        """Every measured method's options (the tuned gamma rules), as :func:`~vit.explain.explain` takes them."""
+        return {c.method: dict(c.options) for c in self.candidates if c.options}
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dictionary."""
+        return asdict(self)
+
+    def table(self) -> str:
+        """One line per method: SRG per removal and averaged, ms per image; the choice marked."""
+        lines = [f"{'method':<12}" + "".join(f"{'SRG ' + r:>10}" for r in self.removals) + f"{'mean SRG':>10}  ms/img"]
+        for c in self.candidates:
+            mark = "  <- chosen" if c.method == self.method else ""
+            options = ", ".join(f"{k} {v:g}" for k, v in c.options.items()) if any(c.options.values()) else ""
+            options = f" ({options})" if options else ""
+            srg = "".join(f"{c.srg[r]:>+10.3f}" for r in self.removals)
+            lines.append(f"{c.method:<12}{srg}{c.mean_srg:>+10.3f}  {c.ms_per_image:.1f}{mark}{options}")
+        return "\n".join(lines)
+
+
+def tune_method(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    *,
+    methods: Sequence[str] | None = None,
+    removals: Sequence[str] = ("mean", "road", "drop"),
+    steps: int = 16,
+    target: Literal["prediction", "label"] = "prediction",
+    batch_size: int = 32,
+    tune_gammas: bool = True,
+    show_progress: bool = False,
+) -> MethodTuning:
+    """Choose the explanation method for ``model``: the highest SRG averaged over ``removals`` on ``images``.
+
+    Each LRP method first gets its gamma rule (:func:`tune_gamma`, on the same images and removals; its chosen
+    candidate is its score); every other method is measured once, each in its own
+    :func:`~vit.explain.faithfulness` call per removal, as :func:`tune_gamma` measures a candidate.
+
+    Args:
+        model: The classifier.
+        images: ``(B, C, H, W)`` held-out images, normalised as the model expects: not the images to be reported.
+        labels: ``(B,)`` true classes, for ``target="label"``.
+        methods: Names of :data:`~vit.explain.METHODS` to choose among; default: those of :data:`CANDIDATES` that
+            apply to the model.
+        removals: How a patch is removed (:mod:`vit.explain.removal`); their SRGs are averaged.
+        steps: Fractions of the curves.
+        target: Explain and measure the predicted class or the label.
+        batch_size: Images per explanation call and per forward pass of the curves.
+        tune_gammas: Tune the gamma rule of ``attnlrp`` and ``cp_lrp`` (else they are measured without it).
+        show_progress: Report each method measured on stderr, and the choice in one line.
+
+    Raises:
+        ValueError: On an unknown method or one that does not apply to the model, no method, an unknown removal,
+            token drop on a model that cannot drop tokens, or ``target="label"`` without labels.
+    """
+    from .methods import applicable_methods
+
+    if methods is None:
+        methods = [name for name in CANDIDATES if name in applicable_methods(model)]
+    names = list(dict.fromkeys(get_method(name, model).name for name in methods))
+    if not names:
+        raise ValueError("no method to choose among")
+    check_removals(model, removals)
+    if target == "label" and labels is None:
+        raise ValueError("target='label' needs labels")
+    param = next(model.parameters(), None)
+    images = images.to(param.device) if param is not None else images
+    with eval_mode(model), torch.no_grad():
+        logits = torch.cat([model.forward(chunk) for chunk in images.split(batch_size)])
+    classes = resolve_target(labels.to(logits.device) if target == "label" else None, logits)
+    gamma = {
+        name: tune_gamma(model, images, labels, method=name, removals=removals, steps=steps, target=target,
+                         batch_size=batch_size, show_progress=show_progress)
+        for name in names if name in TUNABLE and tune_gammas
+    }  # fmt: skip
+    progress = Progress("choose method", len(names) - len(gamma), show_progress, unit="methods")
+    candidates = []
+    try:
+        for name in names:
+            if name in gamma:
+                tuned = gamma[name].chosen
+                candidates.append(MethodCandidate(name, gamma[name].options(), tuned.srg, tuned.mean_srg,
+                                                  tuned.ms_per_image))  # fmt: skip
+                continue
+            maps, seconds = timed_maps(model, images, classes, [name], batch_size, {})
+            srg = {
+                removal: float(faithfulness(model, images, maps, target=classes, steps=steps, baseline=removal,
+                                            num_random=0, batch_size=batch_size)["srg"][name])
+                for removal in removals
+            }  # fmt: skip
+            candidates.append(MethodCandidate(name, {}, srg, sum(srg.values()) / len(srg), 1000 * seconds[name]))
+            progress.update(1)
+    finally:
+        progress.stop()
+    winner = max(candidates, key=lambda c: c.mean_srg)  # the first of equal ones
+    progress.close(f"{winner.method}, mean SRG {winner.mean_srg:+.3f}, the best of {len(candidates)} methods on "
+                   f"{len(images)} images")  # fmt: skip
+    return MethodTuning(winner.method, list(removals), len(images), steps, candidates, gamma)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,9 +29,13 @@ from ..method_benchmark import MethodBenchmark
 from ..methods import METHODS
 from .explorer import ASSETS, DEFAULT_MAX_BYTES, explorer_payload, render_explorer
 from .images import data_uri, to_uint8_image
+from .mistakes import mistakes_html
 from .overlay import overlay_heatmap
 from .panels import upscale
 from .plots import distance_plot, entropy_plot, figure_to_array, sanity_plot
+
+if TYPE_CHECKING:
+    from ..mistakes import Mistakes
 
 SIZE = 160  # display size of each picture, pixels
 HEAD_IMAGES = 8  # images whose per-head maps are shown
@@ -123,6 +127,7 @@ def render_report(
     std: Sequence[float] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     bits: int | str = "auto",
+    mistakes: Mistakes | None = None,
 ) -> str:
     """The whole report as one HTML string (see the module docstring).
 
@@ -140,8 +145,10 @@ def render_report(
             images that fit, and says so (the statistics and faithfulness cover every image).
         bits: Bits per attention code of the explorer, 2 to 8, or ``"auto"`` (see
             :func:`~vit.explain.render.explorer.explorer_payload`).
+        mistakes: The most confident errors (:func:`~vit.explain.mistakes.worst_mistakes`) of these images: a
+            section of their maps of the predicted and of the true class, and the explorer's "mistakes only" filter.
     """
-    body = _static_body(files, explanation, title, alpha, max_bytes)
+    body = _static_body(files, explanation, title, alpha, max_bytes, mistakes)
     if model is None or pixels is None:
         return str(_macros().page(title, Markup(_css()), body))
     payload = explorer_payload(
@@ -157,7 +164,9 @@ def render_report(
     return render_explorer(payload, extra_html=str(_macros().embedded(Markup(_css()), body)))
 
 
-def _static_body(files: Sequence[Path], explanation: Explanation, title: str, alpha: float, max_bytes: int) -> Markup:
+def _static_body(
+    files: Sequence[Path], explanation: Explanation, title: str, alpha: float, max_bytes: int, mistakes: Mistakes | None
+) -> Markup:
     """The static sections: overlays (of the first images whose panels fit ``max_bytes``, with a note), statistics,
     per-head maps, faithfulness."""
     macros, captions, maps = _macros(), explanation.captions(), explanation.maps
@@ -201,7 +210,7 @@ def _static_body(files: Sequence[Path], explanation: Explanation, title: str, al
         share = (count, explanation.heads.share_of_top(count))
         importance = macros.importance(explanation.heads, explanation.heads.logit_drop.tolist(), share)
     return macros.summary(title, target, described, panels, subset, statistics, explanation.block, shown, heads,
-                          faithfulness, sanity, importance)  # fmt: skip
+                          faithfulness, sanity, importance, Markup(mistakes_html(mistakes, macros)))  # fmt: skip
 
 
 def file_name(file: Path) -> str:

@@ -512,6 +512,7 @@
       b.addEventListener("click", () => timed(() => update({ image: i })));
       $("thumbs").append(b);
     });
+    setupMistakes();
     const tokens = [];
     for (let t = 0; t < P; t++) tokens.push(["token", t, D.cls && t === 0 ? "class token" : `reg ${t - (D.cls ? 1 : 0)}`]);
     for (let i = 0; i < LAT; i++) tokens.push(["latent", i, `MAP query ${i}`]);
@@ -560,6 +561,26 @@
     });
   }
 
+  // "Mistakes only": the thumbnails of the images predicted wrong (a known label other than the prediction), the most
+  // confident first; the shown image moves to the first of them when it is not one.
+  const wrong = D.images.map((im, i) => (im.label !== null && im.label >= 0 && im.label !== im.pred ? i : -1))
+    .filter((i) => i >= 0)
+    .sort((a, b) => D.images[b].top[0][1] - D.images[a].top[0][1] || a - b);
+  function showMistakes(only) {
+    for (const b of $("thumbs").children) {
+      const k = wrong.indexOf(Number(b.dataset.index));
+      b.hidden = only && k < 0;
+      b.style.order = only ? String(k) : "";
+    }
+    return only && wrong.length && !wrong.includes(state.image) ? update({ image: wrong[0] }) : Promise.resolve();
+  }
+  function setupMistakes() {
+    if (!wrong.length) return;
+    $("mistakes-count").textContent = String(wrong.length);
+    $("mistakes-box").hidden = false;
+    $("mistakes-only").addEventListener("change", (e) => timed(() => showMistakes(e.target.checked)));
+  }
+
   setup();
   $("stage").append(heatCanvas);
   const ready = update({}).then(nextFrame).then(() => { timings.open = performance.now(); });
@@ -573,6 +594,9 @@
   window.explorer = {
     data: D, state, errors, timings, ready,
     select: (change) => update(change),
+    mistakes: (only) => showMistakes(only),
+    shown: () => Array.from($("thumbs").children).filter((b) => !b.hidden)
+      .sort((a, b) => Number(a.style.order || 0) - Number(b.style.order || 0)).map((b) => Number(b.dataset.index)),
     row: (b, h, t) => Array.from(row(b, h, t)),
     poolRow: (h, i) => Array.from(poolRow(h, i)),
     stats: (full) => stats(Float32Array.from(full)),
