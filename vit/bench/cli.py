@@ -50,7 +50,9 @@ import argparse
 import json
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import import_module
 from typing import Any
 
 from vit.allocator import keep_freed_memory
@@ -59,14 +61,8 @@ from vit.bench.harness import BenchError, log, write_report
 from vit.env import available_cores, busy_cores, default_threads, run_header
 from vit.errors import ArgumentParser, fail
 
-SUITES = ("model", "attention", "data", "explorer", "recipe", "corruption")
-ALL_SUITES = ("model", "attention", "data", "explorer")  # --suite all: the recipe sweep trains for many minutes
 
-
-def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
-    """Every option of every suite; defaults that depend on the device are ``None`` here (see ``parse_args``). Over 80
-    lines on purpose: one ``add_argument`` per option, in the order ``--help`` shows them."""
-    parser = ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", choices=(*SUITES, "all"), default="all", help="what to measure")
     parser.add_argument("--json", help="write the full report here")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
@@ -90,6 +86,9 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
         help="glibc malloc keeps freed blocks for reuse, as training does (vit.allocator); --no-keep-freed-memory "
         "measures with the C library's defaults",
     )
+
+
+def _model_options(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model suite")
     model.add_argument("--models", nargs="+", help="presets (default: vit_small_patch16_224 [and _patch4_32 on CPU])")
     model.add_argument("--batch-sizes", nargs="+", type=int, help="one for all models or one per model")
@@ -100,6 +99,16 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     model.add_argument("--rounds", type=int, default=None, help="alternating rounds (default: cpu 6, cuda 6)")
     model.add_argument("--steps", type=int, default=None, help="steps per model per round (default: cpu 1, cuda 10)")
     model.add_argument("--warmup", type=int, default=None, help="warm-up steps per model (default: cpu 1, cuda 5)")
+
+
+def _model_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "models": args.models, "batch_sizes": args.batch_sizes, "override": args.override, "compile": args.compile,
+        "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "precision": args.precision,
+    }  # fmt: skip
+
+
+def _attention_options(parser: argparse.ArgumentParser) -> None:
     attn = parser.add_argument_group("attention suite")
     attn.add_argument(
         "--attn-grids",
@@ -122,6 +131,18 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     attn.add_argument("--attn-heads", type=int, default=6)
     attn.add_argument("--attn-tokens", type=int, default=None, help="tokens per call (default: cpu 4096, cuda 2**17)")
     attn.add_argument("--attn-reps", type=int, default=None, help="timed calls per layer (default: cpu 9, cuda 10)")
+
+
+def _attention_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "grids": args.attn_grids, "windows": args.window_sizes, "kernels": args.sliding_sizes,
+        "linear_maps": args.linear_maps, "dim": args.attn_dim, "heads": args.attn_heads,
+        "tokens_per_call": args.attn_tokens, "reps": args.attn_reps, "precision": args.precision,
+        "freed_memory_kept": args.freed_memory_kept,
+    }  # fmt: skip
+
+
+def _data_options(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data suite")
     data.add_argument("--data-images", type=int, default=200, help="JPEG files to generate")
     data.add_argument("--data-samples", type=int, default=300, help="JPEG samples per round (CIFAR: 4x)")
@@ -130,6 +151,16 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     data.add_argument(
         "--cifar-mini", help="folder of small photos (<class>/*.jpg or train/<class>/*.jpg) for realistic content"
     )
+
+
+def _data_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "images": args.data_images, "samples": args.data_samples, "rounds": args.data_rounds,
+        "jpeg_size": args.jpeg_size, "cifar_mini": args.cifar_mini,
+    }  # fmt: skip
+
+
+def _explorer_options(parser: argparse.ArgumentParser) -> None:
     from vit.explain.command import explorer_bits
 
     explorer = parser.add_argument_group("explorer suite")
@@ -150,6 +181,16 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
         default=list(EXPLORER_CASES),
         help="models to measure (default: all)",
     )
+
+
+def _explorer_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "cases": args.explorer_cases, "weights": args.explorer_weights, "browser": args.explorer_browser,
+        "bits": args.explorer_bits, "cifar_mini": args.cifar_mini,
+    }  # fmt: skip
+
+
+def _recipe_options(parser: argparse.ArgumentParser) -> None:
     recipe = parser.add_argument_group("recipe suite")
     recipe.add_argument(
         "--recipe-lrs",
@@ -175,9 +216,77 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     recipe.add_argument(
         "--data-dir", help="folder of train/<class>/*.jpg (default: scikit-learn's digits upscaled to 32x32 RGB)"
     )
+
+
+def _recipe_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "lrs": args.recipe_lrs, "variants": args.recipe_variants, "steps": args.recipe_steps,
+        "batch_size": args.recipe_batch_size, "width": args.recipe_width, "depth": args.recipe_depth,
+        "heads": args.recipe_heads, "probe_every": args.recipe_probe_every, "train_images": args.recipe_train_images,
+        "eval_images": args.recipe_eval_images, "data_dir": args.data_dir, "precision": args.precision,
+    }  # fmt: skip
+
+
+def _corruption_options(parser: argparse.ArgumentParser) -> None:
     corruption = parser.add_argument_group("corruption suite")
     corruption.add_argument("--corruption-data", help="folder of the CIFAR-10 test images (<class>/*.jpg)")
     corruption.add_argument("--corruption-images", type=int, default=10000, help="images per cell")
+
+
+def _corruption_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {"data_dir": args.corruption_data, "images": args.corruption_images}
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One suite of the command: the function that measures and reports (``"module:function"``, imported only when
+    the suite runs), the option group it adds to the parser, and the keywords it takes from the parsed options.
+
+    Args:
+        function: ``"vit.bench.model_suite:run_model_suite"``; it is called with these keywords, ``report``,
+            ``seed``, ``json_path`` and, with ``device=True``, ``device``.
+        options: Adds the suite's option group to the parser.
+        settings: The suite's keywords from the parsed options.
+        device: Whether the function takes the ``device``.
+        in_all: Whether ``--suite all`` runs it.
+    """
+
+    function: str
+    options: Callable[[argparse.ArgumentParser], None]
+    settings: Callable[[argparse.Namespace], dict[str, Any]]
+    device: bool = True
+    in_all: bool = True
+
+
+SUITES: dict[str, Suite] = {
+    "model": Suite("vit.bench.model_suite:run_model_suite", _model_options, _model_settings),
+    "attention": Suite("vit.bench.attention_suite:run_attention_suite", _attention_options, _attention_settings),
+    # albumentations, OpenCV and vit.data: imported only when asked for
+    "data": Suite("vit.bench.data_suite:run_data_suite", _data_options, _data_settings, device=False),
+    # writes HTML files and drives a browser
+    "explorer": Suite("vit.bench.explorer_suite:run_explorer_suite", _explorer_options, _explorer_settings),
+    # trains dozens of models for minutes each: only when asked for
+    "recipe": Suite("vit.bench.recipe_suite:run_recipe_suite", _recipe_options, _recipe_settings, in_all=False),
+    # numpy / scipy / OpenCV only, minutes of CPU: only when asked for
+    "corruption": Suite(
+        "vit.bench.corruption_suite:run_corruption_suite",
+        _corruption_options,
+        _corruption_settings,
+        device=False,
+        in_all=False,
+    ),
+}
+"""The suites in the order ``--suite all`` runs them; a new suite is one entry here (and its module)."""
+ALL_SUITES = tuple(name for name, suite in SUITES.items() if suite.in_all)
+
+
+def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
+    """Every option of every suite, each suite's in its group; defaults that depend on the device are ``None`` here
+    (see ``parse_args``)."""
+    parser = ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common_options(parser)
+    for suite in SUITES.values():
+        suite.options(parser)
     return parser
 
 
@@ -217,8 +326,7 @@ def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParse
 
 def run(args: argparse.Namespace, command: str = "vit bench") -> dict[str, Any]:
     """Run the suites that ``args`` (from :func:`parse_args`) chose, each with its settings as keywords: print their
-    tables and checks, write the JSON report; returns the report. Over 80 lines on purpose: one branch per suite,
-    each naming its settings, side by side.
+    tables and checks, write the JSON report; returns the report.
 
     Args:
         args: The parsed command line.
@@ -244,86 +352,12 @@ def run(args: argparse.Namespace, command: str = "vit bench") -> dict[str, Any]:
     }
     common = {"report": report, "seed": args.seed, "json_path": args.json}
     suites = ALL_SUITES if args.suite == "all" else (args.suite,)
-    for suite in suites:
-        log(f"suite {suite}")
-        if suite == "model":
-            from vit.bench.model_suite import run_model_suite
-
-            run_model_suite(
-                device=device,
-                models=args.models,
-                batch_sizes=args.batch_sizes,
-                override=args.override,
-                compile=args.compile,
-                rounds=args.rounds,
-                steps=args.steps,
-                warmup=args.warmup,
-                precision=args.precision,
-                **common,
-            )
-        elif suite == "attention":
-            from vit.bench.attention_suite import run_attention_suite
-
-            run_attention_suite(
-                device=device,
-                grids=args.attn_grids,
-                windows=args.window_sizes,
-                kernels=args.sliding_sizes,
-                linear_maps=args.linear_maps,
-                dim=args.attn_dim,
-                heads=args.attn_heads,
-                tokens_per_call=args.attn_tokens,
-                reps=args.attn_reps,
-                precision=args.precision,
-                freed_memory_kept=args.freed_memory_kept,
-                **common,
-            )
-        elif suite == "data":  # albumentations, OpenCV and vit.data: imported only when asked for
-            from vit.bench.data_suite import run_data_suite
-
-            run_data_suite(
-                images=args.data_images,
-                samples=args.data_samples,
-                rounds=args.data_rounds,
-                jpeg_size=args.jpeg_size,
-                cifar_mini=args.cifar_mini,
-                **common,
-            )
-        elif suite == "explorer":  # writes HTML files and drives a browser: imported only when asked for
-            from vit.bench.explorer_suite import run_explorer_suite
-
-            run_explorer_suite(
-                device=device,
-                cases=args.explorer_cases,
-                weights=args.explorer_weights,
-                browser=args.explorer_browser,
-                bits=args.explorer_bits,
-                cifar_mini=args.cifar_mini,
-                **common,
-            )
-        elif suite == "corruption":  # numpy / scipy / OpenCV only, minutes of CPU: only when asked for
-            from vit.bench.corruption_suite import run_corruption_suite
-
-            run_corruption_suite(data_dir=args.corruption_data, images=args.corruption_images, **common)
-        else:  # the recipe sweep trains models for minutes: only when asked for
-            from vit.bench.recipe_suite import run_recipe_suite
-
-            run_recipe_suite(
-                device=device,
-                lrs=args.recipe_lrs,
-                variants=args.recipe_variants,
-                steps=args.recipe_steps,
-                batch_size=args.recipe_batch_size,
-                width=args.recipe_width,
-                depth=args.recipe_depth,
-                heads=args.recipe_heads,
-                probe_every=args.recipe_probe_every,
-                train_images=args.recipe_train_images,
-                eval_images=args.recipe_eval_images,
-                data_dir=args.data_dir,
-                precision=args.precision,
-                **common,
-            )
+    for name in suites:
+        log(f"suite {name}")
+        suite = SUITES[name]
+        module, function = suite.function.split(":")
+        where = {"device": device} if suite.device else {}
+        getattr(import_module(module), function)(**suite.settings(args), **where, **common)
     report["checks"] = [c for s in suites for c in report.get(s, {}).get("checks", [])]
     write_report(args.json, report)
     return report
