@@ -28,6 +28,15 @@ def test_same_seed_same_pixels_other_seed_other_pixels(images: np.ndarray) -> No
         assert first.dtype == np.uint8 and first.shape == images.shape
 
 
+def test_threads_do_not_change_the_pixels(images: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vit.evaluation import corruptions
+
+    monkeypatch.setattr(corruptions, "BLOCK_PIXELS", 32 * 32)  # one image per block: 4 blocks, 4 generators
+    for name in ("shot_noise", "glass_blur", "snow", "jpeg_compression"):
+        one = corrupt(images, name, 4, seed=2, workers=1)
+        np.testing.assert_array_equal(one, corrupt(images, name, 4, seed=2, workers=3))
+
+
 def test_every_corruption_keeps_shape_and_changes_the_image(images: np.ndarray) -> None:
     for name in CORRUPTIONS:
         out = corrupt(images[:2], name, 5)

@@ -23,8 +23,6 @@ pixels of a released file are not reproduced, only its statistics. What differs 
 
 from __future__ import annotations
 
-import io
-
 import cv2
 import numpy as np
 from PIL import Image
@@ -169,7 +167,11 @@ def motion_blur_float(images: np.ndarray, radius: float, sigma: float, angles: n
 def magick_uint8(x: np.ndarray) -> np.ndarray:
     """0-255 values as ImageMagick 6 (Q16) stores them in an 8-bit PNG: rounded to a 16-bit quantum, which is then
     divided by 257 and truncated."""
-    return (np.floor(np.clip(x, 0, 255) * 257 + 0.5) // 257).astype(np.uint8)
+    quanta = np.clip(x, 0, 255)
+    quanta *= 257
+    quanta += 0.5
+    np.floor(quanta, out=quanta)
+    return (quanta // 257).astype(np.uint8)
 
 
 def motion_blur(images: np.ndarray, params: tuple, rng: np.random.Generator) -> np.ndarray:
@@ -287,12 +289,12 @@ def pixelate(images: np.ndarray, params: tuple, rng: np.random.Generator) -> np.
 
 
 def jpeg_compression(images: np.ndarray, params: tuple, rng: np.random.Generator) -> np.ndarray:
-    """PIL's JPEG at quality ``params[0]``, decoded again."""
+    """JPEG at quality ``params[0]``, decoded again: the generators' PIL round trip, run through OpenCV's libjpeg
+    (the same quantisation tables, 4:2:0 chroma and decoder settings give the same pixels, several times faster)."""
     out = np.empty_like(images)
-    for i, im in enumerate(images):
-        buffer = io.BytesIO()
-        Image.fromarray(im).save(buffer, "JPEG", quality=params[0])
-        out[i] = np.asarray(Image.open(buffer).convert("RGB"))
+    for i, image in enumerate(images):
+        _, encoded = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, params[0]])
+        out[i] = cv2.imdecode(encoded, cv2.IMREAD_COLOR_RGB)
     return out
 
 
