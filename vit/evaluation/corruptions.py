@@ -56,8 +56,12 @@ CORRUPTIONS: tuple[str, ...] = (
 SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
 GENERATED = "cifar10-c"
 """The ``source`` of :func:`iter_corrupted` that generates the corruptions from the clean images."""
-EXACT_EXCEPT = ("frost",)
-"""Corruptions whose deterministic part is not the generators' own: frost's texture is procedural."""
+NOT_EXACT: dict[str, str] = {
+    "frost": "a procedural ice texture with the colours and spread of the authors' frost photographs, which are not "
+    "ours to ship, stands in for their crops",
+}
+"""Corruptions whose formula is not the generators' own, with the reason (for reports). In every corruption the random
+draws come from another generator, so the pixels of the released files are matched in distribution, not one by one."""
 BLOCK_PIXELS = 1 << 21  # pixels per block (2,048 CIFAR images, 41 at 224 px): bounds the float temporaries
 CACHE_VERSION = 1  # bump when the pixels a corruption gives for the same images, severity and seed change
 
