@@ -14,9 +14,10 @@ import torch
 
 from vit.bench import main
 from vit.bench.cli import parse_args
+from vit.bench.flops import count_flops, peak_tflops
 from vit.bench.harness import summarize
 from vit.bench.memory import TensorMemoryTracker
-from vit.bench.model_suite import bench_grad_checkpointing, count_flops, peak_tflops
+from vit.bench.model_suite import bench_grad_checkpointing
 from vit.kernels import neighborhood as neighborhood_kernel
 from vit.layers import WindowAttention
 from vit.models import VisionTransformer, model_config

@@ -53,6 +53,34 @@ def timed(fn: Callable[[], Any], steps: int, device: torch.device) -> tuple[floa
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def alternate(
+    steps: dict[str, Callable[[], Any]], rounds: int, steps_per_round: int, batch: int, device: torch.device, what: str
+) -> dict[str, dict[str, list[float]]]:
+    """Images/s of each callable per wall-clock and per CPU second, measured alternately for ``rounds`` rounds.
+
+    The order flips every round (A B, B A, A B, ...), so neither model always runs first or second: position effects
+    (a warm allocator, a cold cache, load that rises during a round) cancel in the median.
+    """
+    speeds: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": []} for name in steps}
+    for r in range(rounds):
+        order = list(steps.items())
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            wall, cpu = timed(fn, steps_per_round, device)
+            speeds[name]["wall"].append(batch * steps_per_round / wall)
+            speeds[name]["cpu"].append(batch * steps_per_round / max(cpu, 1e-9))
+        ratio = ""
+        if len(steps) == 2:
+            ratio = f" ratio {speeds['ours']['wall'][-1] / speeds['timm']['wall'][-1]:.3f}"
+            if device.type == "cpu":
+                ratio += f" (CPU time {speeds['ours']['cpu'][-1] / speeds['timm']['cpu'][-1]:.3f})"
+        log(
+            f"  {what} round {r + 1}/{rounds}: "
+            + ", ".join(f"{n} {v['wall'][-1]:.1f} img/s" for n, v in speeds.items())
+            + ratio
+        )
+    return speeds
+
+
 def summarize(values: Sequence[float]) -> dict[str, float]:
     """Median, quartiles, min and max of a list of measurements."""
     ordered = sorted(values)

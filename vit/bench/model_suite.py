@@ -7,8 +7,8 @@ Chowdhery et al., "PaLM", 2022, appendix B); and the peak activation memory of a
 checkpointing against without it (Chen et al., "Training Deep Nets with Sublinear Memory Cost", 2016). Imports only
 torch, timm and ``vit``'s model code.
 
-Over 450 lines on purpose: the measurement of our model and of timm's stays in one file, step for step, so that
-both are visibly measured the same way.
+Our model and timm's are measured by the same functions, step for step, in alternation
+(:func:`~vit.bench.harness.alternate`); FLOPs and MFU are :mod:`vit.bench.flops`'s.
 """
 
 from __future__ import annotations
@@ -22,59 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit.bench.harness import (
-    BenchError,
-    autocast,
-    check,
-    log,
-    print_table,
-    summarize,
-    timed,
-    write_report,
-)
+from vit.bench.flops import count_flops, peak_tflops
+from vit.bench.harness import BenchError, alternate, autocast, check, log, print_table, summarize, timed, write_report
 from vit.bench.memory import peak_bytes, tensor_bytes
 from vit.env import device_name
 from vit.models import VisionTransformer, model_config
-from vit.models.flops import forward_flops
 
-# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, matched against the CUDA device name in order.
-PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H100 PCIe", 756.0),
-    ("H100", 989.0),
-    ("H200", 989.0),
-    ("GH200", 989.0),
-    ("A100", 312.0),
-)
 MODEL_RATIO_TARGET = 1.0
 # Gradient checkpointing: peak activation memory of a training step at most this fraction of that without it.
 CHECKPOINT_MEMORY_TARGET = 0.5
 CHECKPOINT_DEFAULT = ("vit_small_patch16_224", 32)  # model and batch measured unless --models is given
-
-
-def count_flops(config: dict[str, Any]) -> dict[str, float]:
-    """FLOPs per image of one forward pass and of one training step (forward + backward), counted on the CPU.
-
-    ``FlopCounterMode`` counts matrix products (patch projection, linear layers, attention); attention is counted
-    through PyTorch's reference (math) kernel because the counter has no formula for the CPU fused kernel. The
-    count does not depend on the device; elementwise ops (softmax, GELU, LayerNorm) are not counted.
-    """
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.flop_counter import FlopCounterMode
-
-    model = VisionTransformer(**config)
-    shape = (model.patch_embed.in_chans, *model.patch_embed.img_size)
-    forward = forward_flops(model, shape)
-    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        model(torch.randn(1, *shape)).sum().backward()
-    return {"forward_gflops_per_image": forward / 1e9, "train_gflops_per_image": counter.get_total_flops() / 1e9}
-
-
-def peak_tflops(device_name: str) -> float | None:
-    """Dense bf16 peak of a known CUDA device, else ``None``."""
-    for key, value in PEAK_BF16_TFLOPS:
-        if key in device_name:
-            return value
-    return None
 
 
 def build_timm(config: dict[str, Any]) -> tuple[nn.Module | None, str | None]:
@@ -87,32 +44,67 @@ def build_timm(config: dict[str, Any]) -> tuple[nn.Module | None, str | None]:
         return None, f"timm's VisionTransformer cannot build this configuration ({err})"
 
 
-def alternate(
-    steps: dict[str, Callable[[], Any]], rounds: int, steps_per_round: int, batch: int, device: torch.device, what: str
-) -> dict[str, dict[str, list[float]]]:
-    """Images/s of each callable per wall-clock and per CPU second, measured alternately for ``rounds`` rounds.
+def ours_and_timm(config: dict[str, Any], seed: int) -> tuple[dict[str, nn.Module], str | None, float | None]:
+    """Our model of ``config`` (seeded) and timm's loaded with the same weights, strictly; the reason when timm
+    cannot build it, and the largest logit difference of the two on a random batch."""
+    torch.manual_seed(seed)
+    models: dict[str, nn.Module] = {"ours": VisionTransformer(**config)}
+    baseline, why_no_timm = build_timm(config)
+    if baseline is None:
+        return models, why_no_timm, None
+    baseline.load_state_dict(models["ours"].state_dict())
+    models["timm"] = baseline
+    probe = torch.randn(2, 3, *models["ours"].patch_embed.img_size)
+    with torch.no_grad():
+        logits = [m.eval()(probe) for m in models.values()]
+    return models, None, (logits[0] - logits[1]).abs().max().item()
 
-    The order flips every round (A B, B A, A B, ...), so neither model always runs first or second: position effects
-    (a warm allocator, a cold cache, load that rises during a round) cancel in the median.
-    """
-    speeds: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": []} for name in steps}
-    for r in range(rounds):
-        order = list(steps.items())
-        for name, fn in order if r % 2 == 0 else order[::-1]:
-            wall, cpu = timed(fn, steps_per_round, device)
-            speeds[name]["wall"].append(batch * steps_per_round / wall)
-            speeds[name]["cpu"].append(batch * steps_per_round / max(cpu, 1e-9))
-        ratio = ""
-        if len(steps) == 2:
-            ratio = f" ratio {speeds['ours']['wall'][-1] / speeds['timm']['wall'][-1]:.3f}"
-            if device.type == "cpu":
-                ratio += f" (CPU time {speeds['ours']['cpu'][-1] / speeds['timm']['cpu'][-1]:.3f})"
-        log(
-            f"  {what} round {r + 1}/{rounds}: "
-            + ", ".join(f"{n} {v['wall'][-1]:.1f} img/s" for n, v in speeds.items())
-            + ratio
-        )
-    return speeds
+
+def memory_method(device: torch.device, compile: bool) -> str:
+    """How the peak memory of a step is measured there (or why it is not)."""
+    if device.type == "cpu" and compile:
+        return "not measured: compiled CPU kernels allocate outside the dispatcher"
+    if device.type == "cpu":
+        return "tensor bytes tracked per op (TorchDispatchMode), not process RSS"
+    return "torch.cuda.max_memory_allocated increase during the step"
+
+
+def step_functions(
+    models: dict[str, nn.Module],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    device: torch.device,
+    precision: str,
+    compile: bool,
+) -> tuple[dict[str, torch.optim.Optimizer], dict[str, Callable[[], None]], dict[str, Callable[[], None]]]:
+    """Each model on ``device`` with its AdamW, and its training step (forward, cross-entropy, backward, AdamW step,
+    ``zero_grad``) and inference step on ``x``; compiled with ``compile``."""
+    runners: dict[str, nn.Module] = {}
+    optimizers: dict[str, torch.optim.Optimizer] = {}
+    for key, model in models.items():
+        model.to(device)
+        optimizers[key] = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
+        runners[key] = torch.compile(model) if compile else model
+
+    def train_step(key: str) -> Callable[[], None]:
+        def step() -> None:
+            with autocast(device, precision):
+                loss = F.cross_entropy(runners[key](x), y)
+            loss.backward()
+            optimizers[key].step()
+            optimizers[key].zero_grad(set_to_none=True)
+
+        return step
+
+    def infer_step(key: str) -> Callable[[], None]:
+        def step() -> None:
+            with torch.inference_mode(), autocast(device, precision):
+                runners[key](x)
+
+        return step
+
+    return optimizers, {key: train_step(key) for key in models}, {key: infer_step(key) for key in models}
 
 
 def bench_model(
@@ -143,17 +135,7 @@ def bench_model(
         steps: Steps per model per round.
     """
     config = model_config(name, **(override or {}))
-    torch.manual_seed(seed)
-    models: dict[str, nn.Module] = {"ours": VisionTransformer(**config)}
-    baseline, why_no_timm = build_timm(config)
-    logit_diff = None
-    if baseline is not None:
-        baseline.load_state_dict(models["ours"].state_dict())  # the same weights, strictly
-        models["timm"] = baseline
-        probe = torch.randn(2, 3, *models["ours"].patch_embed.img_size)
-        with torch.no_grad():
-            logits = [m.eval()(probe) for m in models.values()]
-        logit_diff = (logits[0] - logits[1]).abs().max().item()
+    models, why_no_timm, logit_diff = ours_and_timm(config, seed)
     flops = count_flops(config)
 
     img_size = models["ours"].patch_embed.img_size
@@ -170,42 +152,15 @@ def bench_model(
         **flops,
     }
 
-    runners: dict[str, nn.Module] = {}
-    optimizers: dict[str, torch.optim.Optimizer] = {}
-    for key, model in models.items():
-        model.to(device)
-        optimizers[key] = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
-        runners[key] = torch.compile(model) if compile else model
-
-    def train_step(key: str) -> Callable[[], None]:
-        def step() -> None:
-            with autocast(device, precision):
-                loss = F.cross_entropy(runners[key](x), y)
-            loss.backward()
-            optimizers[key].step()
-            optimizers[key].zero_grad(set_to_none=True)
-
-        return step
-
-    def infer_step(key: str) -> Callable[[], None]:
-        def step() -> None:
-            with torch.inference_mode(), autocast(device, precision):
-                runners[key](x)
-
-        return step
-
-    if device.type == "cpu" and compile:
-        memory_note = "not measured: compiled CPU kernels allocate outside the dispatcher"
-    elif device.type == "cpu":
-        memory_note = "tensor bytes tracked per op (TorchDispatchMode), not process RSS"
-    else:
-        memory_note = "torch.cuda.max_memory_allocated increase during the step"
+    optimizers, train_steps, infer_steps = step_functions(models, x, y, device=device, precision=precision,
+                                                          compile=compile)  # fmt: skip
+    memory_note = memory_method(device, compile)
     result["memory_note"] = memory_note + "; peaks include parameters and AdamW state"
 
-    for phase, make in (("train", train_step), ("inference", infer_step)):
+    for phase, steps_of_phase in (("train", train_steps), ("inference", infer_steps)):
         result[phase] = bench_phase(
             phase,
-            {key: make(key) for key in models},
+            steps_of_phase,
             models,
             optimizers,
             name=name,
