@@ -290,6 +290,36 @@ def test_help_is_small_and_lists_every_option(capsys):
     assert "torch.nn.Identity" not in text and "known subclasses" not in text
 
 
+def test_help_after_config_shows_the_configs_values_as_defaults(capsys):
+    """The --config files before --help set the defaults shown; without one, the code's defaults."""
+    config = Path(vit.__file__).resolve().parents[1] / "configs" / "cifar10_cpu.yaml"
+    values = yaml.safe_load(config.read_text())
+    shown = {}
+    for argv in (["fit", "--help"], ["fit", "--config", "cifar10_cpu", "--help"]):
+        with pytest.raises(SystemExit):
+            cli_main(argv)
+        text = " ".join(capsys.readouterr().out.split())
+        shown[len(argv)] = {key: re.search(rf"--{key} \S+ .*?default: ([^)]*)\)", text).group(1)
+                            for key in ("model.lr", "data.batch_size", "trainer.max_epochs")}  # fmt: skip
+    lr = inspect.signature(ImageClassifier.__init__).parameters["lr"].default
+    assert shown[2]["model.lr"] == str(lr) and float(shown[4]["model.lr"]) == values["model"]["lr"] != lr
+    assert int(shown[4]["data.batch_size"]) == values["data"]["batch_size"]
+    assert shown[2]["trainer.max_epochs"] == "null" and int(shown[4]["trainer.max_epochs"]) == -1
+    assert values["trainer"]["max_epochs"] == -1
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  max_epochs: 3\n  devices: [1, 2\nmodel:\n  lr: 0.1\n")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", "--config", "quickstart", "--config", str(bad), "--runs_dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f'error: config file {bad} is not valid YAML: while parsing a flow sequence in "{bad}", '
+                          "line 3, column 12")  # fmt: skip
+    assert "<unicode string>" not in err and not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("keep", [True, False])
 def test_keep_freed_memory_is_set_before_the_run_only_when_asked(keep, monkeypatch, tmp_path):
     calls = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import subprocess
@@ -67,6 +68,16 @@ def test_no_prefix_matching():
     assert parser.parse_args(["--suite", "a"]).suite == "a"
     with pytest.raises(SystemExit):
         parser.parse_args(["--suit", "a"])
+
+
+def test_suggest_ranks_a_whole_word_match_above_the_closest_spelling():
+    known = ["--model.lr", "--model.min_lr", "--model.weight_decay", "--trainer.max_epochs", "--trainer.max_steps"]
+    assert difflib.get_close_matches("--model.learning_rate", known, n=1) == ["--model.min_lr"]  # spelling alone
+    assert suggest("--model.learning_rate", known) == " (did you mean --model.lr?)"  # its initials
+    assert suggest("--model.lr_min", known) == " (did you mean --model.min_lr?)"  # the same words, reordered
+    assert suggest("--model.LR", known) == " (did you mean --model.lr?)"
+    assert suggest("--trainer.epochs", known) == " (did you mean --trainer.max_epochs?)"  # a word of it
+    assert suggest("--trainer.max_epoch", known) == " (did you mean --trainer.max_epochs?)"  # spelling
 
 
 def test_suggest_only_close_names():

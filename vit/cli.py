@@ -58,7 +58,7 @@ from .callbacks.run_summary import RunSummary
 from .checkpoints import check_is_checkpoint, checkpoint_errors, read_checkpoint, read_metadata
 from .checkpoints.data import rebuild_datamodule
 from .checkpoints.writing import with_atomic_checkpoint_io
-from .cli_errors import SUBCOMMANDS, VitArgumentParser, value_source
+from .cli_errors import SUBCOMMANDS, VitArgumentParser, config_files, value_source
 from .data import ImageDataModule
 from .errors import UsageError, VitError, exit_with, fail
 from .lit_module import ImageClassifier
@@ -135,11 +135,23 @@ def parser_kwargs(command_line: list[str] | None) -> dict[str, Any]:
     ``command_line`` (:class:`~vit.cli_errors.VitArgumentParser`), and a short usage line per subcommand
     (jsonargparse's lists every option, 8 KB, before the help lists them again)."""
     common = {"formatter_class": VitHelpFormatter, "command_line": command_line}
+    each = {**common, **help_defaults(command_line or [])}
     return {
         "description": "Train, evaluate and apply Vision Transformers (vit).",
         **common,
-        **{sub: {"usage": f"vit {sub} [--config CONFIG] [--section.key VALUE ...]", **common} for sub in SUBCOMMANDS},
+        **{sub: {"usage": f"vit {sub} [--config CONFIG] [--section.key VALUE ...]", **each} for sub in SUBCOMMANDS},
     }
+
+
+def help_defaults(command_line: list[str]) -> dict[str, Any]:
+    """``vit fit --config FILE --help`` shows FILE's values as the defaults: the ``--config`` files given before
+    ``--help`` become the subcommand parser's ``default_config_files`` (jsonargparse's help then shows their values
+    and names them). Without ``--help``, nothing: a run reads its ``--config`` files in their place on the line."""
+    helps = [i for i, arg in enumerate(command_line) if arg in ("-h", "--help")]
+    if not helps:
+        return {}
+    files = config_files(command_line[: helps[0]])
+    return {"default_config_files": files} if files else {}
 
 
 def use_checkpoint_data(config: Namespace, meta: dict[str, Any], standalone: bool, command_line: list[str]) -> None:

@@ -67,6 +67,8 @@ def describe_parse_error(message: str, args: list[str], known: list[str] | None 
         known: The parser's ``--options``: an unknown one is told the closest of them (:func:`vit.errors.suggest`).
     """
     text = re.sub(r"<class '([\w.]+)'>", r"\1", " ".join(message.split())).replace("NoneType", "null")
+    if '"<unicode string>"' in text:  # jsonargparse parses the file's text: PyYAML's error does not name the file
+        return yaml_syntax_error(args) or text
     text = re.sub(r"typing\.Literal\[([^\]]*)\]", r"one of \1", text)
     flag = re.search(r"unrecognized arguments: --([\w.]+)(?:=(\S+)|\s+(\S+))?", text)
     in_group = re.search(r"^Group '([\w.]+)' does not accept (?:option|key) '([\w.]+)'", text)  # trainer's max_epoch
@@ -101,6 +103,30 @@ def describe_parse_error(message: str, args: list[str], known: list[str] | None 
     else:
         detail = typed.group(2) + (f" (value {value!r})" if value is not None else "")
     return f"bad value for {key}{where}: {detail}"
+
+
+def config_files(args: list[str]) -> list[str]:
+    """The ``--config`` files of ``args``, in order (inline YAML left out)."""
+    files = [
+        args[i + 1] if arg in ("--config", "-c") else arg.split("=", 1)[1]
+        for i, arg in enumerate(args)
+        if arg.startswith("--config=") or (arg in ("--config", "-c") and i + 1 < len(args))
+    ]
+    return [file for file in files if not file.lstrip().startswith("{")]
+
+
+def yaml_syntax_error(args: list[str]) -> str | None:
+    """PyYAML's error for the first ``--config`` file of ``args`` that is not valid YAML, read from the file so that
+    the message names it (``in "configs/x.yaml", line 3, column 12``); ``None`` when every file parses."""
+    for file in config_files(args):
+        try:
+            with open(file, encoding="utf-8") as stream:
+                yaml.safe_load(stream)
+        except OSError:
+            continue
+        except yaml.YAMLError as err:
+            return f"config file {file} is not valid YAML: {' '.join(str(err).split())}"
+    return None
 
 
 def closest_key(key: str, known: list[str]) -> str:

@@ -145,6 +145,33 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def suggest(name: str, known: Iterable[str]) -> str:
-    """``" (did you mean --max_epochs?)"`` for the closest of ``known`` to ``name``, or ``""`` when none is close."""
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    """``" (did you mean --max_epochs?)"`` for the closest of ``known`` to ``name``, or ``""`` when none is close.
+
+    A whole-word match in the same section comes first (:func:`word_match`: ``--model.learning_rate`` is
+    ``--model.lr``, ``--model.lr_min`` ``--model.min_lr``, ``--trainer.epochs`` ``--trainer.max_epochs``), then the
+    closest spelling (difflib's ratio: ``--trainer.max_epoch`` is ``--trainer.max_epochs``).
+    """
+    known = list(known)
+    section, _, leaf = name.rpartition(".")
+    ranked = [
+        (rank, len(option), option)
+        for option in known
+        if option.rpartition(".")[0] == section and (rank := word_match(leaf, option.rpartition(".")[2])) is not None
+    ]
+    close = [min(ranked)[2]] if ranked else difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
+
+
+def word_match(given: str, option: str) -> int | None:
+    """How ``given`` names ``option`` by its words (``_``/``-`` separated), best first: 0, the same words in another
+    order (``lr_min``, ``min_lr``); 1, one is the other's initials (``learning_rate``, ``lr``); 2, the words of one
+    among the other's (``epochs``, ``max_epochs``); ``None``: no whole-word match."""
+    a, b = (sorted(w for w in re.split(r"[_\-]+", text.lower().lstrip("-")) if w) for text in (given, option))
+    initials = ["".join(w[0] for w in re.split(r"[_\-]+", x.lower()) if w) for x in (given, option)]
+    if not a or not b:
+        return None
+    if a == b:
+        return 0
+    if (len(a) > 1 and initials[0] == option.lower()) or (len(b) > 1 and initials[1] == given.lower()):
+        return 1
+    return 2 if set(a) <= set(b) or set(b) <= set(a) else None
