@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from vit.bench.cli import ALL_SUITES, main, parse_args
 from vit.bench.harness import BenchError
-from vit.bench.recipe_suite import attention_probe, load_images, parse_variant, stable_range, train_run
+from vit.bench.recipe_proxy import attention_probe, load_images
+from vit.bench.recipe_suite import parse_variant, stable_range, train_run
 from vit.models import create_model
 
 TINY = dict(steps=12, batch_size=16, width=16, depth=2, heads=2, device=torch.device("cpu"), probe_every=4)

@@ -19,18 +19,15 @@ largest output logit and the mean log-partition ``logsumexp(logits)`` (the quant
 variant the verdict is a number: the largest learning rate whose final loss is finite and within 10 % of that
 variant's best (and of the best of all variants).
 
-Over 450 lines, and ``train_run`` over 80, on purpose: the proxy's training loop and its per-block probes
-read top to bottom in one place, as a plain PyTorch loop a reader can check line by line against the paper.
+``train_run`` is the proxy's training loop, a plain PyTorch loop a reader can check line by line against the paper;
+its data and per-block probes are :mod:`vit.bench.recipe_proxy`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import random
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -39,7 +36,15 @@ from torch import nn
 
 from vit.bench.defaults import RECIPE_LRS, RECIPE_VARIANTS
 from vit.bench.harness import BenchError, autocast, log, print_table, write_report
-from vit.models import VisionTransformer, create_model
+from vit.bench.recipe_proxy import (
+    accuracy,
+    augment,
+    block_gradients,
+    load_images,
+    normalize,
+    update_probe,
+)
+from vit.models import create_model
 
 # The changes a variant can combine ("qk_norm+beta2_095"): model arguments, and loop settings.
 CHANGES: dict[str, dict[str, Any]] = {
@@ -65,8 +70,6 @@ RECIPE: dict[str, Any] = {
 }
 STABLE_TOLERANCE = 0.10  # a learning rate is stable when its final loss is finite and within 10 % of the best
 FINAL_FRACTION = 0.10  # the final loss is the mean of the last 10 % of the steps
-CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 
 def parse_variant(name: str) -> dict[str, Any]:
@@ -85,123 +88,66 @@ def parse_variant(name: str) -> dict[str, Any]:
     return settings
 
 
-def load_images(
-    data_dir: str | None, max_images: int, seed: int = 0, img_size: int = 32
-) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """Training images as one uint8 ``(N, 3, img_size, img_size)`` tensor, their labels, and what they are.
+def build_proxy(
+    settings: dict[str, Any],
+    num_classes: int,
+    lr: float,
+    *,
+    width: int,
+    depth: int,
+    heads: int,
+    seed: int,
+    device: torch.device,
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The proxy of :data:`RECIPE` with a variant's ``settings`` (:func:`parse_variant`), seeded, and its AdamW with
+    timm's weight-decay groups (no decay on biases, norms and position embeddings)."""
+    from timm.optim import param_groups_weight_decay
 
-    Args:
-        data_dir: A folder with ``train/<class>/*.jpg`` (or ``<class>/*.jpg``); ``None``: scikit-learn's 8 x 8
-            digits, upscaled to ``img_size`` and repeated over three channels.
-        max_images: A random subset of at most this many files is decoded.
-        seed: Seed of the subset.
-        img_size: Side the images are resized to when they differ.
-
-    Raises:
-        BenchError: If the folder holds no class folders with images.
-    """
-    if data_dir is None:
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
-        x = torch.from_numpy(digits.images).float()[:, None] / 16.0  # (N, 1, 8, 8) in [0, 1]
-        x = F.interpolate(x, size=(img_size, img_size), mode="bilinear", align_corners=False)
-        images = (x.clamp(0, 1) * 255).round().to(torch.uint8).expand(-1, 3, -1, -1).contiguous()
-        labels = torch.from_numpy(digits.target).long()
-        keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))[:max_images]
-        return images[keep], labels[keep], f"scikit-learn digits upscaled to {img_size}x{img_size} RGB (no --data-dir)"
-    import numpy as np
-    from PIL import Image
-
-    root = Path(data_dir)
-    root = root / "train" if (root / "train").is_dir() else root
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    files = [(f, c) for c, name in enumerate(classes) for f in sorted((root / name).glob("*")) if f.is_file()]
-    if not files:
-        raise BenchError(f"--data-dir {data_dir}: no <class>/<image> files under {root}")
-    files = random.Random(seed).sample(files, min(max_images, len(files)))
-    images = torch.empty(len(files), 3, img_size, img_size, dtype=torch.uint8)
-    for i, (path, _) in enumerate(files):
-        with Image.open(path) as img:
-            img = img.convert("RGB")
-            if img.size != (img_size, img_size):
-                img = img.resize((img_size, img_size), Image.BILINEAR)
-            images[i] = torch.from_numpy(np.array(img)).permute(2, 0, 1)
-    labels = torch.tensor([c for _, c in files])
-    return images, labels, f"{len(files)} random images of {root} ({len(classes)} classes)"
+    torch.manual_seed(seed)
+    model = create_model(
+        RECIPE["model"], embed_dim=width, depth=depth, num_heads=heads, num_classes=num_classes,
+        **RECIPE["overrides"], **settings["model"],
+    ).to(device)  # fmt: skip
+    groups = param_groups_weight_decay(model, RECIPE["weight_decay"], no_weight_decay_list=model.no_weight_decay())
+    return model, torch.optim.AdamW(groups, lr=lr, betas=settings["betas"])
 
 
-def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Random crop after 4-pixel reflect padding, and horizontal flip, of a uint8 batch; returns normalised floats."""
-    B, _, H, W = images.shape
-    x = images.float().div_(255)
-    mean = torch.tensor(CIFAR_MEAN, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR_STD, device=x.device).view(1, 3, 1, 1)
-    x = F.pad((x - mean) / std, (4, 4, 4, 4), mode="reflect")
-    dy, dx = (torch.randint(0, 9, (2, B), generator=generator)).tolist()
-    flip = torch.rand(B, generator=generator) < 0.5
-    out = torch.stack([x[i, :, dy[i] : dy[i] + H, dx[i] : dx[i] + W] for i in range(B)])
-    return torch.where(flip.view(B, 1, 1, 1).to(x.device), out.flip(-1), out)
-
-
-def normalize(images: torch.Tensor) -> torch.Tensor:
-    """A uint8 batch as normalised floats, without augmentation (the probe batch)."""
-    mean = torch.tensor(CIFAR_MEAN, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR_STD, device=images.device).view(1, 3, 1, 1)
-    return (images.float() / 255 - mean) / std
-
-
-@contextlib.contextmanager
-def attention_inputs(model: VisionTransformer) -> Iterator[list[torch.Tensor]]:
-    """Within the block, every self-attention's input (the normalised tokens ``(B, N, C)``), in block order."""
-    inputs: list[torch.Tensor] = []
-    handles = [
-        block.attn.register_forward_pre_hook(lambda _module, args: inputs.append(args[0].detach()))
-        for block in model.blocks
-    ]
-    try:
-        yield inputs
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-@torch.no_grad()
-def attention_probe(model: VisionTransformer, images: torch.Tensor, precision: str = "fp32") -> dict[str, Any]:
-    """Attention logits and entropy per block, and the output logits, of one forward pass of ``images``.
-
-    The attention logits ``q·k/√d`` are recomputed in float32 from each block's input through its own ``qkv`` and
-    query-key norms (``Attention.split_qkv``), before the softmax.
-
-    Returns:
-        ``{"blocks": [{"max_logit", "entropy"}, ...], "max_output_logit", "mean_lse"}``.
-    """
-    was_training = model.training
-    model.eval()
-    device = images.device
-    try:
-        with autocast(device, precision), attention_inputs(model) as inputs:
-            logits = model(images).float()
-        blocks = []
-        for block, x in zip(model.blocks, inputs, strict=True):
-            attn = block.attn
-            with autocast(device, precision):
-                q, k, _ = attn.split_qkv(attn.qkv(x))  # (B, heads, N, head_dim)
-            scores = (q.float() @ k.float().transpose(-2, -1)) * attn.scale  # (B, heads, N, N)
-            p = scores.softmax(dim=-1)
-            entropy = -(p * p.clamp_min(1e-30).log()).sum(-1).mean()
-            blocks.append({"max_logit": scores.max().item(), "entropy": entropy.item()})
-    finally:
-        model.train(was_training)
+def run_record(
+    losses: list[float],
+    probes: list[dict[str, Any]],
+    nonfinite_step: int | None,
+    *,
+    num_classes: int,
+    probe_every: int,
+) -> dict[str, Any]:
+    """What one run measured: start and final loss, whether it diverged, the attention and update extremes of its
+    probes, and its loss curve (means over ``probe_every`` steps)."""
+    head = losses[: max(1, min(10, len(losses)))]
+    start_loss = sum(head) / len(head)
+    tail = losses[-max(1, round(len(losses) * FINAL_FRACTION)) :]
+    final_loss = sum(tail) / len(tail) if nonfinite_step is None else float("nan")
+    # Above the loss of its first steps, or of a uniform prediction (log C): the run blew up or never learned.
+    diverged = not math.isfinite(final_loss) or final_loss > min(start_loss, math.log(num_classes))
+    last = probes[-1] if probes else {"blocks": [], "max_output_logit": None, "mean_lse": None}
     return {
-        "blocks": blocks,
-        "max_output_logit": logits.abs().max().item(),
-        "mean_lse": torch.logsumexp(logits, dim=-1).mean().item(),
+        "steps_run": len(losses),
+        "start_loss": start_loss,
+        "final_loss": final_loss,
+        "diverged": diverged,
+        "nonfinite_step": nonfinite_step,
+        "max_attn_logit_end": max((b["max_logit"] for b in last["blocks"]), default=None),
+        "max_attn_logit_peak": max((b["max_logit"] for p in probes for b in p["blocks"]), default=None),
+        "min_attn_entropy_end": min((b["entropy"] for b in last["blocks"]), default=None),
+        "max_output_logit_end": last["max_output_logit"],
+        "mean_lse_end": last["mean_lse"],
+        "max_update_ratio": max((b["update_ratio"] for p in probes for b in p["blocks"]), default=None),
+        "loss_curve": [
+            {"step": i, "loss": sum(losses[i : i + probe_every]) / len(losses[i : i + probe_every])}
+            for i in range(0, len(losses), probe_every)
+        ],
+        "probes": probes,
+        "eval_acc": None,
     }
-
-
-def _block_vector(block: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().float().flatten() for p in block.parameters()])
 
 
 def train_run(
@@ -245,23 +191,11 @@ def train_run(
     """
     settings = parse_variant(variant)
     num_classes = int(labels.max()) + 1
-    torch.manual_seed(seed)
-    model = create_model(
-        RECIPE["model"],
-        embed_dim=width,
-        depth=depth,
-        num_heads=heads,
-        num_classes=num_classes,
-        **RECIPE["overrides"],
-        **settings["model"],
-    ).to(device)
-    from timm.optim import param_groups_weight_decay
-
+    model, optimizer = build_proxy(settings, num_classes, lr, width=width, depth=depth, heads=heads, seed=seed,
+                                   device=device)  # fmt: skip
+    warmup = max(1, round(steps * RECIPE["warmup_fraction"] * settings["warmup_factor"]))
     from vit.lit_module import warmup_cosine
 
-    groups = param_groups_weight_decay(model, RECIPE["weight_decay"], no_weight_decay_list=model.no_weight_decay())
-    optimizer = torch.optim.AdamW(groups, lr=lr, betas=settings["betas"])
-    warmup = max(1, round(steps * RECIPE["warmup_fraction"] * settings["warmup_factor"]))
     generator = torch.Generator().manual_seed(seed)
     images, labels = images.to(device), labels.to(device)
     probe_x = normalize(images[:probe_images])
@@ -282,68 +216,20 @@ def train_run(
         total = loss + settings["z_loss"] * torch.logsumexp(logits, dim=-1).pow(2).mean()
         optimizer.zero_grad(set_to_none=True)
         total.backward()
-        value = loss.item()
-        losses.append(value)
-        if not math.isfinite(value):
+        losses.append(loss.item())
+        if not math.isfinite(losses[-1]):
             nonfinite_step = step
             break
-        probe = step % probe_every == 0 or step == steps - 1
-        if probe:
-            grad_norms = [
-                torch.linalg.vector_norm(
-                    torch.stack([p.grad.float().norm() for p in b.parameters() if p.grad is not None])
-                ).item()
-                for b in model.blocks
-            ]
-            before = [_block_vector(b) for b in model.blocks]
+        before = block_gradients(model) if step % probe_every == 0 or step == steps - 1 else None
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), RECIPE["grad_clip"]).item()
         optimizer.step()
-        if probe:
-            record = attention_probe(model, probe_x, precision)
-            for i, block in enumerate(model.blocks):
-                after = _block_vector(block)
-                ratio = (after - before[i]).norm() / before[i].norm().clamp_min(1e-12)
-                record["blocks"][i].update(grad_norm=grad_norms[i], update_ratio=ratio.item())
-            probes.append({"step": step, "lr": lr * factor, "loss": value, "grad_norm": grad_norm, **record})
-    seconds = time.perf_counter() - start
-    head = losses[: max(1, min(10, len(losses)))]
-    start_loss = sum(head) / len(head)
-    tail = losses[-max(1, round(len(losses) * FINAL_FRACTION)) :]
-    final_loss = sum(tail) / len(tail) if nonfinite_step is None else float("nan")
-    # Above the loss of its first steps, or of a uniform prediction (log C): the run blew up or never learned.
-    diverged = not math.isfinite(final_loss) or final_loss > min(start_loss, math.log(num_classes))
-    last = probes[-1] if probes else {"blocks": [], "max_output_logit": None, "mean_lse": None}
-    result: dict[str, Any] = {
-        "variant": variant,
-        "lr": lr,
-        "warmup_steps": warmup,
-        "steps_run": len(losses),
-        "seconds": seconds,
-        "start_loss": start_loss,
-        "final_loss": final_loss,
-        "diverged": diverged,
-        "nonfinite_step": nonfinite_step,
-        "max_attn_logit_end": max((b["max_logit"] for b in last["blocks"]), default=None),
-        "max_attn_logit_peak": max((b["max_logit"] for p in probes for b in p["blocks"]), default=None),
-        "min_attn_entropy_end": min((b["entropy"] for b in last["blocks"]), default=None),
-        "max_output_logit_end": last["max_output_logit"],
-        "mean_lse_end": last["mean_lse"],
-        "max_update_ratio": max((b["update_ratio"] for p in probes for b in p["blocks"]), default=None),
-        "loss_curve": [
-            {"step": i, "loss": sum(losses[i : i + probe_every]) / len(losses[i : i + probe_every])}
-            for i in range(0, len(losses), probe_every)
-        ],
-        "probes": probes,
-        "eval_acc": None,
-    }
+        if before is not None:
+            record = update_probe(model, probe_x, precision, before)
+            probes.append({"step": step, "lr": lr * factor, "loss": losses[-1], "grad_norm": grad_norm, **record})
+    result = run_record(losses, probes, nonfinite_step, num_classes=num_classes, probe_every=probe_every)
+    result = {"variant": variant, "lr": lr, "warmup_steps": warmup, "seconds": time.perf_counter() - start, **result}
     if eval_images is not None and nonfinite_step is None:
-        model.eval()
-        correct = 0
-        with torch.no_grad(), autocast(device, precision):
-            for i in range(0, len(eval_labels), 500):
-                pred = model(normalize(eval_images[i : i + 500].to(device))).argmax(-1)
-                correct += (pred == eval_labels[i : i + 500].to(device)).sum().item()
-        result["eval_acc"] = correct / len(eval_labels)
+        result["eval_acc"] = accuracy(model, eval_images, eval_labels, precision)
     return result
 
 
@@ -363,6 +249,18 @@ def stable_range(runs: Sequence[dict[str, Any]], best: float | None = None) -> d
         "max_lr": lrs[-1] if lrs else None,
         "lrs": lrs,
     }
+
+
+def split_held_out(
+    images: torch.Tensor, labels: torch.Tensor, count: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``count`` random images held out for accuracy (seeded): ``(train images, labels, held images, labels)``;
+    nothing held out when ``count`` is 0."""
+    if not count:
+        return images, labels, None, None
+    perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + 1))
+    held, kept = perm[:count], perm[count:]
+    return images[kept], labels[kept], images[held], labels[held]
 
 
 def run_recipe_suite(
@@ -413,54 +311,28 @@ def run_recipe_suite(
     if width % heads:
         raise BenchError(f"--recipe-width {width} is not divisible by --recipe-heads {heads}")
     images, labels, source = load_images(data_dir, train_images, seed)
-    held_images = held_labels = None
-    if eval_images:
-        perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + 1))
-        held, kept = perm[:eval_images], perm[eval_images:]
-        held_images, held_labels, images, labels = images[held], labels[held], images[kept], labels[kept]
+    images, labels, held_images, held_labels = split_held_out(images, labels, eval_images, seed)
     log(f"recipe: {source}; {len(labels)} training images, {len(variants)} variants x {len(lrs)} lrs")
+    held = 0 if held_labels is None else len(held_labels)
+    proxy = {"width": width, "depth": depth, "heads": heads, "batch_size": batch_size, "steps": steps,
+             "precision": precision, "train_images": len(labels), "eval_images": held}  # fmt: skip
     section: dict[str, Any] = {
         "data": source,
         "recipe": {**RECIPE, "variants": {v: parse_variant(v) for v in variants}},
-        "proxy": {
-            "width": width,
-            "depth": depth,
-            "heads": heads,
-            "batch_size": batch_size,
-            "steps": steps,
-            "precision": precision,
-            "train_images": len(labels),
-            "eval_images": 0 if held_labels is None else len(held_labels),
-        },
+        "proxy": proxy,
         "runs": [],
         "stable": {},
     }
     report["recipe"] = section
+    shape = {"steps": steps, "batch_size": batch_size, "width": width, "depth": depth, "heads": heads,
+             "device": device, "precision": precision, "probe_every": probe_every, "seed": seed}  # fmt: skip
     for variant in variants:
         for lr in lrs:
-            run = train_run(
-                images,
-                labels,
-                lr,
-                variant,
-                steps=steps,
-                batch_size=batch_size,
-                width=width,
-                depth=depth,
-                heads=heads,
-                device=device,
-                precision=precision,
-                probe_every=probe_every,
-                seed=seed,
-                eval_images=held_images,
-                eval_labels=held_labels,
-            )
+            run = train_run(images, labels, lr, variant, **shape, eval_images=held_images, eval_labels=held_labels)
             section["runs"].append(run)
-            log(
-                f"  {variant} lr {lr:.2e}: final loss {run['final_loss']:.4f} (start {run['start_loss']:.4f})"
-                f"{' DIVERGED' if run['diverged'] else ''}, max attention logit {run['max_attn_logit_end']}, "
-                f"{run['seconds']:.1f} s"
-            )
+            diverged = " DIVERGED" if run["diverged"] else ""
+            log(f"  {variant} lr {lr:.2e}: final loss {run['final_loss']:.4f} (start {run['start_loss']:.4f})"
+                f"{diverged}, max attention logit {run['max_attn_logit_end']}, {run['seconds']:.1f} s")  # fmt: skip
             write_report(json_path, report)
     summarize_recipe(section)
     write_report(json_path, report)
