@@ -4,8 +4,11 @@ step leaves however it ends, the module check, and its plan. The steps here are 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -213,6 +216,34 @@ def test_main_runs_the_plan_and_writes_every_json(tmp_path, monkeypatch, capsys)
     assert stop.value.code == 2
     assert capsys.readouterr().err.endswith("error: ONLY: no step named fourth; the steps are: first second third\n")
     assert not (tmp_path / "again").exists()
+
+
+@pytest.mark.slow  # subprocesses
+def test_a_stopped_check_stops_its_step_and_says_so(tmp_path):
+    """SIGTERM to the check (the call's end): the running step's process group stops too, and the summary and the
+    step's JSON say so before the check exits with 143."""
+    sleeper = "import os, time; print('RESULT  pid', os.getpid(), flush=True); time.sleep(120)"
+    code = (
+        "import sys, vit.bench.gpu_check as g; from vit.bench.gpu_check.runner import Step; "
+        f"g.plan_steps = lambda settings, scratch: [Step('sleeps', 300, 0, (sys.executable, '-c', {sleeper!r}))]; "
+        "sys.exit(g.main([sys.argv[1]]))"
+    )
+    env = {**os.environ, "WHEELS": str(tmp_path / "none"), "DRY_RUN": "0", "BUDGET_S": "600", "ONLY": ""}
+    check = subprocess.Popen([PY, "-c", code, str(tmp_path / "out")], cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+    log = tmp_path / "out" / "sleeps.log"
+    for _ in range(600):  # until the step has started (the module check comes first)
+        if log.exists() and "RESULT  pid" in log.read_text():
+            break
+        time.sleep(0.1)
+    pid = int(log.read_text().split()[-1])
+    check.send_signal(signal.SIGTERM)
+    assert check.wait(timeout=60) == 143
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the step is gone with it
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert summary[-2].startswith("sleeps: STOPPED with the check after ") and summary[-1] == f"RESULT  pid {pid}"
+    assert read(tmp_path / "out" / "sleeps.json") == {"step": "sleeps", "status": "stopped", "limit_s": 300,
+                                                      "log": "sleeps.log"}  # fmt: skip
 
 
 @pytest.mark.slow  # subprocesses

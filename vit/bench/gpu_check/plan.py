@@ -86,8 +86,9 @@ GPU = Sizes(
 TINY_FIT = (
     "--trainer.accelerator cpu --trainer.devices 1 --trainer.precision 32-true --data.batch_size 8 "
     "--data.num_workers 0 --model.model vit_tiny_patch4_32 --model.model_overrides.depth 1 "
-    "--model.model_overrides.embed_dim 32 --model.model_overrides.num_heads 2"
+    "--model.model_overrides.embed_dim 32 --model.model_overrides.num_heads 2 --trainer.limit_test_batches 20"
 )
+DRY_VALIDATION = "--trainer.limit_val_batches 20"  # of CIFAR-10's 1,250 batches of 8: the plumbing, in seconds
 TINY_MODEL = f"--batch-sizes 4 --override '{TINY}' --rounds 2 --steps 1 --warmup 1"
 TINY_ATTENTION = "--attn-grids 8 12 --attn-dim 64 --attn-heads 2 --attn-tokens 512 --attn-reps 2"
 DRY = Sizes(
@@ -100,8 +101,8 @@ DRY = Sizes(
     attribution=words(f"cpu fp32 vit_tiny_patch4_32 4 '{TINY_32}'"),
     methods=words(f"cpu vit_tiny_patch4_32 4 '{TINY_32}'"),
     fit=words(TINY_FIT),
-    speedrun=words("--model.schedule time --model.compile false"),
-    vit_small=words("--model.schedule time --trainer.max_time 00:00:00:15 --data.download false"),
+    speedrun=words(f"--model.schedule time --model.compile false {DRY_VALIDATION}"),
+    vit_small=words(f"--model.schedule time --trainer.max_time 00:00:00:15 --data.download false {DRY_VALIDATION}"),
     lr2x=words(f"--model.schedule steps --trainer.max_time 00:00:00:10 {NO_EXTRAS} --model.compile false"),
     photos=words("2 8 64"),
     imagenet=words(f"--trainer.max_time 00:00:00:10 {NO_EXTRAS} --data.img_size 32"),

@@ -266,7 +266,13 @@ class Check:
         started = self.elapsed()
         print(f"[{started:.0f}s] {step.name} (timeout {limit}s)", file=sys.stderr, flush=True)
         log = self.settings.out / f"{step.name}.log"
-        code, timed_out = run_command(step.command, limit, log, self.env, self.kill_after_s)
+        try:
+            code, timed_out = run_command(step.command, limit, log, self.env, self.kill_after_s)
+        except BaseException:  # the check was stopped (SIGTERM at the call's end, Ctrl-C): say so, then stop
+            self.note(f"{step.name}: STOPPED with the check after {self.elapsed() - started:.0f}s")
+            self.copy_results(log)
+            self.record(step, {"step": step.name, "status": "stopped", "limit_s": limit, "log": log.name})
+            raise
         wall = self.elapsed() - started
         if timed_out:
             status, detail = "timed out", f"TIMED OUT after {limit}s (partial JSON kept)"
