@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoints import load_any
+from .checkpoints import TEMPERATURE_KEY, apply_temperature, load_any
 from .data.datasets import MAX_IMAGE_PIXELS
 from .errors import InputError, UsageError
 
@@ -47,6 +47,9 @@ ImageInput = str | Path | np.ndarray | Any  # a file, a uint8 (H, W[, C]) array,
 
 class Predictor:
     """Classify images with a checkpoint or an export folder, preprocessing them as at evaluation in training.
+
+    The probabilities of a checkpoint calibrated by ``vit calibrate`` (or its export) are ``softmax(z / T)`` with its
+    temperature (:attr:`temperature`, ``None`` when uncalibrated); the predicted classes are the same either way.
 
     Args:
         path: A ``.ckpt`` of ``vit fit`` or a folder of ``vit export``.
@@ -74,7 +77,8 @@ class Predictor:
 
         loaded = load_any(path, ema)
         self.device = torch.device(device)
-        self.model = loaded.model.to(self.device)
+        self.model = apply_temperature(loaded.model, loaded.meta).to(self.device)  # calibrated when `vit calibrate` ran
+        self.temperature: float | None = loaded.meta.get(TEMPERATURE_KEY)
         self.meta = loaded.meta
         self.cfg = self.model.pretrained_cfg
         self.class_names: list[str] = list(self.cfg["label_names"])

@@ -29,7 +29,7 @@ from .callbacks.metadata import CheckpointMetadata
 from .callbacks.patch_dropout import UnmaskedEpochs
 from .callbacks.throughput import TrainingThroughput
 from .callbacks.time_budget import TimeBudget, budget_seconds, steps_in_epoch
-from .checkpoints.metadata import METADATA_KEY
+from .checkpoints.metadata import METADATA_KEY, TEMPERATURE_KEY
 from .checkpoints.state import check_checkpoint_fits
 from .errors import ConfigError
 from .models import VisionTransformer, create_model, load_pretrained
@@ -274,7 +274,7 @@ class ImageClassifier(LightningModule):
         """Refuse a checkpoint of another architecture with one message listing its missing, unexpected and
         mis-shaped keys (:func:`~vit.checkpoints.check_checkpoint_fits`), for a resumed run as for
         ``load_from_checkpoint``; take the temperature of a calibrated checkpoint (``vit calibrate``)."""
-        self.temperature = (checkpoint.get(METADATA_KEY) or {}).get("temperature")
+        self.temperature = (checkpoint.get(METADATA_KEY) or {}).get(TEMPERATURE_KEY)
         if self.strict_loading:
             trainer = self._attached_trainer()  # None outside a Trainer (load_from_checkpoint)
             check_checkpoint_fits(self, checkpoint, source=trainer.ckpt_path if trainer is not None else None)

@@ -1,6 +1,7 @@
 """The ``vit`` command: one console script whose subcommands cover the whole pipeline.
 
     vit fit|validate|test|predict --config CONFIG [--section.key VALUE ...]   # LightningCLI (vit.cli)
+    vit calibrate CHECKPOINT [--out FILE]                                    # vit.evaluation.calibrate
     vit explain CHECKPOINT IMAGES... [--methods attnlrp,...] [--html report.html]  # vit.explain.command
     vit compare runs/ [--plot val_acc.png]                                   # vit.compare
     vit sweep configs/sweeps/FILE.yaml [--budget 5m,15m] [--workers K]     # vit.sweep
@@ -73,6 +74,10 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "validate": ("evaluate a checkpoint on the validation split", _lightning("validate")),
     "test": ("evaluate a checkpoint on the test split (with optional test-time augmentation)", _lightning("test")),
     "predict": ("classify a folder of images with a checkpoint, writing predictions.csv", _lightning("predict")),
+    "calibrate": (
+        "fit a checkpoint's temperature on validation images and write a calibrated copy",
+        _command("vit.evaluation.calibrate", "vit calibrate"),
+    ),
     "explain": (
         "rollout and attribution maps, faithfulness and an HTML report for a checkpoint's predictions",
         _command("vit.explain.command", "vit explain"),

@@ -31,10 +31,13 @@ _NAMES = {
         "load_file", "read_checkpoint",
     ),
     "vit.checkpoints.loading": (
-        "CONFIG_FILE", "WEIGHTS_FILE", "Loaded", "build", "load", "load_any", "load_checkpoint", "load_export",
+        "CONFIG_FILE", "WEIGHTS_FILE", "Loaded", "apply_temperature", "build", "load", "load_any", "load_checkpoint",
+        "load_export",
     ),
     "vit.checkpoints.naming": ("add_checkpoint_arguments", "best_checkpoint", "find_checkpoint", "run_checkpoints"),
-    "vit.checkpoints.metadata": ("METADATA_KEY", "inference_metadata", "model_args", "pretrained_cfg", "read_metadata"),
+    "vit.checkpoints.metadata": (
+        "METADATA_KEY", "TEMPERATURE_KEY", "inference_metadata", "model_args", "pretrained_cfg", "read_metadata",
+    ),
     "vit.checkpoints.state": ("check_checkpoint_fits", "describe_mismatch", "extract_state_dict"),
 }  # fmt: skip
 _LAZY = {name: module for module, names in _NAMES.items() for name in names}

@@ -18,7 +18,7 @@ import torch
 from ..errors import CheckpointFolderError, IncompatibleCheckpointError, InputError, UsageError
 from ..models.vision_transformer import VisionTransformer
 from .files import folder_message, read_checkpoint
-from .metadata import METADATA_KEY, pretrained_cfg, read_metadata
+from .metadata import METADATA_KEY, TEMPERATURE_KEY, pretrained_cfg, read_metadata
 from .state import has_ema, module_weights
 
 CONFIG_FILE = "config.json"
@@ -142,7 +142,29 @@ def load_any(path: str | Path, ema: bool | None = None) -> Loaded:
     return load_checkpoint(path, ema)
 
 
-def load(path: str | Path, ema: bool | None = None) -> VisionTransformer:
+def apply_temperature(model: VisionTransformer, meta: Mapping[str, Any]) -> VisionTransformer:
+    """Divide ``model``'s head by the temperature of ``meta`` (:data:`~vit.checkpoints.metadata.TEMPERATURE_KEY`,
+    written by ``vit calibrate``), in place: its logits become ``z / T``, their softmax the calibrated probabilities,
+    and ``model.pretrained_cfg["temperature"]`` says so. Without a temperature the model is returned as it is.
+
+    Raises:
+        IncompatibleCheckpointError: If the model's head is not a linear layer to divide.
+    """
+    temperature = meta.get(TEMPERATURE_KEY)
+    if temperature is None:
+        return model
+    head = model.head
+    if not isinstance(head, torch.nn.Linear):
+        raise IncompatibleCheckpointError(f"a temperature divides a linear head; this model's is {type(head).__name__}")
+    with torch.no_grad():
+        head.weight.div_(float(temperature))
+        if head.bias is not None:
+            head.bias.div_(float(temperature))
+    model.pretrained_cfg = {**model.pretrained_cfg, TEMPERATURE_KEY: float(temperature)}
+    return model
+
+
+def load(path: str | Path, ema: bool | None = None, calibrated: bool = True) -> VisionTransformer:
     """The :class:`~vit.VisionTransformer` of a checkpoint (``vit fit``) or an export folder (``vit export``), in eval
     mode, with its preprocessing in ``model.pretrained_cfg`` (timm's keys: ``input_size``, ``mean``, ``std``,
     ``interpolation``, ``crop_pct``, ``label_names``).
@@ -151,8 +173,11 @@ def load(path: str | Path, ema: bool | None = None) -> VisionTransformer:
         path: A ``.ckpt`` file or an export folder.
         ema: For a checkpoint: the EMA weights (``True``), the trained ones (``False``), or the EMA's when present
             (``None``, what validation used).
+        calibrated: With a temperature fitted by ``vit calibrate``, the head divided by it (:func:`apply_temperature`),
+            so ``model(x).softmax(-1)`` are calibrated probabilities; ``False``: the weights as trained.
 
     Raises:
         VitError: If ``path`` is neither, or its weights do not fit the model it describes.
     """
-    return load_any(path, ema).model
+    loaded = load_any(path, ema)
+    return apply_temperature(loaded.model, loaded.meta) if calibrated else loaded.model

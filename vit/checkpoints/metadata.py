@@ -23,6 +23,10 @@ from ..models.vision_transformer import VisionTransformer
 METADATA_KEY = "vit_inference"
 """The checkpoint entry (and ``config.json``'s ``vit`` entry) holding :func:`inference_metadata`."""
 METADATA_FORMAT = 1
+TEMPERATURE_KEY = "temperature"
+"""The entry ``vit calibrate`` adds to :func:`inference_metadata`: the temperature ``T`` that divides the logits,
+``softmax(z / T)`` (Guo et al. 2017); absent, the model is uncalibrated. Read by :func:`vit.load`,
+:class:`vit.Predictor`, ``vit test`` and ``vit predict``; ``vit export`` copies it into ``config.json``'s ``vit``."""
 
 FORMAT_1_ARGS = frozenset((
     "img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
