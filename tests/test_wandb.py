@@ -158,3 +158,19 @@ def test_lightning_still_passes_anonymous(tmp_path):
     assert "anonymous" in logger._wandb_init and logger._wandb_init["anonymous"] is None
     without_anonymous_setting(SimpleNamespace(loggers=[logger]))
     assert "anonymous" not in logger._wandb_init
+
+
+@pytest.mark.slow
+def test_vit_test_ends_with_its_wandb_folder_and_sync_command(offline_runs, tmp_path, monkeypatch, capsys):
+    """The start of an offline run promises the `wandb sync` command at its end: `vit test` keeps the promise."""
+    from vit.cli import cli_main
+
+    run = offline_runs["window"].parent.parent  # the fit's run folder: --ckpt_path takes it
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    argv = ["test", "--config", str(ROOT / "configs" / "quickstart.yaml"), f"--runs_dir={run.parent.parent}", *TINY]
+    cli = cli_main([*argv, "--trainer.limit_test_batches=1", f"--ckpt_path={run}"])
+    cli.trainer.logger.experiment.finish()
+    (folder,) = Path(cli.trainer.default_root_dir, "wandb").glob("offline-run-*")
+    assert f"W&B run: {folder}  (upload: wandb sync {folder})\n" in capsys.readouterr().out

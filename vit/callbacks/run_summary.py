@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
 from ..loggers import log_summary, wandb_run_folders
@@ -37,7 +38,8 @@ class RunSummary(Callback):
     end of a fit names the best ``val/acc`` and its epoch, the final ``val/acc``, with a time budget
     (``model.schedule: time``) the steps and epochs it bought (also ``train/budget_steps`` and
     ``train/budget_epochs`` in the W&B summary), the best and last checkpoints, the W&B run folder with its
-    ``wandb sync`` command and the rollout PNG folder.
+    ``wandb sync`` command and the rollout PNG folder; ``vit validate`` and ``vit test`` end with the W&B run folder
+    and its ``wandb sync`` command.
 
     Args:
         flops: Count the forward FLOPs (one extra forward pass of one image at fit start).
@@ -89,6 +91,20 @@ class RunSummary(Callback):
         sys.stdout.write(self.report(trainer, throughput) + "\n")
         sys.stdout.flush()
 
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.VALIDATING:  # `vit validate`; a fit reports at its end
+            self.report_wandb(trainer)
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.report_wandb(trainer)
+
+    def report_wandb(self, trainer: Trainer) -> None:
+        """The end of ``vit validate`` / ``vit test``: where its W&B run went and, offline, how to upload it."""
+        lines = wandb_lines(trainer) if trainer.is_global_zero else []
+        if lines:
+            sys.stdout.write("\n".join(lines) + "\n")
+            sys.stdout.flush()
+
     def report(self, trainer: Trainer, throughput: float = float("nan")) -> str:
         """The end-of-fit text: accuracies, checkpoints, W&B folder and sync command, rollout folder."""
         lines = [f"Run folder: {trainer.default_root_dir}"]
@@ -114,12 +130,19 @@ class RunSummary(Callback):
         last = last_checkpoint_path(trainer)
         if last.is_file():
             lines.append(f"last checkpoint: {last}  (resume: --ckpt_path last)")
-        for folder, offline in wandb_run_folders(trainer):
-            lines.append(f"W&B run: {folder}" + (f"  (upload: wandb sync {folder})" if offline else ""))
+        lines += wandb_lines(trainer)
         rollout = Path(trainer.default_root_dir) / "rollout"
         if rollout.is_dir():
             lines.append(f"rollout PNGs: {rollout}")
         return "\n".join(lines)
+
+
+def wandb_lines(trainer: Trainer) -> list[str]:
+    """``W&B run: <folder>`` for each W&B run of the trainer, with the ``wandb sync`` command of an offline one."""
+    return [
+        f"W&B run: {folder}" + (f"  (upload: wandb sync {folder})" if offline else "")
+        for folder, offline in wandb_run_folders(trainer)
+    ]
 
 
 def _time_budget(trainer: Trainer) -> TimeBudget | None:
