@@ -259,3 +259,15 @@ def browser():
     from browser import launch_browser
 
     yield from launch_browser()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """The PostgreSQL server of the sweep tests, ``VIT_TEST_POSTGRES_URL`` (``.ci/run`` starts one on loopback);
+    skips locally, fails under CI, without it."""
+    url = os.environ.get("VIT_TEST_POSTGRES_URL")
+    if not url:
+        if os.environ.get("CI"):
+            pytest.fail("CI needs the PostgreSQL tests: VIT_TEST_POSTGRES_URL is not set (.ci/run starts a server)")
+        pytest.skip("no PostgreSQL server: set VIT_TEST_POSTGRES_URL=postgresql://USER@HOST:PORT/DATABASE")
+    return url

@@ -193,3 +193,21 @@ def test_the_table_and_best_yaml_carry_the_best_trial(tmp_path):
     assert written["model"]["lr"] == 0.004 and written["model"]["model_overrides"]["depth"] == 2
     assert written["data"]["batch_size"] == 16 and written["trainer"] == base["trainer"]
     assert written["model"]["model_overrides"]["embed_dim"] == base["model"]["model_overrides"]["embed_dim"]
+
+
+def test_vit_compare_shows_the_table_of_a_sweep_folder(tmp_path, capsys):
+    from vit.compare.command import main as compare
+    from vit.sweep.driver import Sweeper
+
+    sweep = parse_sweep({**BASE, "method": "grid", "name": "cmp", "parameters": {"model.lr": {"values": [0.1, 0.2]}}})
+    sweeper = Sweeper(sweep, {"budgets": [20.0], "count": 2, "eta": 3, "seed": 0}, [], tmp_path, None, 1, 30)
+    study, _ = open_sweep(sweeper.storage, sweeper.plan, sampler(sweep, 0))
+    trial = study.ask()
+    suggest(trial, sweep)
+    trial.set_user_attr("run_dir", "runs/cmp/a")
+    study.tell(trial, 0.75)
+    sweeper.write_plan()
+    assert compare([str(tmp_path)]) == 0  # its trials logged no W&B run: the table is the comparison
+    out = capsys.readouterr().out
+    assert out.startswith("sweep cmp: 2 configurations, 2 trials: 1 done, 0 failed, 0 running, 1 waiting")
+    assert "0     20s     0      0       0.1  0.7500   runs/cmp/a" in out

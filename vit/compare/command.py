@@ -40,11 +40,14 @@ def build_parser(prog: str = "vit compare") -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, prog: str = "vit compare") -> int:
     """The command line; returns the exit status (2 for bad input, with one ``error:`` line)."""
     args = build_parser(prog).parse_args(argv)
+    sweeps = _sweep_reports(args.runs)
     try:
         if args.project and args.runs:
             raise InputError("give either run folders or --project, not both")
         if args.project:
             runs = read_online_runs(args.project, group=args.group, last=args.last, metric=args.metric)
+        elif sweeps and not any(next(Path(p).rglob("run-*.wandb"), None) for p in args.runs):
+            return 0  # sweep folders whose trials logged to no W&B run: their tables are the comparison
         elif args.runs:
             runs = read_offline_runs(args.runs)
         else:
@@ -65,3 +68,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit compare") -> int:
     else:
         print(f"\nno run logged {args.metric}: no plot written", file=sys.stderr)
     return 0
+
+
+def _sweep_reports(paths: Sequence[str]) -> list[str]:
+    """The hook for ``vit sweep`` folders among ``paths``: print each one's table of trials
+    (:func:`vit.sweep.report.folder_report`) before their runs are compared; returns the tables printed."""
+    reports = []
+    for path in paths:
+        if Path(path, "plan.json").is_file():  # only then is vit.sweep (and Optuna) imported
+            from vit.sweep.report import folder_report
+
+            reports.append(folder_report(path))
+            print(reports[-1] + "\n")
+    return reports

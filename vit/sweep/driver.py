@@ -14,6 +14,7 @@ from typing import Any
 
 import optuna
 
+from vit.atomic import write_text
 from vit.errors import EXIT_BAD_INPUT, EXIT_OK, UsageError
 
 from .budget import format_duration
@@ -46,7 +47,7 @@ class Sweeper:
                  storage_url: str | None, max_retry: int, heartbeat: int) -> None:  # fmt: skip
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-        self.plan = Plan(sweep, raw=_raw(sweep), fit_args=fit_args, **plan_args)
+        self.plan = Plan(sweep, raw=sweep.raw, fit_args=fit_args, **plan_args)
         self.folder, self.url, self.max_retry, self.heartbeat = folder, storage_url, max_retry, heartbeat
         self.storage = open_storage(storage_url, folder, max_retry, heartbeat, 4 * heartbeat)
 
@@ -65,10 +66,7 @@ class Sweeper:
             print(stamp(f"starting sweep {plan.sweep.name} ({where}): {plan.count} configurations, method "
                         f"{plan.sweep.method}, {plan.sweep.metric} ({plan.sweep.goal}), budgets "
                         f"{budget_text(plan.budgets)}, keep 1/{plan.eta} per rung, {workers} workers"))  # fmt: skip
-        write_plan(self.folder / PLAN_FILE, {"plan": plan.fingerprint(), "fit_args": plan.fit_args,
-                                             "source": str(plan.sweep.source), "max_retry": self.max_retry,
-                                             "heartbeat_interval": self.heartbeat, "grace_period": 4 * self.heartbeat,
-                                             "group": plan.sweep.name})  # fmt: skip
+        self.write_plan()
         procs = start_workers(self.folder / PLAN_FILE, workers, self.url)
         try:
             wait_for(procs, self.progress)
@@ -84,6 +82,16 @@ class Sweeper:
             raise UsageError(f"{len(failed)} of {workers} workers stopped (exit status {failed[0]}) before the sweep "
                              f"finished; `vit sweep {plan.sweep.source}` again resumes it")  # fmt: skip
         return status
+
+    def write_plan(self) -> Path:
+        """``plan.json`` in the sweep folder: what this machine's workers run (the storage URL goes through their
+        environment, never to disk); ``vit compare`` knows a sweep folder by it."""
+        plan, path = self.plan, self.folder / PLAN_FILE
+        record = {"plan": plan.fingerprint(), "fit_args": plan.fit_args, "source": str(plan.sweep.source),
+                  "max_retry": self.max_retry, "heartbeat_interval": self.heartbeat,
+                  "grace_period": 4 * self.heartbeat, "group": plan.sweep.name}  # fmt: skip
+        write_text(path, json.dumps(record, indent=1) + "\n")
+        return path
 
     def finished(self) -> bool:
         """Whether the last rung exists and is done."""
@@ -131,12 +139,6 @@ class Sweeper:
         return EXIT_OK
 
 
-def _raw(sweep: Sweep) -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(Path(sweep.source).read_text(encoding="utf-8"))
-
-
 def _stop(procs: list[subprocess.Popen]) -> None:
     for proc in procs:
         try:
@@ -154,13 +156,6 @@ def start_workers(plan_file: Path, workers: int, storage: str | None) -> list[su
     env = {**os.environ, STORAGE_ENV: storage or ""}
     command = [sys.executable, "-m", "vit.sweep.worker", str(plan_file)]
     return [subprocess.Popen([*command, str(i), str(workers)], env=env) for i in range(workers)]
-
-
-def write_plan(plan_file: Path, data: dict) -> None:
-    """The plan the workers read (no storage URL: that goes through the environment)."""
-    from vit.atomic import write_text
-
-    write_text(plan_file, json.dumps(data, indent=1) + "\n")
 
 
 def stamp(text: str) -> str:

@@ -81,7 +81,9 @@ def table(found: Sequence[Row], plan: Plan) -> str:
         values = config_values(plan.sweep, r.trial.params)
         budget = r.trial.user_attrs.get("budget_s") or plan.budget(r.rung)
         value = f"{r.trial.value:.4f}" if r.trial.state == TrialState.COMPLETE else "-"
-        note = r.trial.user_attrs.get("run_dir", "") if r.trial.state == TrialState.COMPLETE else _state(r.trial)
+        note = _state(r.trial)
+        if r.trial.state == TrialState.COMPLETE:
+            note = r.trial.user_attrs.get("run_dir", "") + note.removeprefix("done")
         body.append([str(r.rung), format_duration(budget) if budget else "config", str(r.trial.number),
                      str(r.config), *(_cell(values.get(n, "")) for n in names), value, note])  # fmt: skip
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header) - 1)]
@@ -99,7 +101,7 @@ def _state(trial: FrozenTrial) -> str:
     state = STATES.get(trial.state, trial.state.name.lower())
     reason = trial.user_attrs.get(REASON_ATTR)
     if trial.state == TrialState.FAIL and not reason:
-        reason = "its worker was lost (killed or without heartbeat); enqueued again"
+        reason = "its worker was lost (killed, or its heartbeat stopped)"
     retried = f" (retry of trial {trial.system_attrs['failed_trial']})" if is_retry(trial) else ""
     return f"{state}{retried}" + (f": {reason}" if reason else "")
 
@@ -256,3 +258,24 @@ def summary(found: Sequence[Row], plan: Plan) -> str:
     if best is not None:
         text += f"; best {plan.sweep.metric} {best.trial.value:.4f} (rung {best.rung}, trial {best.trial.number})"
     return text
+
+
+def folder_report(folder: str | Path) -> str:
+    """The summary and table of the sweep whose folder is ``folder`` (it holds the ``plan.json`` that ``vit sweep``
+    writes), with its figures: for ``vit compare SWEEP_FOLDER``."""
+    import json
+
+    plan_file = Path(folder, "plan.json")
+    data = json.loads(plan_file.read_text(encoding="utf-8"))
+    plan = Plan.from_fingerprint(data["plan"], data["fit_args"], data["source"])
+    if not Path(folder, "study.journal").is_file():
+        where = f"`vit sweep {plan.sweep.source} --storage URL --report` shows it"
+        return f"sweep {plan.sweep.name}: its study is in a database; {where}"
+    from .storage import open_storage
+
+    found = rows(open_storage(None, Path(folder), data["max_retry"]), plan)
+    figures = sorted(Path(folder).glob("*.png"))
+    lines = [f"sweep {plan.sweep.name}: {summary(found, plan)}", "", table(found, plan)]
+    if figures:
+        lines += ["", "figures: " + ", ".join(str(p) for p in figures)]
+    return "\n".join(lines)

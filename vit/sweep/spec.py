@@ -92,6 +92,7 @@ class Sweep:
         eta: ``early_terminate.eta`` of ``hyperband`` (the halving factor), else ``None``.
         rungs: The rung count ``early_terminate`` implies (``s``, or ``log_eta(max_iter / min_iter) + 1``).
         source: The file.
+        raw: The file as loaded (what a study's fingerprint holds).
     """
 
     name: str
@@ -104,6 +105,7 @@ class Sweep:
     eta: int | None = None
     rungs: int | None = None
     source: Path = field(default=Path("sweep.yaml"))
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def searched(self) -> tuple[Parameter, ...]:
@@ -164,7 +166,7 @@ def parse_sweep(raw: Any, path: str | Path = "sweep.yaml") -> Sweep:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise bad("name", f"{name!r}: the sweep folder's name takes letters, digits, '_', '.' and '-'")
     fit_args = _fit_args(raw.get("program"), raw.get("command"), bad)
-    return Sweep(name, method, metric, goal, parameters, fit_args, run_cap, eta, rungs, path)
+    return Sweep(name, method, metric, goal, parameters, fit_args, run_cap, eta, rungs, path, dict(raw))
 
 
 def _metric(metric: Any, bad) -> tuple[str, str]:

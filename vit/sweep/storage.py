@@ -60,14 +60,15 @@ def open_storage(
         folder.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(folder / JOURNAL_FILE)))
     try:
-        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
-        return RDBStorage(
-            url,
-            heartbeat_interval=heartbeat_interval,
-            grace_period=grace_period,
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
-            engine_kwargs={"pool_pre_ping": True},
-        )
+        with warnings.catch_warnings():  # the retry callback is "experimental" in Optuna since 2.8
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(
+                url,
+                heartbeat_interval=heartbeat_interval,
+                grace_period=grace_period,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
+                engine_kwargs={"pool_pre_ping": True},
+            )
     except Exception as err:  # the driver's own errors (psycopg2.OperationalError, ImportError, ArgumentError...)
         reason = " ".join(str(err).split())[:300]
         raise UsageError(f"--storage {_without_password(url)}: cannot open the database ({reason})") from None

@@ -102,6 +102,7 @@ class Worker:
         """Run ``trial`` as a ``vit fit`` process and return its metric (:class:`TrialFailed` without one)."""
         study = trial.study
         trial.set_user_attr(WORKER_ATTR, worker_id())
+        trial.set_user_attr(REASON_ATTR, "")  # a retry inherits the user attributes of the trial it repeats
         self.running = (study, trial.number)
         frozen = study.get_trials(deepcopy=False)[trial.number]
         if rung == 0 and CONFIG_ATTR not in trial.user_attrs and not is_retry(frozen):
