@@ -135,3 +135,22 @@ def test_released_layout_problems_name_the_file(tmp_path: Path, damage: str) -> 
 def test_the_library_imports_without_torch() -> None:
     code = "import sys, vit.evaluation.corruptions; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.slow
+def test_the_benchmark_times_every_cell_on_a_folder_of_images(images: np.ndarray, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from vit.bench.corruption_suite import run_corruption_suite
+
+    for i, image in enumerate(images[:3]):
+        (tmp_path / "test" / f"class{i}").mkdir(parents=True)
+        Image.fromarray(image).save(tmp_path / "test" / f"class{i}" / "0.png")
+    report: dict = {}
+    run_corruption_suite(report=report, data_dir=str(tmp_path), images=3, json_path=str(tmp_path / "r.json"))
+    entry = report["corruption"]
+    assert entry["images"] == 3 and len(entry["cells"]) == 75 and entry["checks"][0]["passed"]
+    assert [t["corruption"] for t in entry["per_corruption"]] == list(CORRUPTIONS)
+    assert sum(t["share"] for t in entry["per_corruption"]) == pytest.approx(1.0)
+    assert all(t["hot_spots"] for t in entry["per_corruption"])
+    assert (tmp_path / "r.json").is_file()

@@ -21,6 +21,7 @@ import numpy as np
 
 from vit.atomic import atomic_write
 from vit.bench.harness import BenchError, check, log, print_table, write_report
+from vit.env import available_cores
 
 PROFILE_FRACTION = 10  # profile each corruption on 1 / PROFILE_FRACTION of the images
 
@@ -109,7 +110,12 @@ def run_corruption_suite(
         raise BenchError("--suite corruption needs --corruption-data: the folder of the CIFAR-10 test images")
     pixels = load_test_images(data_dir, images)
     log(f"corruption: {len(pixels)} images of {pixels.shape[1]}x{pixels.shape[2]} from {data_dir}")
-    entry: dict[str, Any] = {"images": len(pixels), "source": str(data_dir), "load_before": os.getloadavg()}
+    entry: dict[str, Any] = {
+        "images": len(pixels),
+        "source": str(data_dir),
+        "workers": available_cores(),  # corrupt()'s default: a thread per core this process may use
+        "load_before": os.getloadavg(),
+    }
     report["corruption"] = entry
     rows, totals = [], []
     with tempfile.TemporaryDirectory(prefix="vit-bench-corruption-") as cache:
