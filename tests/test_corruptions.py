@@ -91,10 +91,10 @@ def test_brightness_adds_to_the_hsv_value(images: np.ndarray, severity: int) -> 
         h, s, v = colorsys.rgb_to_hsv(*(batch[index] / 255.0))
         ref[index] = colorsys.hsv_to_rgb(h, s, min(v + c, 1.0))
     ours = corrupt(batch, "brightness", severity)
-    assert_close_uint8(ours, floor_uint8(ref), exact=0.97)  # the closed form and hsv round trip round apart
+    assert_close_uint8(ours, floor_uint8(ref), exact=0.97)  # colorsys rounds differently: truncation may differ
     hsv = rgb2hsv(batch / 255.0)
     hsv[..., 2] = np.clip(hsv[..., 2] + c, 0, 1)
-    assert_close_uint8(ours, floor_uint8(hsv2rgb(hsv)), exact=0.97)
+    np.testing.assert_array_equal(ours, floor_uint8(hsv2rgb(hsv)))
 
 
 def test_black_pixels_turn_grey_under_brightness() -> None:
@@ -286,7 +286,7 @@ def test_motion_blur_matches_imagecorruptions(imagecorruptions, images: np.ndarr
 
 @pytest.mark.parametrize(
     ("name", "exact"),
-    [("contrast", 0.99), ("brightness", 0.97), ("jpeg_compression", 1.0), ("pixelate", 1.0), ("defocus_blur", 0.99)],
+    [("contrast", 0.99), ("brightness", 1.0), ("jpeg_compression", 1.0), ("pixelate", 1.0), ("defocus_blur", 0.99)],
 )
 def test_imagenet_constants_match_imagecorruptions(
     imagecorruptions, images: np.ndarray, name: str, exact: float

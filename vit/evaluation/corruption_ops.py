@@ -263,14 +263,42 @@ def fog(images: np.ndarray, params: tuple, rng: np.random.Generator) -> np.ndarr
     return fog_apply(images, strength, plasma_fractal(rng, len(images), mapsize, decay))
 
 
+def rgb_to_hsv(x: np.ndarray) -> np.ndarray:
+    """The hexcone HSV of (..., 3) RGB values in [0, 1], with scikit-image's ``rgb2hsv`` conventions (which the
+    generators call): where channels tie for the maximum, blue's hue formula wins over green's over red's; grey has
+    hue and saturation 0."""
+    value = x.max(axis=-1)
+    delta = value - x.min(axis=-1)
+    grey = delta == 0
+    safe = np.where(grey, 1.0, delta)
+    red, green, blue = x[..., 0], x[..., 1], x[..., 2]
+    hue = np.where(red == value, (green - blue) / safe, 0.0)
+    hue = np.where(green == value, 2.0 + (blue - red) / safe, hue)
+    hue = np.where(blue == value, 4.0 + (red - green) / safe, hue)
+    hue = np.where(grey, 0.0, (hue / 6.0) % 1.0)
+    saturation = np.where(grey, 0.0, delta / np.where(value == 0, 1.0, value))
+    return np.stack([hue, saturation, value], axis=-1)
+
+
+def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`rgb_to_hsv`, as scikit-image's ``hsv2rgb`` computes it: the hue's sextant picks which of
+    ``v``, ``p = v (1 - s)``, ``q = v (1 - f s)`` and ``t = v (1 - (1 - f) s)`` each channel takes."""
+    hue, saturation, value = hsv[..., 0], hsv[..., 1], hsv[..., 2]
+    sextant = np.floor(hue * 6)
+    f = hue * 6 - sextant
+    p = value * (1 - saturation)
+    q = value * (1 - f * saturation)
+    t = value * (1 - (1 - f) * saturation)
+    choices = [(value, t, p), (q, value, p), (p, value, t), (p, q, value), (t, p, value), (value, p, q)]
+    index = sextant.astype(np.int64) % 6
+    return np.stack([np.choose(index, [c[k] for c in choices]) for k in range(3)], axis=-1)
+
+
 def brightness(images: np.ndarray, params: tuple, rng: np.random.Generator) -> np.ndarray:
-    """``params[0]`` added to the HSV value, clipped to 1. With hue and saturation kept, every channel scales by
-    ``v' / v`` (a black pixel becomes grey ``v'``), which is this closed form of rgb -> hsv -> rgb."""
-    x = images / 255.0
-    value = x.max(axis=3, keepdims=True)
-    brighter = np.minimum(value + params[0], 1.0)
-    scale = np.divide(brighter, value, out=np.zeros_like(value), where=value > 0)
-    return to_uint8(np.where(value > 0, x * scale, brighter))
+    """``params[0]`` added to the HSV value (:func:`rgb_to_hsv`), clipped to 1, and back to RGB."""
+    hsv = rgb_to_hsv(images / 255.0)
+    hsv[..., 2] = np.clip(hsv[..., 2] + params[0], 0, 1)
+    return to_uint8(hsv_to_rgb(hsv))
 
 
 def contrast(images: np.ndarray, params: tuple, rng: np.random.Generator) -> np.ndarray:
