@@ -33,16 +33,22 @@ class EvaluationReport(Callback):
             images here (CIFAR-10-C's constants at 32 px), a folder path reads the released CIFAR-10-C ``.npy``
             files (:func:`vit.evaluation.evaluate_corruptions`; one process: ``--trainer.devices 1``).
         corruption_seed: Seed of the random corruptions.
+        corruption_cache: A folder that keeps the generated corruptions for the next evaluation of the same images.
     """
 
     def __init__(
-        self, enabled: bool = True, table_images: int = 64, corruptions: str | None = None, corruption_seed: int = 0
+        self,
+        enabled: bool = True,
+        table_images: int = 64,
+        corruptions: str | None = None,
+        corruption_seed: int = 0,
+        corruption_cache: str | None = None,
     ) -> None:
         super().__init__()
         if table_images < 0:
             raise UsageError(f"evaluation.table_images must be >= 0, got {table_images}")
         self.enabled, self.table_images = enabled, table_images
-        self.corruptions, self.corruption_seed = corruptions, corruption_seed
+        self.corruptions, self.corruption_seed, self.corruption_cache = corruptions, corruption_seed, corruption_cache
         self.metrics: Any = None
         self.samples: list[dict[str, Any]] = []
         self.pixels: list[np.ndarray] = []
@@ -131,6 +137,8 @@ class EvaluationReport(Callback):
             std=datamodule.std,
             source=self.corruptions,
             seed=self.corruption_seed,
+            img_size=int(pl_module.hparams.get("img_size") or 0) or None,
+            cache_dir=self.corruption_cache,
         )
 
     def _log_wandb(self, trainer: Trainer, result: dict[str, Any], names: list[str], folder: Path) -> None:

@@ -10,6 +10,7 @@ model alone (one view, no test-time augmentation), the clean ones included, so t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,7 @@ def predict_classes(
     device = next(model.parameters()).device
     preds = []
     for start in range(0, len(images), batch_size):
-        pixels = torch.from_numpy(np.ascontiguousarray(images[start : start + batch_size])).to(device)
+        pixels = torch.from_numpy(np.array(images[start : start + batch_size])).to(device)  # a copy of a memory map
         x = normalize(pixels.permute(0, 3, 1, 2), mean, std)  # (B, 3, H, W)
         if img_size is not None and tuple(x.shape[-2:]) != (img_size, img_size):
             x = F.interpolate(x, size=(img_size, img_size), mode="bilinear", antialias=True, align_corners=False)
@@ -63,6 +64,7 @@ def evaluate_corruptions(
     batch_size: int = 256,
     img_size: int | None = None,
     progress: bool = True,
+    cache_dir: str | Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
     """Accuracy of ``model`` on every corruption and severity of ``source``.
 
@@ -78,14 +80,16 @@ def evaluate_corruptions(
         batch_size: Images per forward pass.
         img_size: The model's input side (images of another size are resized); ``None``: the images' size.
         progress: Show the progress of the corruptions.
+        cache_dir: Keep the generated corruptions there and read them back next time (:func:`iter_corrupted`).
 
     Returns:
         ``(report, examples)``: the report holds ``source``, ``seed``, ``num_images``, ``clean_accuracy``,
         ``mean_corruption_accuracy``, ``severity_accuracy`` (mean over corruptions per severity), ``accuracy``
-        (corruption -> its 5 accuracies) and ``drop`` (corruption -> clean accuracy minus its mean over severities);
+        (corruption -> its 5 accuracies), ``drop`` (corruption -> clean accuracy minus its mean over severities) and
+        ``not_exact`` (generated corruptions whose formula is not the authors' own, with the reason);
         ``examples`` maps each corruption to its first image at each severity.
     """
-    from .corruptions import iter_corrupted  # the corruption library: imported when corruptions are asked for
+    from .corruptions import GENERATED, NOT_EXACT, iter_corrupted  # imported when corruptions are asked for
 
     labels = torch.as_tensor(np.asarray(labels)).long()
     clean = float(predict_classes(model, images, mean, std, batch_size, img_size).eq(labels).double().mean())
@@ -93,15 +97,16 @@ def evaluate_corruptions(
     examples: dict[str, list[np.ndarray]] = {}
     counted = 0
     for name, _severity, corrupted, corrupted_labels in iter_corrupted(
-        source, images, np.asarray(labels), seed=seed, progress=progress
+        source, images, np.asarray(labels), seed=seed, progress=progress, cache_dir=cache_dir
     ):
-        target = torch.as_tensor(np.asarray(corrupted_labels)).long()
+        target = torch.tensor(np.asarray(corrupted_labels)).long()  # a copy: the released files are read-only maps
         preds = predict_classes(model, corrupted, mean, std, batch_size, img_size)
         accuracy.setdefault(name, []).append(float(preds.eq(target).double().mean()))
         examples.setdefault(name, []).append(np.asarray(corrupted[0]).copy())
         counted = max(counted, len(target))
     report = corruption_report(accuracy, clean)
-    return {"source": str(source), "seed": seed, "num_images": counted, **report}, examples
+    not_exact = NOT_EXACT if str(source) == GENERATED else {}  # the released files are the authors' own pixels
+    return {"source": str(source), "seed": seed, "num_images": counted, **report, "not_exact": not_exact}, examples
 
 
 def corruption_report(accuracy: dict[str, list[float]], clean: float) -> dict[str, Any]:
