@@ -99,10 +99,12 @@ def test_released_layout_is_read_by_severity_memory_mapped(tmp_path: Path) -> No
     cells = list(iter_corrupted(tmp_path / "CIFAR-10-C", None, None, progress=False))
     assert [(n, s) for n, s, _, _ in cells] == [(n, s) for n in CORRUPTIONS for s in range(1, 6)]
     for name, severity, x, y in cells:
-        assert isinstance(x, np.memmap) and x.shape == (4, 32, 32, 3)
+        assert isinstance(x, np.memmap) and x.shape == (4, 32, 32, 3) and x.flags.writeable
         assert (x[:, 0, 0, 0] == CORRUPTIONS.index(name)).all() and (x[:, 0, 0, 1] == severity).all()
         np.testing.assert_array_equal(x[:, 0, 0, 2], np.arange(4))
         np.testing.assert_array_equal(y, np.arange(4))
+    x[:] = 0  # copy-on-write: the file keeps its pixels
+    assert np.load(tmp_path / "CIFAR-10-C" / "jpeg_compression.npy")[-1, 0, 0, 0] == len(CORRUPTIONS) - 1
 
 
 def test_released_labels_may_be_given_once(tmp_path: Path) -> None:

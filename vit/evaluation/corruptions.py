@@ -7,10 +7,11 @@ Common Corruptions and Perturbations", ICLR 2019): generated from clean images, 
   :data:`BLOCK_PIXELS` pixels, each with its own random generator, so memory stays bounded.
 - :func:`iter_corrupted` walks the 15 x 5 cells, from ``"cifar10-c"`` (generated, cached on disk when a cache folder
   is given) or from a folder in the released CIFAR-10-C layout (``<corruption>.npy``: 5 severities x 10,000 uint8
-  images in order; ``labels.npy``), memory-mapped.
+  images in order; ``labels.npy``), memory-mapped copy-on-write: the arrays are writable (``torch.from_numpy`` takes
+  them without a warning) and the files are never changed.
 
-How each corruption is computed, and which ones cannot be reproduced exactly (frost's photographs; ImageMagick's
-motion blur, rewritten), is told in :mod:`~vit.evaluation.corruption_ops`. Only numpy, scipy, OpenCV and PIL are
+How each corruption is computed, and which cannot be reproduced exactly (frost: :data:`NOT_EXACT`), is told in
+:mod:`~vit.evaluation.corruption_ops`. Only numpy, scipy, OpenCV and PIL are
 imported: no torch.
 """
 
@@ -158,7 +159,7 @@ def cached_corruption(images: np.ndarray, name: str, severity: int, seed: int, p
     cannot be written keeps the result in memory only."""
     if path is not None and path.exists():
         try:
-            stored = np.load(path, mmap_mode="r")
+            stored = np.load(path, mmap_mode="c")
             if stored.shape == images.shape and stored.dtype == np.uint8:
                 return stored
             raise ValueError(f"shape {stored.shape} {stored.dtype}, expected {images.shape} uint8")
@@ -252,7 +253,7 @@ def _load_released(path: Path, images: bool) -> np.ndarray:
     if not path.is_file():
         raise DataError(f"{path} is missing: a CIFAR-10-C folder holds the 15 <corruption>.npy files and labels.npy")
     try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        array = np.load(path, mmap_mode="c", allow_pickle=False)
     except (OSError, ValueError) as err:
         raise DataError(f"{path} is not a readable .npy file ({err}); download it again") from None
     wanted = "uint8 images of shape (N, H, W, 3)" if images else "integer labels of shape (N,)"
