@@ -3,10 +3,12 @@
 A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassifier` and
 :class:`vit.ImageDataModule`. On top of Lightning's CLI it
 
-- looks a bare ``--config`` name up in ``configs/`` (``--config vit_small`` finds ``configs/vit_small.yaml``);
+- looks a bare ``--config`` name up in ``configs/`` (``--config vit_small`` finds ``configs/vit_small.yaml``;
+  :mod:`vit.configs`);
 - gives every ``fit`` its own folder ``runs/<config>/<run name>/`` (checkpoints, ``config.yaml``, W&B files,
   rollout PNGs; :mod:`vit.runs` names, claims and finds them), named like its W&B run, so runs never overwrite
-  each other; ``--ckpt_path last`` resumes the most recent run of the config in its own folder;
+  each other; ``--ckpt_path last`` resumes the most recent run of the config in its own folder (``--ckpt_path`` takes
+  a file, a run folder, ``last`` or ``best``, as every subcommand does: :mod:`vit.checkpoints.naming`);
   ``validate``/``test``/``predict`` write below the checkpoint's run;
 - writes ``num_classes`` and ``img_size`` once, in ``data``, and links them into ``model``;
 - adds a ``checkpoint`` (:class:`~lightning.pytorch.callbacks.ModelCheckpoint`, best ``val/acc``), ``resume``
@@ -24,20 +26,14 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassi
   (:mod:`vit.loggers`);
 - turns every bad input (a :class:`vit.errors.VitError`) into one ``error:`` line and its exit status
   (:data:`vit.errors.EXIT_STATUSES`), without usage dump or traceback.
-
-Over 450 lines on purpose: the LightningCLI subclass and the hooks it needs (config lookup, run folders,
-checkpoint parsing, the GPU-recipe refusal) override one class, whose order of calls is Lightning's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
-import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -46,7 +42,7 @@ import torch
 import yaml
 from jsonargparse import DefaultHelpFormatter, Namespace
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from .allocator import keep_freed_memory
@@ -55,12 +51,14 @@ from .callbacks.nonfinite import NonFiniteGuard
 from .callbacks.predictions import PredictionWriter
 from .callbacks.resume import ResumeCheckpoint
 from .callbacks.run_summary import RunSummary
+from .callbacks.stop_processes import StopStartedProcesses
 from .checkpoints import check_is_checkpoint, checkpoint_errors, read_checkpoint, read_metadata
 from .checkpoints.data import rebuild_datamodule
 from .checkpoints.writing import with_atomic_checkpoint_io
 from .cli_errors import SUBCOMMANDS, VitArgumentParser, config_files, value_source
+from .configs import cpu_config_names, resolve_config_args
 from .data import ImageDataModule
-from .errors import UsageError, VitError, exit_with, fail
+from .errors import UsageError, VitError, exit_with
 from .lit_module import ImageClassifier
 from .loggers import (
     configured_wandb_loggers,
@@ -78,42 +76,6 @@ from .runs import (
     remove_unused_folders,
     resolve_ckpt_path,
 )
-
-CONFIG_DIRS = (Path("configs"), Path(__file__).resolve().parents[1] / "configs")
-"""Where a bare ``--config`` name is looked up: ``./configs`` first, then the repository's ``configs/``."""
-
-
-def resolve_config_args(args: list[str]) -> list[str]:
-    """Replace each ``--config NAME`` (also ``-c NAME``, ``--config=NAME``) that is not a file by the file
-    ``configs/NAME`` or ``configs/NAME.yaml``.
-
-    Args:
-        args: Command-line arguments, without the program name.
-
-    Raises:
-        SystemExit: (status 2, message on stderr) if ``NAME`` is neither a file nor a config name.
-    """
-    out = list(args)
-    for i, arg in enumerate(out):
-        if arg in ("--config", "-c") and i + 1 < len(out):
-            out[i + 1] = _find_config(out[i + 1])
-        elif arg.startswith("--config="):
-            out[i] = "--config=" + _find_config(arg.split("=", 1)[1])
-    return out
-
-
-def _find_config(name: str) -> str:
-    if Path(name).is_file() or name.lstrip().startswith("{"):  # a path, or inline YAML/JSON
-        return name
-    for folder in CONFIG_DIRS:
-        for candidate in (folder / name, folder / f"{name}.yaml"):
-            if candidate.is_file():
-                return str(candidate)
-    known = sorted({p.name for folder in CONFIG_DIRS if folder.is_dir() for p in folder.glob("*.yaml")})
-    fail(
-        f"config file {name!r} not found: it is not a path, nor a file in configs/. "
-        f"Known configs: {', '.join(known) or 'none'}"
-    )
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -246,19 +208,6 @@ def check_gpu_recipe(config: Namespace, command_line: list[str]) -> None:
     )
 
 
-def cpu_config_names() -> list[str]:
-    """The configs of ``configs/`` made for a CPU (their trainer's ``accelerator`` is ``cpu``)."""
-    names = []
-    for path in sorted({p.name: p for d in reversed(CONFIG_DIRS) if d.is_dir() for p in d.glob("*.yaml")}.values()):
-        try:
-            trainer = (yaml.safe_load(path.read_text()) or {}).get("trainer") or {}
-        except (OSError, yaml.YAMLError, AttributeError):
-            continue
-        if isinstance(trainer, dict) and trainer.get("accelerator") == "cpu":
-            names.append(path.stem)
-    return names
-
-
 class LogConfig(SaveConfigCallback):
     """Lightning's config saving (``config.yaml`` in the run folder), plus the whole nested run config sent to the
     loggers (:func:`vit.loggers.log_config`): Lightning itself logs only the model's and data's arguments.
@@ -269,49 +218,6 @@ class LogConfig(SaveConfigCallback):
     def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         config = yaml.safe_load(self.parser.dump(self.config, skip_none=False, format="yaml"))
         log_config(trainer, config)
-
-
-class StopStartedProcesses(Callback):
-    """On an exception in the process that started the others (DDP's rank 0 of a node), end the processes that
-    Lightning's launcher started before the command exits.
-
-    Lightning kills them on Ctrl-C only: after any other failure of rank 0 (a download that fails, a missing data
-    folder) they outlive the command, and print a traceback after the shell prompt once rank 0's connection closes.
-    This runs in ``on_exception``, before Lightning's teardown closes that connection: the others are killed while
-    they still wait in a collective, so they print nothing. A :class:`SystemExit` (a SIGTERM/SIGINT checkpoint that
-    every rank agreed on) lets them finish first, for up to ``grace`` seconds.
-
-    Args:
-        grace: Seconds the others get to exit on their own after a :class:`SystemExit`.
-    """
-
-    def __init__(self, grace: float = 60.0) -> None:
-        self.grace = grace
-
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        stop_started_processes(trainer, self.grace if isinstance(exception, SystemExit) else 0.0)
-
-
-def stop_started_processes(trainer: Trainer, grace: float = 0.0) -> None:
-    """Kill the processes ``trainer``'s launcher started (after ``grace`` seconds), wait for them, and forget them.
-
-    Args:
-        trainer: A trainer whose strategy may have started processes (``launcher.procs`` of Lightning's
-            subprocess launcher; none on the processes it started, or without DDP).
-        grace: Seconds to wait for them to exit on their own first.
-    """
-    procs: list[subprocess.Popen] = getattr(trainer.strategy.launcher, "procs", None) or []
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        if proc.poll() is None:
-            proc.kill()  # SIGKILL: a process blocked in a collective does not answer SIGTERM
-    for proc in procs:
-        proc.wait()
-    # Lightning's observer thread watches this list and kills this process too once a child ends non-zero: a killed
-    # child must not take rank 0 down before it has printed its error.
-    procs.clear()
 
 
 class VitCLI(LightningCLI):

@@ -1,0 +1,62 @@
+"""The experiment files of ``configs/``: a bare ``--config NAME`` looked up there, and which of them are made for a
+CPU (named when a GPU recipe is refused on a machine without a GPU).
+
+Standard library and PyYAML only: ``vit.cli`` resolves the names before LightningCLI parses the command line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from .errors import fail
+
+CONFIG_DIRS = (Path("configs"), Path(__file__).resolve().parents[1] / "configs")
+"""Where a bare ``--config`` name is looked up: ``./configs`` first, then the repository's ``configs/``."""
+
+
+def resolve_config_args(args: list[str]) -> list[str]:
+    """Replace each ``--config NAME`` (also ``-c NAME``, ``--config=NAME``) that is not a file by the file
+    ``configs/NAME`` or ``configs/NAME.yaml``.
+
+    Args:
+        args: Command-line arguments, without the program name.
+
+    Raises:
+        SystemExit: (status 2, message on stderr) if ``NAME`` is neither a file nor a config name.
+    """
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg in ("--config", "-c") and i + 1 < len(out):
+            out[i + 1] = _find_config(out[i + 1])
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + _find_config(arg.split("=", 1)[1])
+    return out
+
+
+def _find_config(name: str) -> str:
+    if Path(name).is_file() or name.lstrip().startswith("{"):  # a path, or inline YAML/JSON
+        return name
+    for folder in CONFIG_DIRS:
+        for candidate in (folder / name, folder / f"{name}.yaml"):
+            if candidate.is_file():
+                return str(candidate)
+    known = sorted({p.name for folder in CONFIG_DIRS if folder.is_dir() for p in folder.glob("*.yaml")})
+    fail(
+        f"config file {name!r} not found: it is not a path, nor a file in configs/. "
+        f"Known configs: {', '.join(known) or 'none'}"
+    )
+
+
+def cpu_config_names() -> list[str]:
+    """The configs of ``configs/`` made for a CPU (their trainer's ``accelerator`` is ``cpu``)."""
+    names = []
+    for path in sorted({p.name: p for d in reversed(CONFIG_DIRS) if d.is_dir() for p in d.glob("*.yaml")}.values()):
+        try:
+            trainer = (yaml.safe_load(path.read_text()) or {}).get("trainer") or {}
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue
+        if isinstance(trainer, dict) and trainer.get("accelerator") == "cpu":
+            names.append(path.stem)
+    return names
