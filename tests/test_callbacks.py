@@ -159,7 +159,9 @@ def digits_val_labels(data) -> np.ndarray:
 
 
 def test_every_n_epochs_and_the_final_model(tmp_path, tiny_module, trainer, digits):
-    fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, every_n_epochs=2, statistics=False)], max_epochs=3)
+    fit = trainer(
+        tmp_path, [AttentionRolloutLogger(num_images=2, every_n_epochs=2, statistics=False, mistakes=0)], max_epochs=3
+    )
     fit.fit(tiny_module(), digits())
     pngs = sorted(p.name for p in (tmp_path / "rollout").glob("*.png"))  # epoch 1 (every 2nd) and epoch 2, the last
     assert pngs == [
@@ -168,7 +170,9 @@ def test_every_n_epochs_and_the_final_model(tmp_path, tiny_module, trainer, digi
     ]  # fmt: skip
     # A run that only validates explains the model it validates, whatever every_n_epochs says; validating a
     # checkpoint, the pictures carry the epoch it was saved in (a finished fit's: max_epochs).
-    check = trainer(tmp_path / "v", [AttentionRolloutLogger(num_images=2, every_n_epochs=5, statistics=False)])
+    check = trainer(
+        tmp_path / "v", [AttentionRolloutLogger(num_images=2, every_n_epochs=5, statistics=False, mistakes=0)]
+    )
     check.validate(tiny_module(), digits())
     fit.save_checkpoint(tmp_path / "fit.ckpt")
     check.validate(tiny_module(), digits(), ckpt_path=tmp_path / "fit.ckpt")
@@ -179,7 +183,9 @@ def test_every_n_epochs_and_the_final_model(tmp_path, tiny_module, trainer, digi
     ]  # fmt: skip
     # A fit that max_steps stops in epoch 1 of 5 (3 steps per epoch): its last model is explained, without the
     # faithfulness scores, which follow the every-n-th epochs only.
-    logger = AttentionRolloutLogger(num_images=2, every_n_epochs=5, statistics=False, faithfulness_every_n=1)
+    logger = AttentionRolloutLogger(
+        num_images=2, every_n_epochs=5, statistics=False, faithfulness_every_n=1, mistakes=0
+    )
     stopped = trainer(tmp_path / "s", [logger], max_epochs=5, max_steps=6)
     stopped.fit(tiny_module(), digits())
     pngs = sorted(p.name for p in (tmp_path / "s" / "rollout").glob("*.png"))
@@ -300,7 +306,7 @@ def test_attribution_failure_warns_once_and_rollout_goes_on(tmp_path, monkeypatc
         raise RuntimeError("blocks[0].attn: its dense attention_weights do not reproduce its output")
 
     monkeypatch.setattr(method_registry, "attention_attribution", unreadable)
-    fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, statistics=False)], max_epochs=2)
+    fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, statistics=False, mistakes=0)], max_epochs=2)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         fit.fit(tiny_module(), digits())
@@ -314,12 +320,14 @@ def test_attribution_failure_warns_once_and_rollout_goes_on(tmp_path, monkeypatc
 def test_main_map_is_any_method_checked_before_training(tmp_path, monkeypatch, tiny_module, trainer, digits):
     """``method`` picks the main grid; rollout draws no further one; an unknown name or a missing extra fails at
     construction, before any training."""
-    fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, statistics=False, method="gradxinput")])
+    fit = trainer(tmp_path, [AttentionRolloutLogger(num_images=2, statistics=False, method="gradxinput", mistakes=0)])
     fit.validate(tiny_module(), digits())
     assert sorted(p.name for p in (tmp_path / "rollout").glob("*.png")) == [
         "attribution_epoch_000.png", "epoch_000.png", "gradxinput_epoch_000.png"
     ]  # fmt: skip
-    plain = trainer(tmp_path / "r", [AttentionRolloutLogger(num_images=2, statistics=False, method="rollout")])
+    plain = trainer(
+        tmp_path / "r", [AttentionRolloutLogger(num_images=2, statistics=False, method="rollout", mistakes=0)]
+    )
     plain.validate(tiny_module(), digits())
     assert sorted(p.name for p in (tmp_path / "r" / "rollout").glob("*.png")) == [
         "attribution_epoch_000.png", "epoch_000.png"

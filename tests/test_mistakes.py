@@ -3,14 +3,20 @@ the true class, the picture, the report's section and the explorer's "mistakes o
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
+from vit.callbacks import ExplanationLogger
 from vit.explain import explain, explain_map, explorer_payload, render_mistakes, worst_mistakes, write_explorer
-from vit.explain.mistakes import most_confident_errors
+from vit.explain.choice import MethodChoice, file_sha256, write_choice
+from vit.explain.mistakes import collect_mistakes, most_confident_errors
 from vit.explain.render.mistakes import render_mistake
 from vit.explain.render.report import render_report
 from vit.normalize import normalize
@@ -133,3 +139,53 @@ def test_the_explorer_filters_the_mistakes_most_confident_first(browser, model_a
     # Without a wrong prediction there is no filter to offer.
     plain = write_explorer(tmp_path / "e.html", explorer_payload(model, pixels[:2], mean=MEAN, std=STD))
     assert Page(browser, plain).js("() => document.getElementById('mistakes-box').hidden")
+
+
+def test_collecting_over_batches_finds_what_one_search_over_all_finds(model_and_pixels, one_thread):
+    """Streaming keeps only the best errors so far: the same mistakes, positions and counts as one search."""
+    model, pixels = model_and_pixels
+    labels = (model(normalize(pixels, MEAN, STD)).argmax(-1) + torch.arange(24) % 3).clamp(max=3)
+    whole = worst_mistakes(model, pixels, labels, num=4, mean=MEAN, std=STD)
+    batches = [(pixels[i : i + 5], labels[i : i + 5]) for i in range(0, 24, 5)]
+    streamed = collect_mistakes(model, batches, num=4, mean=MEAN, std=STD)
+    assert streamed.indices.tolist() == whole.indices.tolist()
+    assert (streamed.num_images, streamed.num_errors) == (whole.num_images, whole.num_errors)
+    torch.testing.assert_close(streamed.predicted_maps, whole.predicted_maps)
+
+
+def test_the_training_callback_draws_the_stored_choice_unless_a_method_is_named(trained_checkpoint, tmp_path):
+    checkpoint = tmp_path / "last.ckpt"
+    shutil.copy(trained_checkpoint, checkpoint)
+    write_choice(checkpoint, MethodChoice("cp_lrp", {"cp_lrp": {"gamma": 0.05, "embed_gamma": 0.0}}, 0.3, ["mean"], 8,
+                                          file_sha256(checkpoint)))  # fmt: skip
+    trainer = SimpleNamespace(ckpt_path=str(checkpoint))
+    logger = ExplanationLogger()
+    assert logger.method == "attnlrp"
+    logger.on_load_checkpoint(trainer, None, {"epoch": 3})
+    assert logger.method == "cp_lrp" and logger.explain_kwargs["options"] == {
+        "cp_lrp": {"gamma": 0.05, "embed_gamma": 0.0}
+    }
+    named = ExplanationLogger(method="rollout", method_options={"cp_lrp": {"gamma": 1.0}})
+    named.on_load_checkpoint(trainer, None, {"epoch": 3})
+    assert named.method == "rollout" and named.explain_kwargs["options"] == {"cp_lrp": {"gamma": 1.0}}
+
+
+@pytest.mark.slow
+def test_the_callback_logs_the_mistakes_to_the_run_folder_and_wandb(tmp_path, monkeypatch, tiny_classifier, digits,
+                                                                    cpu_trainer):  # fmt: skip
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = WandbLogger(project="test", save_dir=str(tmp_path), offline=True)
+    callback = ExplanationLogger(num_images=2, mistakes=3, explorer=False, attribution=False, statistics=False)
+    fit = cpu_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=2, callbacks=[callback], logger=logger)
+    fit.fit(tiny_classifier(seed=0), digits())
+    logger.experiment.finish()
+    with Image.open(tmp_path / "rollout" / "mistakes_epoch_000.png") as picture:
+        assert picture.width > 2 * 3 * 96
+    media = tmp_path / "wandb" / "latest-run" / "files" / "media"
+    assert len(list((media / "images" / "val").glob("mistakes_[0-9]*.png"))) == 1
+    (table,) = (media / "table" / "val").glob("mistakes_table_*.table.json")
+    content = json.loads(table.read_text())
+    assert content["columns"][:3] == ["image", "true", "predicted"] and len(content["data"]) == 3

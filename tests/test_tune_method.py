@@ -143,3 +143,15 @@ def test_tune_stores_the_choice_that_explain_then_uses_unless_methods_are_named(
     code, _, err = run(capsys, checkpoint, *common, "--methods", other, "--out", tmp_path / "named")
     assert code == 0, err
     assert [p.name for p in (tmp_path / "named").glob("*_grid.png")] == [f"{other}_grid.png"]
+
+
+def test_explain_without_methods_takes_the_checkpoints_stored_choice(trained_checkpoint, trained, tmp_path):
+    from vit.explain import explain
+
+    model, images, _ = trained
+    checkpoint = tmp_path / "last.ckpt"
+    shutil.copy(trained_checkpoint, checkpoint)
+    assert list(explain(model, images[:2], checkpoint=checkpoint, statistics=False).maps) == ["attnlrp"]
+    write_choice(checkpoint, choice_for(checkpoint, "cp_lrp"))
+    assert list(explain(model, images[:2], checkpoint=checkpoint, statistics=False).maps) == ["cp_lrp"]
+    assert list(explain(model, images[:2], ["rollout"], checkpoint=checkpoint, statistics=False).maps) == ["rollout"]

@@ -15,21 +15,33 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 
+from .. import loggers
+from ..atomic import write_bytes
 from ..explain.capture import attention_modules
+from ..explain.choice import StaleChoice, read_choice
 from ..explain.explanation import Explanation
 from ..explain.methods import DEFAULT_METHOD, get_method, require_extras
+from ..explain.mistakes import collect_mistakes
 from ..explain.pipeline import explain
 from ..explain.render.explorer import DEFAULT_MAX_BYTES
 from ..explain.render.explorer_codes import check_bits
+from ..explain.render.images import png_bytes
+from ..explain.render.mistakes import mistakes_table, render_mistakes
 from ..explain.rollout import HeadFusion
 from ..explain.selection import fixed_images, select_indices
 from ..explain.stats import describe_collapse
-from .explanation_sink import DISTANCE_KEY, ROLLOUT_KEY, ExplanationSink
+from .explanation_sink import DISTANCE_KEY, ROLLOUT_KEY, ExplanationSink, warn_on_failure
+
+MISTAKES_KEY = "val/mistakes"
+"""W&B key of the picture of the most confident mistakes (``rollout/mistakes_epoch_XXX.png``)."""
+MISTAKES_TABLE_KEY = "val/mistakes_table"
+"""W&B key of the table of the most confident mistakes: image, true and predicted class, confidence, both maps."""
 
 __all__ = ["DISTANCE_KEY", "ROLLOUT_KEY", "AttentionRolloutLogger", "ExplanationLogger", "explained_model",
            "logged_step", "select_indices"]  # fmt: skip
@@ -123,11 +135,17 @@ class ExplanationLogger(Callback):
             says so on the page.
         explorer_bits: Bits per attention code in that file, 2 to 8, or ``"auto"``: the finest of 6 to 3 at which
             the images fit ``explorer_max_bytes`` (:func:`~vit.explain.write_explorer`).
-        method: The main map, a name of :data:`~vit.explain.METHODS` (default: AttnLRP, the most faithful map a
-            plain install has, measured in ``docs/results/faithfulness.json``); ``"rollout"`` or ``"attribution"``
-            draws no further grid.
+        method: The main map, a name of :data:`~vit.explain.METHODS`. Default: the method ``vit explain --tune``
+            chose for the checkpoint the run resumes or validates (``<checkpoint>.explain.json``,
+            :mod:`vit.explain.choice`, with its options), else AttnLRP, the most faithful map a plain install has,
+            measured in ``docs/results/faithfulness.json``; ``"rollout"`` or ``"attribution"`` draws no further grid.
         method_options: Options per method, as :func:`~vit.explain.explain` takes them, e.g. the gamma rule that
-            ``vit explain --tune`` chose for this model: ``{"attnlrp": {"gamma": 0.05, "embed_gamma": 0}}``.
+            ``vit explain --tune`` chose for this model: ``{"attnlrp": {"gamma": 0.05, "embed_gamma": 0}}`` (they
+            win over stored ones).
+        mistakes: At the final validation, the most confident errors over the whole validation set, each with the
+            main map of the predicted and of the true class (:func:`~vit.explain.mistakes.collect_mistakes`):
+            ``rollout/mistakes_epoch_XXX.png``, and in W&B ``val/mistakes`` (the picture) and
+            ``val/mistakes_table`` (image, true and predicted class, confidence, both maps); 0: none.
     """
 
     def __init__(
@@ -149,12 +167,16 @@ class ExplanationLogger(Callback):
         explorer: bool = True,
         explorer_max_bytes: int = DEFAULT_MAX_BYTES,
         explorer_bits: int | str = "auto",
-        method: str = DEFAULT_METHOD,
+        method: str | None = None,
         method_options: dict[str, dict[str, Any]] | None = None,
+        mistakes: int = 16,
     ) -> None:
         super().__init__()
-        require_extras(method)  # an unknown name or a missing extra fails here, before training
-        self.method = get_method(method).name
+        require_extras(method or DEFAULT_METHOD)  # an unknown name or a missing extra fails here, before training
+        self.method, self.method_named = get_method(method or DEFAULT_METHOD).name, method is not None
+        if mistakes < 0:
+            raise ValueError(f"mistakes must be >= 0, got {mistakes}")
+        self.mistakes = mistakes
         for name in method_options or {}:
             get_method(name)  # an unknown method's options fail here, before training
         for name, value in (("num_images", num_images), ("every_n_epochs", every_n_epochs), ("ncols", ncols)):
@@ -237,6 +259,22 @@ class ExplanationLogger(Callback):
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self._checkpoint_epoch = checkpoint.get("epoch")
+        if not self.method_named and trainer.ckpt_path:
+            self.use_stored_choice(trainer.ckpt_path)
+
+    def use_stored_choice(self, checkpoint: str | Path) -> None:
+        """Draw the method ``vit explain --tune`` stored beside ``checkpoint`` (with its options, unless
+        ``method_options`` name the method), saying so; a stale or missing choice keeps the default."""
+        try:
+            choice = read_choice(checkpoint)
+        except StaleChoice as err:
+            rank_zero_info(f"ExplanationLogger: {err}")
+            return
+        if choice is not None:
+            self.method = choice.method
+            for name, value in choice.method_options().items():
+                self.explain_kwargs["options"].setdefault(name, dict(value))
+            rank_zero_info(f"ExplanationLogger draws {choice.describe()} (stored beside {Path(checkpoint).name})")
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
@@ -268,6 +306,30 @@ class ExplanationLogger(Callback):
         explorer = dict(model=model, images=self.images, names=names, mean=self.mean, std=self.std)
         self.sink(trainer).write(trainer, explanation, epoch=epoch, step=logged_step(trainer),
                                  explorer=explorer if self.explorer else None)  # fmt: skip
+        if self.mistakes and _final_validation(trainer):
+            warn_on_failure("most confident mistakes", epoch, lambda: self.log_mistakes(trainer, model, epoch))
+
+    def log_mistakes(self, trainer: Trainer, model: nn.Module, epoch: int) -> None:
+        """The most confident errors over the validation loader (:func:`~vit.explain.mistakes.collect_mistakes`):
+        their picture in the run folder and W&B, and a W&B table with both maps per mistake."""
+        loaders = trainer.val_dataloaders
+        loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+        options = self.explain_kwargs["options"].get(self.method)
+        found = collect_mistakes(model, loader, num=self.mistakes, mean=self.mean, std=self.std, method=self.method,
+                                 options=options, class_names=self.class_names)  # fmt: skip
+        picture = render_mistakes(found, alpha=self.panel_kwargs["alpha"])
+        if picture is None:
+            return
+        folder = self.output_dir if self.output_dir is not None else Path(trainer.default_root_dir) / "rollout"
+        write_bytes(folder / f"mistakes_epoch_{epoch:03d}.png", png_bytes(picture))
+        step = logged_step(trainer)
+        if loggers.log_images(trainer, MISTAKES_KEY, [picture], step, captions=[f"epoch {epoch}"]):
+            columns, rows = mistakes_table(found)
+            for logger in loggers.wandb_loggers(trainer):
+                import wandb  # with a W&B logger attached, wandb is importable
+
+                data = [[wandb.Image(v) if isinstance(v, np.ndarray) else v for v in row] for row in rows]
+                logger.log_table(key=MISTAKES_TABLE_KEY, columns=columns, data=data, step=step)
 
     def _methods(self, score: bool) -> list[str]:
         """The maps to compute: the main one first, then rollout, then the attribution (drawn, or only scored)."""

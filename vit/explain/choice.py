@@ -113,15 +113,17 @@ def read_choice(checkpoint: str | Path) -> MethodChoice | None:
     return choice
 
 
-def stored_methods(checkpoint: str | Path, default: str = "attnlrp") -> tuple[list[str], dict[str, dict[str, float]]]:
+def stored_methods(
+    checkpoint: str | Path | None, default: str = "attnlrp"
+) -> tuple[list[str], dict[str, dict[str, float]]]:
     """The methods and options to explain ``checkpoint`` with when none is named: its stored choice, else
-    ``[default]`` without options (a stale choice counts as none)::
+    ``[default]`` without options (a stale choice, or no checkpoint, counts as none)::
 
         methods, options = stored_methods("runs/.../last.ckpt")
         explanation = explain(model, images, methods, options=options)
     """
     try:
-        choice = read_choice(checkpoint)
+        choice = None if checkpoint is None else read_choice(checkpoint)
     except StaleChoice:
         choice = None
     if choice is None:
@@ -141,10 +143,13 @@ def store_tuning(checkpoint: str | Path, tuning: Any, command: str) -> Path:
     return write_choice(checkpoint, choice)
 
 
-def stored_line(checkpoint: str | Path, method: str) -> str:
-    """What ``vit explain --tune`` says after choosing: where the choice is and who uses it."""
+def stored_line(checkpoint: str | Path, method: str, options: dict[str, dict[str, float]]) -> str:
+    """What ``vit explain --tune`` says after choosing: where the choice is, who uses it, and the training callback's
+    arguments that use it in a new run."""
+    chosen = json.dumps(options.get(method, {})).replace('"', "")
     return (f"chosen: {method}, stored in {choice_path(checkpoint)} (the checkpoint is unchanged): vit explain "
-            "without --methods, the report and the training callback resuming this checkpoint use it")  # fmt: skip
+            "without --methods, the report and the training callback resuming or validating this checkpoint use it; "
+            f"in a new run: ExplanationLogger's method: {method}, method_options: {{{method}: {chosen}}}")  # fmt: skip
 
 
 def stored_choice(checkpoint: str | Path, methods: list[str], named: bool) -> tuple[list[str], dict]:

@@ -339,7 +339,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if tuning is not None:
         print(f"\nthe method, by mean SRG on {tuning.num_images} held-out validation images "
               f"({', '.join(tuning.removals)}):\n{tuning.table()}")  # fmt: skip
-        print(stored_line(args.checkpoint, tuning.method))
+        print(stored_line(args.checkpoint, tuning.method, tuning.options))
         written += [f"tuning {out / 'tuning.json'}", f"choice {choice_path(args.checkpoint)}"]
     written += [f"mistakes {out / 'mistakes.png'}"] if mistakes is not None and len(mistakes) else []
     written += [f"report {args.html}"] if args.html else []

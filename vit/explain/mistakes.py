@@ -12,7 +12,7 @@ images to the mistakes::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,3 +165,45 @@ def worst_mistakes(
         class_names=None if class_names is None else list(class_names), num_images=len(images),
         num_errors=int(((preds != labels) & (labels >= 0)).sum()),
     )  # fmt: skip
+
+
+def collect_mistakes(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    num: int = NUM_MISTAKES,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    **kwargs: Any,
+) -> Mistakes:
+    """:func:`worst_mistakes` over a stream of ``(images, labels)`` batches (a validation loader), keeping only the
+    ``num`` most confident errors seen so far: memory for ``num`` images and one batch, whatever the dataset's size.
+
+    Args:
+        model: The classifier.
+        batches: ``(images, labels)`` pairs as a data loader yields them (uint8 pixels with ``mean`` / ``std``, or
+            normalised float images); further items of a batch are ignored.
+        num: How many errors to keep.
+        mean: Per-channel mean of the normalisation.
+        std: Per-channel standard deviation.
+        **kwargs: Passed to :func:`worst_mistakes` (``method``, ``options``, ``class_names``).
+    """
+    kept: tuple[torch.Tensor, ...] | None = None  # images, labels, probabilities, positions in the stream
+    seen = errors = 0
+    with eval_mode(model), torch.no_grad():
+        for batch in batches:
+            images, labels = batch[0].cpu(), torch.as_tensor(batch[1]).flatten().cpu()
+            probs = model.forward(model_inputs(model, images, mean, std)).float().softmax(-1).cpu()
+            current = (images, labels, probs, torch.arange(seen, seen + len(images)))
+            seen += len(images)
+            errors += int(((probs.argmax(1) != labels) & (labels >= 0)).sum())
+            if kept is not None:
+                current = tuple(torch.cat([old, new]) for old, new in zip(kept, current, strict=True))
+            keep = most_confident_errors(current[2], current[1], num)
+            kept = tuple(part[keep] for part in current)
+    if kept is None:
+        raise ValueError("no batches: there are no images to search for mistakes")
+    images, labels, probs, positions = kept
+    found = worst_mistakes(model, images, labels, num=num, mean=mean, std=std, probs=probs, **kwargs)
+    found.indices, found.num_images, found.num_errors = positions[found.indices], seen, errors
+    return found

@@ -14,6 +14,7 @@ callback, the explorer and the report all call :func:`explain`::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 
 from ..normalize import normalize
 from .capture import eval_mode, record_attention
+from .choice import stored_methods
 from .explanation import Explanation, display_pixels
 from .faithfulness import Baseline
 from .methods import DEFAULT_METHOD, METHODS, get_method, require_extras
@@ -136,7 +138,7 @@ def forward(
 def explain(
     model: nn.Module,
     images: torch.Tensor,
-    methods: Sequence[str] = (DEFAULT_METHOD,),
+    methods: Sequence[str] | None = None,
     *,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
@@ -158,6 +160,7 @@ def explain(
     uniform_threshold: float = 0.98,
     one_hot_threshold: float = 0.05,
     show_progress: bool = False,
+    checkpoint: str | Path | None = None,
 ) -> Explanation:
     """Explain ``images`` with ``methods``: predictions, attention statistics, per-head maps, every method's maps
     and, with ``faithfulness``, how faithful each map is.
@@ -173,7 +176,9 @@ def explain(
         images: ``(B, C, H, W)`` uint8 pixels (normalised here, once, with ``mean`` / ``std``) or float images
             already normalised as the model expects (un-normalised with ``mean`` / ``std`` for display, stretched to
             ``[0, 1]`` without them).
-        methods: Names of :data:`~vit.explain.METHODS` (or aliases), in the order :attr:`Explanation.maps` keeps.
+        methods: Names of :data:`~vit.explain.METHODS` (or aliases), in the order :attr:`Explanation.maps` keeps;
+            ``None``: the method ``vit explain --tune`` stored beside ``checkpoint`` (:mod:`vit.explain.choice`,
+            with its options), else AttnLRP (:data:`~vit.explain.DEFAULT_METHOD`).
         mean: Per-channel mean in ``[0, 1]`` of the normalisation (needed for uint8 images).
         std: Per-channel standard deviation.
         labels: ``(B,)`` true classes (``-1`` = unknown), for the captions and the benchmark's accuracy; optional.
@@ -200,6 +205,7 @@ def explain(
             (:func:`~vit.explain.detect_collapse`).
         one_hot_threshold: Normalised entropy at or below which a head counts as near-one-hot.
         show_progress: Report each method's maps and curves on stderr (:class:`~vit.explain.progress.Progress`).
+        checkpoint: The file the model was loaded from, whose stored method choice ``methods=None`` takes.
 
     Returns:
         The :class:`Explanation`, every tensor on the CPU.
@@ -212,6 +218,9 @@ def explain(
     """
     from .method_benchmark import benchmark_removals, timed_maps  # the benchmark imports the registry, as we do
 
+    if methods is None:
+        methods, stored = stored_methods(checkpoint, DEFAULT_METHOD)
+        options = {**stored, **(options or {})}
     names = list(dict.fromkeys(get_method(name, model).name for name in methods))  # aliases resolved, in order
     for name in names:
         require_extras(name)

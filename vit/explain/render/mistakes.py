@@ -10,7 +10,7 @@ of the predicted class and the map of the true class side by side, both on one c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -79,3 +79,21 @@ def mistakes_html(mistakes: Mistakes | None, macros) -> str:
         return ""
     figures = [data_uri(render_mistake(mistakes, i, size=120)) for i in range(len(mistakes))]
     return str(macros.mistakes(mistakes, figures, mistakes.captions()))
+
+
+def mistakes_table(mistakes: Mistakes, size: int = 96, alpha: float = 0.6) -> tuple[list[str], list[list[Any]]]:
+    """Columns and rows of a table of the mistakes (a W&B table): the image, true and predicted class, the
+    confidence, the probability of the true class, and each map over the image (``uint8`` arrays)."""
+    columns = ["image", "true", "predicted", "confidence", "true class probability", "map of predicted",
+               "map of true"]  # fmt: skip
+    rows = []
+    for i in range(len(mistakes)):
+        pair = torch.stack([mistakes.predicted_maps[i], mistakes.true_maps[i]])
+        scale = color_scale(pair, is_signed(mistakes.method, pair))
+        picture = upscale(to_uint8_image(mistakes.images[i]), size)
+        rows.append([
+            picture, mistakes.class_name(int(mistakes.labels[i])), mistakes.class_name(int(mistakes.preds[i])),
+            round(float(mistakes.confidence[i]), 4), round(float(mistakes.true_prob[i]), 4),
+            *(overlay_heatmap(picture, m, alpha, scale=scale) for m in pair),
+        ])  # fmt: skip
+    return columns, rows
