@@ -286,6 +286,20 @@ def test_compare_select_and_merge_without_wandb(tmp_path, compare):
     assert select(merged, everything=True) == (merged, None)
 
 
+def test_compare_leaves_out_settings_that_only_name_files():
+    from vit.compare import Run
+    from vit.compare.report import differing_keys
+
+    base = {"model.lr": 0.001, "data.dataset": "digits", "trainer.max_epochs": 2}
+    paths = [
+        {"ckpt_path": None, "runs_dir": "runs", "data.data_dir": "data", "checkpoint.dirpath": None},
+        {"ckpt_path": "runs/quickstart/" + "x" * 80 + "/checkpoints/last.ckpt", "runs_dir": "/tmp/r",
+         "data.data_dir": "/mnt/copy", "checkpoint.dirpath": "elsewhere"},
+    ]  # fmt: skip
+    runs = [Run("a", "a", config={**base, **paths[0]}), Run("b", "b", config={**base, **paths[1], "model.lr": 0.002})]
+    assert differing_keys(runs) == ["model.lr"]
+
+
 def test_compare_with_only_a_validate_run_is_one_error(offline_runs, compare):
     result = compare(offline_runs / "quickstart" / "v")
     assert result.returncode == 2

@@ -13,6 +13,9 @@ from vit.runs import AttentionKind, attention_of
 IGNORED_PREFIXES = ("_wandb", "trainer.logger", "config", "trainer.default_root_dir", "checkpoint.dirpath")
 """Config keys never compared: W&B's own, the logger's settings (run name, save folder), the config file paths and
 where outputs were written."""
+FILE_SUFFIXES = ("_path", "_dir", "dirpath")
+"""Settings that only name where files are (``ckpt_path``, ``runs_dir``, ``data.data_dir``): a resumed run's
+``ckpt_path`` or another copy of the same data set is no difference between two runs, and a path fills a column."""
 
 ATTENTION_KINDS = get_args(AttentionKind)
 
@@ -111,8 +114,13 @@ def attention(run: Run) -> str | None:
 
 
 def differing_keys(runs: list[Run]) -> list[str]:
-    """Config keys whose values are not the same in every run (a key missing from some runs differs)."""
-    keys = sorted({key for run in runs for key in run.config if not key.startswith(IGNORED_PREFIXES)})
+    """Config keys whose values are not the same in every run (a key missing from some runs differs), less those
+    never compared (:data:`IGNORED_PREFIXES`) and those that only name files (:data:`FILE_SUFFIXES`)."""
+    keys = sorted(
+        key
+        for key in {key for run in runs for key in run.config}
+        if not key.startswith(IGNORED_PREFIXES) and not key.rsplit(".", 1)[-1].endswith(FILE_SUFFIXES)
+    )
     missing = object()
     return [
         key
