@@ -144,7 +144,8 @@ def split_logits(
     loader = datamodule.val_dataloader()
     logits, labels = [], []
     images_seen = 0
-    with tqdm(desc="logits of the val split", unit="img", disable=not progress, leave=False) as bar:
+    total = len(loader.dataset) if hasattr(loader, "dataset") and hasattr(loader.dataset, "__len__") else None
+    with tqdm(desc="logits of the val split", total=total, unit="img", disable=not progress, leave=False) as bar:
         for batch in loader:
             images, target = batch[0], batch[1]
             for start in range(0, len(images), batch_size):
