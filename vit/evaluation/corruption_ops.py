@@ -171,7 +171,8 @@ def magick_uint8(x: np.ndarray) -> np.ndarray:
     quanta *= 257
     quanta += 0.5
     np.floor(quanta, out=quanta)
-    return (quanta // 257).astype(np.uint8)
+    quanta /= 257  # a whole quantum over 257 is exact at multiples of 257 and 1/257 short of one elsewhere
+    return np.floor(quanta, out=quanta).astype(np.uint8)
 
 
 def motion_blur(images: np.ndarray, params: tuple, rng: np.random.Generator) -> np.ndarray:
@@ -267,11 +268,11 @@ def rgb_to_hsv(x: np.ndarray) -> np.ndarray:
     """The hexcone HSV of (..., 3) RGB values in [0, 1], with scikit-image's ``rgb2hsv`` conventions (which the
     generators call): where channels tie for the maximum, blue's hue formula wins over green's over red's; grey has
     hue and saturation 0."""
-    value = x.max(axis=-1)
-    delta = value - x.min(axis=-1)
+    red, green, blue = x[..., 0], x[..., 1], x[..., 2]
+    value = np.maximum(np.maximum(red, green), blue)  # x.max(-1), faster over a last axis of 3
+    delta = value - np.minimum(np.minimum(red, green), blue)
     grey = delta == 0
     safe = np.where(grey, 1.0, delta)
-    red, green, blue = x[..., 0], x[..., 1], x[..., 2]
     hue = np.where(red == value, (green - blue) / safe, 0.0)
     hue = np.where(green == value, 2.0 + (blue - red) / safe, hue)
     hue = np.where(blue == value, 4.0 + (red - green) / safe, hue)
@@ -289,9 +290,10 @@ def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
     p = value * (1 - saturation)
     q = value * (1 - f * saturation)
     t = value * (1 - (1 - f) * saturation)
-    choices = [(value, t, p), (q, value, p), (p, value, t), (p, q, value), (t, p, value), (value, p, q)]
+    options = np.stack([value, p, q, t], axis=-1)  # each channel takes one of them, by sextant:
+    table = np.array([[0, 2, 1, 1, 3, 0], [3, 0, 0, 2, 1, 1], [1, 1, 3, 0, 0, 2]])  # R, G, B: (v t p) (q v p) ...
     index = sextant.astype(np.int64) % 6
-    return np.stack([np.choose(index, [c[k] for c in choices]) for k in range(3)], axis=-1)
+    return np.stack([np.take_along_axis(options, table[k][index][..., None], -1)[..., 0] for k in range(3)], -1)
 
 
 def brightness(images: np.ndarray, params: tuple, rng: np.random.Generator) -> np.ndarray:
