@@ -153,7 +153,7 @@ def write_best_config(path: Path, plan: Plan, best: Row) -> Path:
     """``best.yaml``: the sweep's base config with the best trial's values, opening with where it came from."""
     import yaml
 
-    config, files = fit_config(plan.fit_args)
+    config, files = fit_config(plan.sweep.fit_args)  # not this machine's own arguments (a held-out data folder)
     values = config_values(plan.sweep, best.trial.params)
     for key, value in values.items():
         set_key(config, key, value)
@@ -163,7 +163,8 @@ def write_best_config(path: Path, plan: Plan, best: Row) -> Path:
         f"# The best configuration of sweep {plan.sweep.name} ({plan.sweep.source}): trial {best.trial.number} of "
         f"rung {best.rung}, trained {length},",
         f"# {plan.sweep.metric} {best.trial.value:.4f}; run folder {best.trial.user_attrs.get('run_dir', '?')}.",
-        f"# Base config: {', '.join(files) or 'none'}; its own length (trainer.max_time / max_epochs) is kept.",
+        f"# Base config: {', '.join(files) or 'none'}; its own length (trainer.max_time / max_epochs) is kept, and the",
+        "# arguments given to every trial after `--` (a data folder) are not: give yours.",
         "#",
         "#   vit fit --config " + str(path),
         "#",
