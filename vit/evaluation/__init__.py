@@ -16,7 +16,9 @@ from vit.lazy import attach
 
 _NAMES = {
     "vit.evaluation.metrics": ("N_BINS", "ClassificationMetrics", "reliability_table"),
-    "vit.evaluation.calibration": ("TEMPERATURE_KEY", "calibration_summary", "fit_temperature"),
+    "vit.evaluation.calibration": (
+        "TEMPERATURE_KEY", "calibrate_checkpoint", "calibration_summary", "fit_temperature",
+    ),
     "vit.evaluation.corruptions": ("CORRUPTIONS", "corrupt", "iter_corrupted"),
     "vit.evaluation.robustness": ("corruption_report", "evaluate_corruptions", "predict_classes"),
     "vit.evaluation.figures": (
