@@ -1,4 +1,5 @@
-"""The model API of timm's ViT: intermediate features, gradient checkpointing, dynamic image size and padding.
+"""The model API of timm's ViT: intermediate features, gradient checkpointing, dynamic image size and padding, the
+description timm's tools read (``pretrained_cfg``, ``feature_info``) and ``features_only``.
 
 References: timm's ``VisionTransformer`` loaded with the same state dict where timm has the feature (global
 attention); for window, sliding and linear attention, a model freshly built for the other image size with the
@@ -12,12 +13,16 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F
+from timm.data import resolve_data_config
+from timm.models import get_pretrained_cfg, is_model
+from timm.models._features import FeatureGetterNet
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch.utils._pytree import tree_leaves
 
-from vit.layers import NeighborhoodAttention, WindowAttention, resample_pos_embed
-from vit.models import VisionTransformer
+from vit.layers import NeighborhoodAttention, WindowAttention, resample_pos_embed, to_2tuple
+from vit.models import VisionTransformer, create_model, list_models, model_config
 from vit.models.intermediates import feature_take_indices
+from vit.models.vision_transformer import _DEFAULTS
 
 # Every attention kind, on an 8 x 8 grid; block 1 (or 3) stays global.
 KINDS = {
@@ -286,3 +291,91 @@ def test_input_size_errors_name_the_option(tiny_config):
         VisionTransformer(**tiny_config())(torch.randn(1, 3, 36, 32))
     with pytest.raises(ValueError, match=r"\(30, 32\) is not divisible by the patch size.*dynamic_img_pad=True"):
         VisionTransformer(**tiny_config(dynamic_img_size=True))(torch.randn(1, 3, 30, 32))
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_every_preset_describes_itself_as_timm_models_do(name):
+    """timm's attributes: the data config timm's tools resolve, first conv and classifier naming weights, one
+    feature_info entry per block as timm's ViT of the same shape has, widths."""
+    with torch.device("meta"):
+        model = create_model(name)
+    config = {**_DEFAULTS, **model_config(name)}
+    height, width = to_2tuple(config["img_size"])
+    data = resolve_data_config({}, model=model)
+    assert data["input_size"] == (3, height, width)
+    if height > 64:  # ImageNet-sized: timm's own model of that name where it has one, else ImageNet's statistics
+        twin = get_pretrained_cfg(name) if is_model(name) else None
+        expected = (
+            (twin.mean, twin.std, twin.crop_pct) if twin else ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 0.875)
+        )
+        assert (data["mean"], data["std"], data["crop_pct"]) == expected
+    else:  # CIFAR-sized: CIFAR-10's statistics, the whole image resized
+        assert (data["mean"], data["std"], data["crop_pct"]) == ((0.4914, 0.4822, 0.4465), (0.247, 0.2435, 0.2616), 1.0)
+    cfg = model.default_cfg
+    assert cfg is model.pretrained_cfg and cfg["architecture"] == name and cfg["num_classes"] == config["num_classes"]
+    weights = model.state_dict()
+    assert f"{cfg['first_conv']}.weight" in weights and f"{cfg['classifier']}.weight" in weights
+    shape = {k: config[k] for k in ("img_size", "patch_size", "embed_dim", "num_heads", "depth")}
+    theirs = TimmViT(**shape, device="meta")
+    assert model.feature_info == theirs.feature_info
+    assert model.num_features == model.head_hidden_size == theirs.head_hidden_size == config["embed_dim"]
+
+
+def test_conv_stem_names_its_first_convolution(tiny_config):
+    model = VisionTransformer(**tiny_config(conv_stem=True))
+    assert f"{model.pretrained_cfg['first_conv']}.weight" in model.state_dict()
+    assert model.pretrained_cfg["first_conv"] == "patch_embed.stem.0.conv"
+
+
+def test_reset_classifier_keeps_device_dtype_and_mode(tiny_config):
+    """timm's contract: a new head on the model's device, in its dtype and mode; num_classes follows."""
+    model = VisionTransformer(**tiny_config()).to(device="meta", dtype=torch.float64).eval()
+    model.reset_classifier(7)
+    assert (model.head.weight.device.type, model.head.weight.dtype, model.head.training) == (
+        "meta",
+        torch.float64,
+        False,
+    )
+    assert model.num_classes == 7
+
+
+@pytest.mark.parametrize(("out_indices", "output_fmt", "norm"), [(None, "NCHW", False), ((0, 2), "NLC", True)])
+def test_features_only_equals_timms_features_only_vit_with_the_same_weights(out_indices, output_fmt, norm, tiny_config):
+    """Ours (timm's FeatureGetterNet over our model) equals timm's wrapper over timm's ViT carrying the same weights."""
+    config = tiny_config()
+    options = dict(output_fmt=output_fmt, norm=norm, **({"out_indices": out_indices} if out_indices else {}))
+    ours = create_model("vit_tiny_patch4_32", features_only=True, **{**config, **options}).eval()
+    timm_vit = TimmViT(**config)
+    timm_vit.load_state_dict(ours.model.state_dict(), strict=False)  # ours lost the blocks after the last taken
+    theirs = FeatureGetterNet(timm_vit, out_indices or 3, output_fmt=output_fmt, norm=norm).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        _assert_trees_close(ours(x), theirs(x), atol=1e-5)
+    assert ours.feature_info.channels() == theirs.feature_info.channels()
+    assert ours.feature_info.reduction() == theirs.feature_info.reduction() == [4] * len(ours.out_indices)
+    assert len(ours.model.blocks) == (out_indices[-1] if out_indices else 3) + 1  # the blocks after the last dropped
+    assert "classifier" not in ours.pretrained_cfg and ours.pretrained_cfg["input_size"] == (3, 32, 32)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_features_only_of_every_attention_kind_are_the_blocks_outputs(kind, tiny_config):
+    """Captured by forward hooks on the blocks of the same weights, then laid out (B, C, rows, cols)."""
+    features = create_model("vit_tiny_patch4_32", features_only=True, out_indices=(1, 3), **tiny_config(**KINDS[kind]))
+    model = VisionTransformer(**tiny_config(**KINDS[kind])).eval()
+    model.load_state_dict(features.model.state_dict(), strict=False)
+    outputs = []
+    for i in (1, 3):
+        model.blocks[i].register_forward_hook(lambda module, args, out: outputs.append(out))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        model(x)
+        got = features.eval()(x)
+    expected = [y[:, 1:].reshape(2, 8, 8, -1).permute(0, 3, 1, 2) for y in outputs]
+    _assert_trees_close(got, expected, atol=0)
+
+
+def test_feature_options_without_features_only_are_refused():
+    with pytest.raises(ValueError, match="out_indices choose the features of features_only=True: pass it too"):
+        create_model("vit_tiny_patch4_32", out_indices=3)
+    with pytest.raises(ValueError, match="bad override for model 'vit_tiny_patch4_32'.*depht"):
+        create_model("vit_tiny_patch4_32", features_only=True, depht=3)

@@ -51,6 +51,17 @@ BLOCK_MASK_CACHE_SIZE = 4 * LAYOUT_CACHE_SIZE
 _compiled_flex = None
 
 
+def write_tokens(y: torch.Tensor, tokens: torch.Tensor, start: int, stop: int | None) -> torch.Tensor:
+    """``y (B, N, C)`` with ``tokens`` (``B`` first, then the tokens' positions, then their ``C`` features, in any
+    shape that views ``y[:, start:stop]``) written into ``y[:, start:stop]``: in place, as one copy; in a torch.fx
+    trace out of place (``slice_scatter``), since a traced graph's dead-code elimination drops an in-place write whose
+    result nothing reads (torchvision's feature extractors run it)."""
+    if isinstance(y, torch.fx.Proxy):
+        return y.slice_scatter(tokens.reshape(tokens.shape[0], -1, y.shape[2]), dim=1, start=start, end=stop)
+    y[:, start:stop].view(tokens.shape).copy_(tokens)
+    return y
+
+
 def check_neighborhood(grid_size: int | tuple[int, int], kernel_size: int, dilation: int = 1) -> tuple[int, int]:
     """Validate a neighbourhood geometry and return the grid as ``(rows, cols)``.
 
@@ -353,20 +364,19 @@ class NeighborhoodAttention(Attention):
             0, 1
         )  # (B * T, 1, tq, P + tk)
         out = self.attend(self.q_norm(q), self.k_norm(k), v, mask)  # (B * T, heads, tq, head_dim)
-        # Written once into the output in sequence order (a concatenation and a gather were two more copies), by
-        # copy_ into its slices: torch.fx traces no item assignment.
+        # Written once into the output in sequence order (a concatenation and a gather were two more copies).
         y = out.new_empty(B, N, C)  # the attention's dtype (bf16 under autocast), as the projection wants it
         if tables.tile_grid is not None:
             nr, tr, nc, tc = tables.tile_grid
             tiles = out.view(B, nr, nc, h, tr, tc, hd).permute(0, 1, 4, 2, 5, 3, 6)  # (B, nr, tr, nc, tc, heads, hd)
-            y[:, P:].view(B, nr, tr, nc, tc, h, hd).copy_(tiles)
+            y = write_tokens(y, tiles, P, None)
         else:
-            y[:, P:].copy_(out.transpose(1, 2).reshape(B, T * tq, C).index_select(1, tables.owner))
+            y = write_tokens(y, out.transpose(1, 2).reshape(B, T * tq, C).index_select(1, tables.owner), P, None)
         if P:
             # Prefix queries attend to every token: cost O(P · N).
             q_p = self.q_norm(q_p.reshape(B, P, h, hd).transpose(1, 2))  # (B, heads, P, head_dim)
             k_all, v_all = (t.view(B, N, h, hd).transpose(1, 2) for t in (k_all, v_all))  # (B, heads, N, head_dim)
-            y[:, :P].copy_(self.attend(q_p, self.k_norm(k_all), v_all).transpose(1, 2).reshape(B, P, C))
+            y = write_tokens(y, self.attend(q_p, self.k_norm(k_all), v_all).transpose(1, 2), 0, P)
         return self.proj_drop(self.proj(y))
 
     def block_mask(self, device: torch.device, grid_size: tuple[int, int] | None = None) -> BlockMask:

@@ -7,6 +7,7 @@ file); the errors a file can raise are :mod:`vit.errors`' and stay importable fr
 
 from ..errors import IncompatibleCheckpointError, UnsafeCheckpointError
 from .presets import create_model, list_models, model_config
+from .timm_registry import register_timm_models
 from .vision_transformer import VisionTransformer
 from .weights import load_pretrained
 
@@ -18,4 +19,5 @@ __all__ = [
     "list_models",
     "load_pretrained",
     "model_config",
+    "register_timm_models",
 ]

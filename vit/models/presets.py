@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import nn
+
+from .pretrained_cfg import preset_pretrained_cfg
 from .vision_transformer import VisionTransformer
 
 # Sizes (Dosovitskiy et al.; Touvron et al. for tiny and small): width, depth and heads.
@@ -68,17 +71,36 @@ def model_config(name: str, **overrides: Any) -> dict[str, Any]:
     return {**_PRESETS[name], **overrides}
 
 
-def create_model(name: str, **overrides: Any) -> VisionTransformer:
+def create_model(name: str, features_only: bool = False, **overrides: Any) -> nn.Module:
     """Build preset ``name``; keyword ``overrides`` replace or add :class:`VisionTransformer` arguments.
+
+    Args:
+        name: A preset of :func:`list_models`.
+        features_only: Return timm's ``FeatureGetterNet`` over the model's blocks, as ``timm.create_model(...,
+            features_only=True)`` does for its ViTs: called on images, it returns the outputs of the blocks chosen by
+            ``out_indices`` (default 3: the last three; or a list of indexes), ``(B, C, rows, cols)`` each, or
+            ``(B, rows * cols, C)`` with ``output_fmt="NLC"``; ``norm=True`` applies the final norm to each. The
+            blocks after the last one chosen are dropped.
+        **overrides: :class:`VisionTransformer` arguments (and the ``features_only`` options above).
 
     Example:
         >>> model = create_model("vit_tiny_patch4_32", num_classes=100, drop_path_rate=0.1)
+        >>> backbone = create_model("vit_tiny_window_patch4_32", features_only=True, out_indices=(2, 5, 8, 11))
 
     Raises:
         ValueError: If ``name`` is unknown or an override is not a :class:`VisionTransformer` argument.
     """
+    if features_only or any(key in overrides for key in ("out_indices", "output_fmt", "norm")):
+        from .timm_registry import build
+
+        try:
+            return build(name, features_only=features_only, **overrides)
+        except TypeError as err:
+            raise ValueError(f"bad override for model {name!r}: {err}") from err
     config = model_config(name, **overrides)
     try:
-        return VisionTransformer(**config)
+        model = VisionTransformer(**config)
     except TypeError as err:
         raise ValueError(f"bad override for model {name!r}: {err}") from err
+    model.pretrained_cfg = preset_pretrained_cfg(name, model.pretrained_cfg)
+    return model

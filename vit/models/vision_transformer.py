@@ -37,6 +37,7 @@ from ..layers import (
 from ..layers.linear_attention import FeatureMap
 from .checks import check_arguments, check_sliding
 from .intermediates import IntermediatesMixin
+from .pretrained_cfg import block_feature_info, default_pretrained_cfg
 
 AttentionKind = Literal["global", "window", "sliding", "linear"]
 
@@ -104,6 +105,8 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         ValueError: On inconsistent arguments (the message names the argument).
     """
 
+    __jit_unused_properties__ = ["default_cfg"]  # TorchScript leaves the property out
+
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
@@ -148,7 +151,8 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         super().__init__()
         self.num_classes = num_classes
         self.global_pool = global_pool
-        self.num_features = self.embed_dim = embed_dim
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim  # timm's names: tokens, pooled
+        self.in_chans = in_chans
         self.has_class_token = class_token
         self.num_reg_tokens = reg_tokens
         self.num_prefix_tokens = int(class_token) + reg_tokens
@@ -184,7 +188,7 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
             fused_attn=fused_attn,
             norm_layer=norm_layer,
         )
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth, linear in depth
+        dpr = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # stochastic depth, linear in depth
         kinds = block_attention_kinds({**vars(self), "depth": depth})
         layers = self._attention_layers(kinds, shift_windows, linear_feature_map)
         self.blocks = nn.Sequential(
@@ -205,6 +209,8 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
+        self.feature_info = block_feature_info(depth, embed_dim, self.patch_embed.patch_size)
+        self.pretrained_cfg = default_pretrained_cfg(img_size, in_chans, num_classes, dynamic_img_size, conv_stem)
 
     def _build_embedding(
         self,
@@ -281,6 +287,15 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         if self.patch_embed.proj.bias is not None:
             nn.init.zeros_(self.patch_embed.proj.bias)
 
+    @property
+    def default_cfg(self) -> dict[str, Any]:
+        """timm's older name of ``pretrained_cfg``."""
+        return self.pretrained_cfg
+
+    @default_cfg.setter
+    def default_cfg(self, cfg: dict[str, Any]) -> None:
+        self.pretrained_cfg = cfg
+
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Names of parameters that take no weight decay (position embedding and prefix tokens), timm's hook."""
@@ -311,9 +326,10 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
             if global_pool != "map":
                 self.attn_pool = None
             self.global_pool = global_pool
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        self.head.apply(_init_vit_weights)
-        self.head.to(self.patch_embed.proj.weight.device)
+        head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        head.apply(_init_vit_weights)  # drawn as at construction, then moved to the model's device, dtype and mode
+        weight = self.patch_embed.proj.weight
+        self.head = head.to(device=weight.device, dtype=weight.dtype).train(self.training)
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -412,6 +428,10 @@ def block_attention_kinds(settings: Mapping[str, Any]) -> list[AttentionKind]:
 
 
 _DEFAULTS = {name: parameter.default for name, parameter in inspect.signature(VisionTransformer).parameters.items()}
+
+# timm's registry files an entrypoint under the last part of its module's name (its tests choose the models with
+# forward_intermediates by it) and reads that module's default_cfgs: vit.models.register_timm_models fills both.
+default_cfgs: dict[str, dict[str, Any]] = {}
 
 
 def _init_vit_weights(module: nn.Module) -> None:
