@@ -211,3 +211,19 @@ def test_vit_compare_shows_the_table_of_a_sweep_folder(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("sweep cmp: 2 configurations, 2 trials: 1 done, 0 failed, 0 running, 1 waiting")
     assert "0     20s     0      0       0.1  0.7500   runs/cmp/a" in out
+
+
+def test_a_trial_validates_again_when_its_last_validation_came_before_the_end():
+    from types import SimpleNamespace
+
+    from vit.sweep.trial import stale
+
+    def trainer(step, metrics):
+        return SimpleNamespace(global_step=step, callback_metrics=metrics)
+
+    planned = SimpleNamespace(time_plan=SimpleNamespace(total_steps=100))
+    assert not stale(trainer(100, {"val/acc": 0.5}), planned, "val/acc")  # the plan's own end: validated there
+    assert stale(trainer(60, {"val/acc": 0.5}), planned, "val/acc")  # max_time stopped it first
+    assert stale(trainer(100, {}), planned, "val/acc")
+    assert not stale(trainer(60, {}), SimpleNamespace(), "train/loss")  # not a validation metric
+    assert not stale(trainer(60, {"val/acc": 0.5}), SimpleNamespace(), "val/acc")  # epochs: its last validation

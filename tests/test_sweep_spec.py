@@ -128,3 +128,25 @@ def test_rungs_from_a_list_or_from_hyperband():
 def test_survivors_and_max_time():
     assert [survivors(n, 3) for n in (1, 2, 3, 8, 9, 27)] == [1, 1, 1, 2, 3, 9]
     assert max_time(20) == "00:00:00:20" and max_time(56 * 60) == "00:00:56:00" and max_time(90000) == "01:01:00:00"
+
+
+@pytest.mark.parametrize(
+    ("top", "options", "message"),
+    [
+        ({}, ["--workers", "0"], "--workers 0: must be at least 1"),
+        ({"run_cap": None}, [], "run_cap: method random needs run_cap in the file, or --trials N"),
+        ({"early_terminate": {"type": "hyperband", "s": 2}}, [], "early_terminate: hyperband needs --budget"),
+        ({"parameters": {"trainer.max_time": {"value": "00:00:10:00"}}}, ["--budget", "5m"], "--budget sets it"),
+        ({}, ["--budget", "5m,1m"], "--budget 5m,1m: each rung's budget must be longer than the one before"),
+    ],
+)
+def test_vit_sweep_refuses_bad_input_in_one_line(tmp_path, capsys, top, options, message):
+    from vit.main import main
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**sweep_of({"model.lr": {"values": [1, 2]}}), "run_cap": 2, **top}))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sweep", str(path), *options])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert message in err

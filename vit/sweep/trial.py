@@ -123,12 +123,15 @@ def _die_with_parent() -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m vit.sweep.trial RESULT METRIC fit ARGS...``: run ``vit fit`` and write ``RESULT``."""
+    """``python -m vit.sweep.trial RESULT METRIC fit ARGS...``: run ``vit fit``, then write ``RESULT``: the final
+    value of ``METRIC``, validated again on the final weights when the fit's last validation came before its end."""
     result, metric, *fit = argv
     from vit.cli import cli_main
 
     cli = cli_main(fit)
     trainer = cli.trainer
+    if stale(trainer, cli.model, metric):  # every rank decides alike: validation is a collective under DDP
+        trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
     if not trainer.is_global_zero:
         return 0
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
@@ -136,6 +139,17 @@ def main(argv: Sequence[str]) -> int:
     data = {"metric": metric, "value": value, "logged": sorted(logged), "run_dir": str(cli.run_dir)}
     write_text(result, json.dumps(data, allow_nan=True) + "\n")
     return 0
+
+
+def stale(trainer: Any, module: Any, metric: str) -> bool:
+    """Whether ``metric`` must be measured again after the fit: a validation metric that was never logged, or one
+    whose last validation came before the end, because Lightning's ``max_time`` stopped the run before the step where
+    the time plan (``model.schedule: time``) validates and stops it (a budget too short to time a step)."""
+    if not metric.startswith("val"):
+        return False
+    plan = getattr(module, "time_plan", None)
+    cut = plan is not None and trainer.global_step < getattr(plan, "total_steps", 0)
+    return metric not in trainer.callback_metrics or cut
 
 
 if __name__ == "__main__":
