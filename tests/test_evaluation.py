@@ -126,6 +126,17 @@ def test_evaluation_files_and_table(tmp_path):
     assert len(table.splitlines()) == 3 + 10
 
 
+def test_the_terminal_lists_the_classes_of_lowest_f1_when_there_are_many():
+    logits, labels = _logits(2000, classes=30)
+    metrics = ClassificationMetrics(30)
+    metrics.update(logits, labels)
+    result = metrics.compute()
+    table = summary_table(result).splitlines()
+    listed = [line.split()[0] for line in table[4:]]
+    worst = [row["class"] for row in sorted(result["per_class"], key=lambda row: row["f1"])[:20]]
+    assert "20 classes of lowest F1 of 30" in table[2] and listed == worst
+
+
 def _rank(rank: int, world: int, port: int, logits: torch.Tensor, labels: torch.Tensor, out: str) -> None:
     import torch.distributed as dist
 

@@ -15,6 +15,8 @@ import numpy as np
 from ..atomic import write_bytes, write_text
 
 EVALUATION_FILE = "evaluation.json"
+MAX_TABLE_CLASSES = 20
+"""Classes the terminal's table lists; with more, the ones of lowest F1."""
 ASSETS = Path(__file__).with_name("assets")
 
 
@@ -72,9 +74,13 @@ def summary_table(result: Mapping[str, Any]) -> str:
     lines.append("  ".join(f"{name} {value:.4f}" for name, value in head if value is not None))
     if result.get("temperature") is not None:
         lines.append(f"probabilities divided by the checkpoint's temperature {result['temperature']:.4f}")
-    width = max(8, *(len(row["class"]) for row in result["per_class"]))
+    rows = result["per_class"]
+    if len(rows) > MAX_TABLE_CLASSES:  # a short table: the classes the model fails most, the rest in the JSON
+        rows = sorted(rows, key=lambda row: row["f1"])[:MAX_TABLE_CLASSES]
+        lines.append(f"the {len(rows)} classes of lowest F1 of {len(result['per_class'])} (all in {EVALUATION_FILE}):")
+    width = max(8, *(len(row["class"]) for row in rows))
     lines.append(f"{'class':{width}s}  precision  recall     F1  support")
-    for row in result["per_class"]:
+    for row in rows:
         numbers = f"{row['precision']:9.4f}  {row['recall']:6.4f}  {row['f1']:.4f}  {row['support']:7d}"
         lines.append(f"{row['class']:{width}s}  {numbers}")
     corruptions = result.get("corruptions")
