@@ -227,3 +227,21 @@ def test_a_trial_validates_again_when_its_last_validation_came_before_the_end():
     assert stale(trainer(100, {}), planned, "val/acc")
     assert not stale(trainer(60, {}), SimpleNamespace(), "train/loss")  # not a validation metric
     assert not stale(trainer(60, {"val/acc": 0.5}), SimpleNamespace(), "val/acc")  # epochs: its last validation
+
+
+def test_the_sweep_run_in_wandb_holds_the_table_and_the_best_value(tmp_path):
+    from vit.compare.runs import read_offline_runs
+    from vit.sweep.wandb_run import log_sweep, wandb_project
+
+    plan = plan_of({"model.lr": {"values": [0.001, 0.004]}}, count=2, budgets=(20,))
+    assert wandb_project(plan) == "vit"  # quickstart's WandbLogger
+    assert wandb_project(plan_of({"trainer.logger": {"value": False}})) is None
+    study, _ = open_sweep(optuna.storages.InMemoryStorage(), plan, sampler(plan.sweep, 0))
+    for value in (0.6, 0.8):
+        trial = study.ask()
+        suggest(trial, plan.sweep)
+        study.tell(trial, value)
+    folder = log_sweep(plan, [Row(0, t) for t in study.trials], [], tmp_path, "vit")
+    (run,) = read_offline_runs([folder])
+    assert (run.kind, run.group) == ("sweep", plan.sweep.name)
+    assert run.summary["best/val/acc"] == 0.8 and run.summary["best/trial"] == 1

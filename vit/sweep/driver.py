@@ -23,6 +23,7 @@ from .report import best_row, rows, summary, table, write_best_config, write_fig
 from .space import sampler
 from .spec import Sweep
 from .storage import describe, open_storage, reap_lost_trials
+from .wandb_run import log_sweep, wandb_project
 
 POLL_S = 5.0
 """Seconds between two looks at the study for the progress line."""
@@ -50,6 +51,7 @@ class Sweeper:
         self.plan = Plan(sweep, raw=sweep.raw, fit_args=fit_args, **plan_args)
         self.folder, self.url, self.max_retry, self.heartbeat = folder, storage_url, max_retry, heartbeat
         self.storage = open_storage(storage_url, folder, max_retry, heartbeat, 4 * heartbeat)
+        self.project = wandb_project(self.plan)  # the trials' W&B project, where the sweep's own run goes too
 
     def run(self, workers: int) -> int:
         """Open or resume the study, run ``workers`` workers until the last rung is finished, then report."""
@@ -89,7 +91,7 @@ class Sweeper:
         plan, path = self.plan, self.folder / PLAN_FILE
         record = {"plan": plan.fingerprint(), "fit_args": plan.fit_args, "source": str(plan.sweep.source),
                   "max_retry": self.max_retry, "heartbeat_interval": self.heartbeat,
-                  "grace_period": 4 * self.heartbeat, "group": plan.sweep.name}  # fmt: skip
+                  "grace_period": 4 * self.heartbeat, "group": plan.sweep.name if self.project else None}  # fmt: skip
         write_text(path, json.dumps(record, indent=1) + "\n")
         return path
 
@@ -127,8 +129,12 @@ class Sweeper:
         print(f"\nsweep {plan.sweep.name}: {summary(found, plan)}\n")
         print(table(found, plan))
         best = best_row(found, plan)
-        for path in write_figures(self.storage, plan, found, self.folder):
+        figures = write_figures(self.storage, plan, found, self.folder)
+        for path in figures:
             print(f"wrote {path}")
+        if self.project:
+            where = log_sweep(plan, found, figures, self.folder, self.project)
+            print(f"W&B: the table and figures in {where or 'no run (WANDB_MODE=disabled)'}, group {plan.sweep.name}")
         if best is None:
             reasons = [r.trial.user_attrs.get("reason") for r in found if r.trial.user_attrs.get("reason")]
             print(f"error: no trial of sweep {plan.sweep.name} has a value of {plan.sweep.metric}"
