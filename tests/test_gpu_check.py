@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import vit.bench.gpu_check as gpu_check
-from vit.bench.gpu_check.plan import DRY, GPU, LIMITS, needed_modules, plan_steps, wheels_step
+from vit.bench.gpu_check.plan import BENCH_LIMITS, BUDGETS_S, DRY, GPU, LIMITS, needed_modules, plan_steps, wheels_step
 from vit.bench.gpu_check.runner import Check, Settings, Step, chosen_steps, read_settings, run_command, step_limit
 from vit.errors import UsageError
 
@@ -200,7 +200,7 @@ def test_main_runs_the_plan_and_writes_every_json(tmp_path, monkeypatch, capsys)
     steps = [step("first", "print('RESULT  first done')"), step("second", "import sys; sys.exit(2)"),
              step("third", requires=("second",))]  # fmt: skip
     monkeypatch.setattr(gpu_check, "plan_steps", lambda settings, scratch: steps)
-    for name, value in {"WHEELS": str(tmp_path / "none"), "BUDGET_S": "300", "ONLY": "", "DRY_RUN": "0"}.items():
+    for name, value in {"WHEELS": str(tmp_path / "none"), "BUDGET_S": "1000", "ONLY": "", "DRY_RUN": "0"}.items():
         monkeypatch.setenv(name, value)
     assert gpu_check.main(["out", "--cwd", str(tmp_path)]) == 0
     out = tmp_path / "out"
@@ -306,3 +306,20 @@ def test_the_wheels_step_installs_every_carried_wheel_without_an_index(tmp_path)
     assert wheels.command[-2:] == tuple(
         str(tmp_path / "whl" / n) for n in ("a-1-py3-none-any.whl", "b-1-py3-none-any.whl")
     )
+
+
+def test_the_limits_follow_the_recipes_budgets_and_keep_room_for_the_later_steps(tmp_path):
+    settings = Settings(out=tmp_path, python="py")
+    steps = {s.name: s for s in plan_steps(settings, tmp_path)}
+    for name, budget in BUDGETS_S.items():  # what the step runs is what its limit was planned for
+        command = steps[name].command
+        hms = command[len(command) - command[::-1].index("--trainer.max_time")]
+        assert sum(int(part) * 60**i for i, part in enumerate(reversed(hms.split(":")))) == budget
+        assert steps[name].max_s > budget
+    for elapsed in range(0, 126):  # setup steps that took up to 125 s: the speedrun then vit_small, both whole
+        speedrun, _ = step_limit(steps["speedrun"], budget_s=570, elapsed_s=elapsed)
+        vit_small, _ = step_limit(steps["vit_small"], budget_s=570, elapsed_s=elapsed + speedrun)
+        assert (speedrun, vit_small) == (steps["speedrun"].max_s, steps["vit_small"].max_s)
+    bench = [s for s in steps.values() if s.name in BENCH_LIMITS]
+    for i, step in enumerate(bench):  # each benchmark keeps back the later ones' limits, but the compiled suite's
+        assert step.reserve_s == sum(later.max_s for later in bench[i + 1 :] if later.name != "model_compiled")

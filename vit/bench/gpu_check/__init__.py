@@ -30,10 +30,12 @@ What a machine without network lacks comes beside the repository before the call
 - ``data/cifar10-jpeg.tar.gz``: the CIFAR-10 JPEGs (``train|test/<class>/*.jpg``) as one tarball (``/data/`` is
   git-ignored);
 - ``.whl/*.whl``: wheels of the packages missing there, installed first with ``pip --no-index --no-deps`` (a dry run
-  installs them too: run it in an environment made like the GPU machine's). On a machine with Python 3.12, PyTorch,
-  torchvision, timm, Lightning, torchmetrics, OpenCV, matplotlib and scikit-learn these are: albumentations,
-  albucore, simsimd, stringzilla, pydantic, pydantic_core, annotated_types, typing_inspection, jsonargparse,
-  docstring_parser, typeshed_client, simplejpeg, litdata, lightning_sdk... (``docs/performance.md`` lists them).
+  installs them too: run it in an environment made like the GPU machine's). Where Python 3.12 has only PyTorch,
+  torchvision, timm, Lightning, torchmetrics, OpenCV, matplotlib and scikit-learn, these are the 25 that pip's
+  resolver adds for ``albumentations jsonargparse[signatures] simplejpeg litdata`` (``docs/performance.md`` has the
+  command): albumentations, albucore, simsimd, stringzilla, pydantic, pydantic_core, annotated-types,
+  typing-inspection, jsonargparse, docstring_parser, typeshed_client, simplejpeg, litdata, boto3, botocore,
+  s3transfer, jmespath, obstore, tifffile, requests, urllib3, certifi, charset-normalizer, python-dateutil, six.
 
 Before the steps, the check imports every module some step needs, names the missing ones, and skips the steps that
 need them at once.
@@ -56,7 +58,7 @@ from pathlib import Path
 
 from vit.errors import ArgumentParser, VitError, exit_with
 
-from .plan import needed_modules, plan_steps, wheels_step
+from .plan import FIRST_RECIPES, needed_modules, plan_steps, wheels_step
 from .runner import Check, Step, chosen_steps, read_settings, scratch_folder, step_limit
 
 __all__ = ["Check", "Step", "build_parser", "main", "step_limit"]
@@ -80,7 +82,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "scripts/gpu_check.sh") 
         settings = read_settings(Path(args.cwd, args.outdir).resolve(), os.environ)
         with scratch_folder() as scratch:
             steps = chosen_steps(plan_steps(settings, Path(scratch)), settings.only, always=("environment",))
-            check = Check(settings, {**os.environ, **STEP_ENV})
+            check = Check(settings, {**os.environ, **STEP_ENV}, modules_reserve_s=FIRST_RECIPES)
             wheels = wheels_step(settings)
             if wheels:
                 check.run(wheels)

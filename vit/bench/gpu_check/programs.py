@@ -168,14 +168,11 @@ def fit(out: str, root: str, test: bool, lr_scale: float, args: Sequence[str]) -
         result["total_wall_s"] = time.perf_counter() - start
     result["phases"] = {**phases, **clock.report(START), "process_s": since_start()}
     write_json(out, result)
-    bought = (
-        f", {budget.summary(trainer)['steps']} steps = {result['budget']['epochs']:.1f} epochs bought" if budget else ""
-    )
-    tested = (
-        f"test/acc {result['test_acc'] or float('nan'):.4f}, {result['total_wall_s']:.0f} s with the test, "
-        if test
-        else ""
-    )
+    bought = f", {result['budget']['steps']} steps = {result['budget']['epochs']:.1f} epochs bought" if budget else ""
+    tested = ""
+    if test:
+        accuracy = result["test_acc"] if result["test_acc"] is not None else float("nan")
+        tested = f"test/acc {accuracy:.4f}, {result['total_wall_s']:.0f} s with the test, "
     print(
         f"RESULT  {name}: {tested}fit {wall:.0f} s, {result['images_per_s'] or 0:.0f} img/s, "
         f"val/acc {result['val_acc']}, {trainer.global_step} steps{bought}, finite {result['finite']}"

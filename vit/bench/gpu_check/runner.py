@@ -208,6 +208,7 @@ class Check:
         clock: Seconds, monotonic (a fake one in tests).
         min_limit_s: A step that would get less is skipped.
         kill_after_s: Seconds from SIGTERM to SIGKILL at a step's limit.
+        modules_reserve_s: What the module check keeps back for the steps after it.
     """
 
     def __init__(
@@ -217,11 +218,13 @@ class Check:
         clock: Any = time.monotonic,
         min_limit_s: float = MIN_LIMIT_S,
         kill_after_s: float = KILL_AFTER_S,
+        modules_reserve_s: int = 0,
     ) -> None:
         self.settings = settings
         self.env = dict(env)
         self.clock = clock
         self.min_limit_s, self.kill_after_s = min_limit_s, kill_after_s
+        self.modules_reserve_s = modules_reserve_s
         self.start = clock()
         self.records: list[dict[str, Any]] = []
         self.status: dict[str, str] = {}
@@ -333,7 +336,7 @@ class Check:
         (each step that needs one is then skipped at once)."""
         out = self.settings.out / "modules.json"
         program = (self.settings.python, "-m", "vit.bench.gpu_check.programs", "modules", str(out), *names)
-        status = self.run(Step("modules", 60, 0, program))
+        status = self.run(Step("modules", 60, self.modules_reserve_s, program))
         if status == "ok" and out.exists():
             self.missing = json.loads(out.read_text())["missing"]
         elif status != "skipped":
