@@ -75,7 +75,8 @@ class Sweeper:
         except KeyboardInterrupt:
             print(stamp("interrupted: the workers stop their trials (failed, enqueued again)"), file=sys.stderr)
             _stop(procs)
-            self.report()
+            found = rows(self.storage, plan)
+            print(f"\nsweep {plan.sweep.name}: {summary(found, plan)}\n\n{table(found, plan)}" if found else "")
             print(f"`vit sweep {plan.sweep.source} ...` with the same options resumes it", file=sys.stderr)
             return 130
         status = self.report()

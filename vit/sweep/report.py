@@ -99,7 +99,7 @@ def _rank(row: Row, plan: Plan) -> float:
 
 def _state(trial: FrozenTrial) -> str:
     state = STATES.get(trial.state, trial.state.name.lower())
-    reason = trial.user_attrs.get(REASON_ATTR)
+    reason = trial.user_attrs.get(REASON_ATTR) if trial.state == TrialState.FAIL else None  # a retry inherits one
     if trial.state == TrialState.FAIL and not reason:
         reason = "its worker was lost (killed, or its heartbeat stopped)"
     retried = f" (retry of trial {trial.system_attrs['failed_trial']})" if is_retry(trial) else ""
