@@ -180,11 +180,14 @@ def test_validation_split(checkpoint, tmp_path, explain):
     images = torch.stack([data.val_dataset[i][0] for i in index])
     model = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu").eval_model.eval()
     preds = model(data.normalize(images)).argmax(-1).tolist()
-    lines = [line.split() for line in result.stdout.strip().splitlines()]
-    assert [(path, name) for path, name, _ in lines] == [
-        (f"val/{i:05d}", str(p)) for i, p in zip(index, preds, strict=True)
-    ]
     labels = torch.tensor([data.val_dataset[i][1] for i in index])
+    *rows, accuracy = result.stdout.strip().splitlines()
+    assert [line.split()[:2] + line.split()[3:] for line in rows] == [
+        [f"val/{i:05d}", str(p), "true", str(int(y)), *(["<-", "wrong"] if p != y else [])]
+        for i, p, y in zip(index, preds, labels, strict=True)
+    ]  # the image, its prediction, its probability, its true class and a mark on a mistake
+    wrong = int((torch.tensor(preds) != labels).sum())
+    assert accuracy == f"accuracy {(5 - wrong) / 5:.1%}: {wrong} of 5 images wrong"
     mistakes = ["mistakes.json", "mistakes.png"] if bool((torch.tensor(preds) != labels).any()) else []
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["attnlrp_grid.png", *mistakes]
     result = explain(checkpoint, tmp_path, "--split", "val")  # images and --split together
@@ -389,7 +392,7 @@ def test_progress_on_stderr_one_line_per_method_and_phase_stdout_only_the_result
     assert result.returncode == 0, result.stderr
     time = r"in \d+\.\d s"
     expected = [
-        rf"load: checkpoint and 5 images {time}; \d+ threads? of \d+ cores, load average \d+\.\d\d \(cores minus .*\)",
+        rf"load: checkpoint and 5 images {time}; \d+ threads? of \d+ cores, \d+\.\d busy now \(the cores not busy .*\)",
         rf"predictions: classes and attention statistics of 5 images {time}",  # the benchmark computes every map
         rf"rollout: maps of 5 images {time} \(\d+\.\d ms/img\)",
         rf"attnlrp: maps of 5 images {time} \(\d+\.\d ms/img\)",
@@ -408,14 +411,15 @@ def test_progress_on_stderr_one_line_per_method_and_phase_stdout_only_the_result
     names = {f.name for f in fields(MethodBenchmark)} - {"scores", "maps"}
     bench = MethodBenchmark(scores={name: MethodScore(**score) for name, score in report["scores"].items()},
                             **{name: report[name] for name in names})  # fmt: skip
-    predictions = result.stdout.splitlines()[:5]
-    assert [line.split()[0] for line in predictions] == [f"val/{i:05d}" for i in (0, 90, 180, 269, 359)]
+    predictions = result.stdout.splitlines()[:6]  # a line per image, then the accuracy
+    assert [line.split()[0] for line in predictions[:5]] == [f"val/{i:05d}" for i in (0, 90, 180, 269, 359)]
+    assert predictions[5].startswith("accuracy ")
     assert result.stdout == "\n".join([*predictions, faithfulness_table(bench)]) + "\n"
 
     # Without --faithfulness: the maps of the methods rollout does not already give, then the overlays.
     result = explain(checkpoint, "--split", "val", "--limit", "5", "--methods", "rollout,attnlrp", "--out", out / "b")
     lines = result.stderr.splitlines()
-    assert result.returncode == 0 and len(lines) == 6 and len(result.stdout.splitlines()) == 5, result.stderr
+    assert result.returncode == 0 and len(lines) == 6 and len(result.stdout.splitlines()) == 6, result.stderr
     assert lines[0].startswith("load: ") and lines[1].startswith("predictions: classes, rollout and attention stat")
     assert re.fullmatch(rf"attnlrp: maps of 5 images {time} \(\d+\.\d ms/img\)", lines[2])
     for line, method in zip(lines[3:5], ("rollout", "attnlrp"), strict=True):

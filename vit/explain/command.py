@@ -35,6 +35,7 @@ from pathlib import Path
 
 from ..checkpoints.naming import add_checkpoint_arguments, find_checkpoint
 from ..errors import ArgumentParser, InputError, UsageError, VitError, error_message, fail
+from .arguments import explorer_bits, find_images, new_folder, pixel_limit
 from .choice import choice_path, stored_choice, stored_line
 from .progress import stop_all
 
@@ -205,19 +206,6 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def pixel_limit(value: str) -> int | None:
-    """``--max-image-pixels``: a positive number of pixels, or ``none``."""
-    if value.lower() == "none":
-        return None
-    try:
-        limit = int(value)
-    except ValueError:
-        limit = 0
-    if limit < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is neither a positive number of pixels nor none")
-    return limit
-
-
 def set_threads(requested: int | None) -> str:
     """Set torch's intra-op threads to ``requested``, or to :func:`~vit.env.default_threads` of this machine's cores
     and the cores other processes keep busy now; returns the words saying which, for the first progress line."""
@@ -230,20 +218,6 @@ def set_threads(requested: int | None) -> str:
     torch.set_num_threads(threads)
     how = "--threads" if requested else "the cores not busy with other processes; --threads N to choose"
     return f"{threads} thread{'s' * (threads > 1)} of {cores} cores, {busy:.1f} busy now ({how})"
-
-
-def explorer_bits(value: str) -> int | str:
-    """``--explorer-bits``: ``"auto"`` or a number of bits (argparse checks it against the choices)."""
-    return value if value == "auto" else int(value)
-
-
-def new_folder(path: Path) -> Path:
-    """``path``, or ``path-2``, ``path-3``, ... : the first that does not exist yet (not created here)."""
-    candidate, n = path, 1
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.name}-{n}")
-    return candidate
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -314,24 +288,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         fail(f"cannot write the outputs: {err}")
     finally:
         stop_all()
-    confidence = explanation.probs.gather(1, explanation.preds[:, None])[:, 0].tolist()
-    width = max(len(str(file)) for file in files)
-    for file, pred, p in zip(files, explanation.preds.tolist(), confidence, strict=True):
-        print(f"{str(file):<{width}}  {explanation.class_name(pred)}  {p:.3f}")
-    written = [f"{'grids' if args.no_overlays else 'overlays'} of {', '.join(methods)} in {out}/"]
-    if explanation.benchmark is not None:
-        from .outputs import CURVES, faithfulness_table
+    from .console import measurement_text, prediction_lines
 
-        print("\n\n".join(faithfulness_table(bench) for bench in explanation.benchmarks.values()))
-        written += [f"JSON {args.json or out / 'faithfulness.json'}", f"curves {out / CURVES}"]
-    if explanation.sanity is not None:
-        print(f"\nsanity check, cascading randomisation of {explanation.sanity.num_images} images:")
-        print(explanation.sanity.table())
-        written += [f"sanity {out / 'sanity.json'}"]
-    if explanation.heads is not None:
-        print(f"\nwhich heads matter, mean ablation of {explanation.heads.num_images} images:")
-        print(explanation.heads.table())
-        written += [f"heads {out / 'heads.json'}"]
+    print("\n".join(prediction_lines(explanation, files)))
+    tables, measured = measurement_text(explanation, out, args.json)
+    if tables:
+        print(tables)
+    written = [f"{'grids' if args.no_overlays else 'overlays'} of {', '.join(methods)} in {out}/", *measured]
     for gamma in explanation.tuning.values():
         print(f"\n{gamma.method}'s gamma rule, by SRG on {gamma.num_images} held-out validation images "
               f"({', '.join(gamma.removals)}):\n{gamma.table()}")  # fmt: skip
@@ -461,24 +424,3 @@ def removals_for(model, removals: Sequence[str]) -> list[str]:
         raise InputError(f"--removal drop does not apply to this model ({reason}): use mean or road")
     print(f"drop: skipped, this model cannot drop tokens ({reason}); {', '.join(kept)} measured", file=sys.stderr)
     return kept
-
-
-def find_images(inputs: Sequence[str]) -> list[Path]:
-    """Image files named on the command line, and those anywhere inside named folders, sorted per folder."""
-    files: list[Path] = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            from ..data import DataError, list_predict_files  # the folder walk of `vit predict --data.predict_dir`
-
-            try:
-                files += [Path(found) for found, _ in list_predict_files(path)]
-            except DataError as err:
-                raise InputError(str(err)) from None
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise InputError(f"{path}: no such image file or folder; pass image files or folders after the checkpoint")
-    if not files:
-        raise InputError("no images given: pass image files or folders after the checkpoint")
-    return files
