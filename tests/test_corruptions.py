@@ -261,16 +261,17 @@ def test_motion_blur_equals_imagemagick(images: np.ndarray, tmp_path: Path) -> N
 @pytest.fixture(scope="module")
 def imagecorruptions():
     """The ``imagecorruptions`` package (ImageNet-C's constants), importable on current numpy / setuptools: it needs
-    ``pkg_resources.resource_filename`` and ``np.float_`` at import, which are given here; a skip where it is absent."""
-    try:
-        import pkg_resources  # noqa: F401
-    except ImportError:
-        shim = types.ModuleType("pkg_resources")
-        shim.resource_filename = lambda package, path: path
-        sys.modules["pkg_resources"] = shim
-    if not hasattr(np, "float_"):
-        np.float_ = np.float64
-    return pytest.importorskip("imagecorruptions", reason="pip install --no-deps imagecorruptions to compare with it")
+    ``pkg_resources.resource_filename`` and ``np.float_`` at import, which are lent to it for this module's tests; a
+    skip where it is absent."""
+    with pytest.MonkeyPatch.context() as patch:
+        try:
+            import pkg_resources  # noqa: F401
+        except ImportError:
+            shim = types.ModuleType("pkg_resources")
+            shim.resource_filename = lambda package, path: path
+            patch.setitem(sys.modules, "pkg_resources", shim)
+        patch.setattr(np, "float_", np.float64, raising=False)
+        yield pytest.importorskip("imagecorruptions", reason="pip install --no-deps imagecorruptions: compare with it")
 
 
 def test_motion_blur_matches_imagecorruptions(imagecorruptions, images: np.ndarray) -> None:
