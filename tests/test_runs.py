@@ -56,7 +56,10 @@ def test_two_fits_keep_two_runs_and_last_continues_the_newer(tmp_path, capsys):
     newer = Path(second.trainer.default_root_dir)
     assert Path(third.trainer.default_root_dir) == newer and len(list((tmp_path / "quickstart").iterdir())) == 2
     assert Path(third.trainer.ckpt_path) == newer / "checkpoints" / "last.ckpt"
-    assert f"--ckpt_path last: resuming {newer / 'checkpoints' / 'last.ckpt'}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--ckpt_path last: resuming {newer / 'checkpoints' / 'last.ckpt'}" in err
+    # where it continues: the second run's 2 epochs of 4 steps (32 images, batches of 8) are done, epoch 2 is next
+    assert f"resuming from {newer / 'checkpoints' / 'last.ckpt'}: step 8, epoch 2\n" in err
     assert third.trainer.global_step == 12 and ckpt(newer / "checkpoints" / "last.ckpt")["epoch"] == 2
     assert ckpt(Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt")["epoch"] == 0  # untouched
 

@@ -182,6 +182,10 @@ class ResumeCheckpoint(Checkpoint):
             random_seed(seed, trainer.global_rank)  # timm's: seed + rank for torch, NumPy and random
         self._signal = None
         self._last_step = trainer.global_step
+        if trainer.ckpt_path and trainer.is_global_zero:  # where the run continues, before its first step
+            sys.stderr.write(
+                f"resuming from {trainer.ckpt_path}: step {trainer.global_step}, epoch {trainer.current_epoch}\n"
+            )
         if self._loader_states:  # the loader is built but not yet iterated: position it where the checkpoint was
             stateful = [dl for dl in _train_loaders(trainer) if isinstance(dl, _Stateful)]
             if len(stateful) == len(self._loader_states):
