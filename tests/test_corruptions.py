@@ -19,7 +19,7 @@ from PIL import Image
 from scipy import ndimage
 
 from vit.evaluation import corruption_ops as ops
-from vit.evaluation.corruption_overlays import frost_apply, frost_texture
+from vit.evaluation.corruption_overlays import frost_apply, frost_texture, snow_apply
 from vit.evaluation.corruptions import CORRUPTIONS, corrupt
 
 CIFAR10_MINI = Path(__file__).resolve().parents[2] / "shared/data/cifar10-mini"
@@ -31,6 +31,13 @@ CIFAR_CONTRAST, CIFAR_BRIGHTNESS = (0.75, 0.5, 0.4, 0.3, 0.15), (0.05, 0.1, 0.15
 CIFAR_DEFOCUS = ((0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1, 0.2), (1.5, 0.1))
 CIFAR_GAUSSIAN, CIFAR_SHOT, CIFAR_IMPULSE = (0.04, 0.06, 0.08, 0.09, 0.10), (500, 250, 100, 75, 50), (0.01, 0.07)
 CIFAR_ZOOM_STOPS = (1.06, 1.11, 1.16, 1.21, 1.26)
+CIFAR_SNOW = (
+    (0.1, 0.2, 1, 0.6, 8, 3, 0.95),
+    (0.1, 0.2, 1, 0.5, 10, 4, 0.9),
+    (0.15, 0.3, 1.75, 0.55, 10, 4, 0.9),
+    (0.25, 0.3, 2.25, 0.6, 12, 6, 0.85),
+    (0.3, 0.3, 1.25, 0.65, 14, 12, 0.8),
+)
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +263,37 @@ def test_motion_blur_equals_imagemagick(images: np.ndarray, tmp_path: Path) -> N
         ref = cv2.imread(str(out), cv2.IMREAD_UNCHANGED)[..., ::-1]
         ours = ops.magick_uint8(ops.motion_blur_float(image[None], radius, sigma, np.array([angle])))[0]
         np.testing.assert_array_equal(ours, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("severity", [1, 3, 5])
+def test_snow_is_the_generators_recipe_with_imagemagick(images: np.ndarray, tmp_path: Path, severity: int) -> None:
+    """Given the same noise and angle: scipy's zoom of the centre, the threshold, an 8-bit grey PNG blurred by
+    ImageMagick, and the lift towards OpenCV's grey, as the generator chains them."""
+    command = imagemagick()
+    if command is None:
+        pytest.skip("ImageMagick is not installed (apt-get install imagemagick)")
+    params = CIFAR_SNOW[severity - 1]
+    mean, std, zoom, threshold, radius, sigma, keep = params
+    rng = np.random.default_rng(severity)
+    noise, angles = rng.normal(mean, std, size=(2, 32, 32)), rng.uniform(-135, -45, size=2)
+    ref = []
+    for image, layer, angle in zip(images[:2], noise, angles, strict=True):
+        crop = int(np.ceil(32 / zoom))
+        top = (32 - crop) // 2
+        layer = ndimage.zoom(layer[top : top + crop, top : top + crop, None], (zoom, zoom, 1), order=1)
+        trim = (layer.shape[0] - 32) // 2
+        layer = layer[trim : trim + 32, trim : trim + 32]
+        layer[layer < threshold] = 0
+        Image.fromarray((np.clip(layer[..., 0], 0, 1) * 255).astype(np.uint8), mode="L").save(tmp_path / "in.png")
+        subprocess.run([*command, str(tmp_path / "in.png"), "-motion-blur", f"{radius}x{sigma}+{angle}",
+                        str(tmp_path / "out.png")], check=True)  # fmt: skip
+        flakes = cv2.imread(str(tmp_path / "out.png"), cv2.IMREAD_UNCHANGED)[..., None] / 255.0
+        x = image.astype(np.float32) / 255.0
+        x = keep * x + (1 - keep) * np.maximum(x, cv2.cvtColor(x, cv2.COLOR_RGB2GRAY)[..., None] * 1.5 + 0.5)
+        ref.append(np.clip(x + flakes + np.rot90(flakes, k=2), 0, 1) * 255)
+    ours = snow_apply(images[:2], params, noise, angles)
+    np.testing.assert_array_equal(ours, np.stack(ref).astype(np.uint8))
 
 
 @pytest.fixture(scope="module")

@@ -200,17 +200,18 @@ def zoom_matrix(size: int, zoom: float) -> np.ndarray:
     return matrix
 
 
-def zoom_sum(x: np.ndarray, factors: tuple[float, ...]) -> np.ndarray:
+def zoom_sum(x: np.ndarray, factors: tuple[float, ...], dtype: type = np.float32) -> np.ndarray:
     """The sum of the :func:`zoom_matrix` zooms of (N, H, W, C) images, one per factor, as one sparse (H W, H W)
     matrix ``sum_z kron(M_z, M_z)`` applied to every image and channel at once (each row has at most 4 non-zeros
-    per distinct zoom, so this costs a few multiply-adds per pixel and factor); float32 like the generators."""
+    per distinct zoom, so this costs a few multiply-adds per pixel and factor), in ``dtype`` (zoom blur: float32 like
+    the generators; snow's flakes: float64)."""
     n, h, w, c = x.shape
     operator = sum(
         sparse.kron(sparse.csr_matrix(zoom_matrix(h, z)), sparse.csr_matrix(zoom_matrix(w, z)), format="csr")
         for z in factors
     )
-    columns = np.ascontiguousarray(x.transpose(1, 2, 0, 3), dtype=np.float32).reshape(h * w, n * c)
-    total = operator.astype(np.float32) @ columns  # (H * W, N * C)
+    columns = np.ascontiguousarray(x.transpose(1, 2, 0, 3), dtype=dtype).reshape(h * w, n * c)
+    total = operator.astype(dtype) @ columns  # (H * W, N * C)
     return total.reshape(h, w, n, c).transpose(2, 0, 1, 3)
 
 

@@ -18,17 +18,24 @@ SIDE_SHOOTS = 4
 
 
 def snow(images: np.ndarray, params: tuple, rng: np.random.Generator) -> np.ndarray:
-    """Flakes: Gaussian noise zoomed, thresholded, motion-blurred downwards (ImageMagick's blur at an angle in
-    [-135, -45) degrees), added twice (upright and turned by 180 degrees) to an image lifted towards
-    ``1.5 grey + 0.5``."""
-    mean, std, zoom, threshold, radius, sigma, keep = params
+    """:func:`snow_apply` with flakes drawn from a normal distribution and a fall angle in [-135, -45) degrees per
+    image."""
+    mean, std = params[:2]
     n, h, w = images.shape[:3]
+    noise = rng.normal(loc=mean, scale=std, size=(n, h, w))
+    return snow_apply(images, params, noise, rng.uniform(-135, -45, size=n))
+
+
+def snow_apply(images: np.ndarray, params: tuple, noise: np.ndarray, angles: np.ndarray) -> np.ndarray:
+    """Flakes from given noise (N, H, W): zoomed (the generators' clipped zoom), set to 0 under the threshold, stored
+    as 8-bit grey, motion-blurred at ``angles`` (ImageMagick's blur), added twice (upright and turned by 180 degrees)
+    to the image lifted towards ``1.5 grey + 0.5``."""
+    _, _, zoom, threshold, radius, sigma, keep = params
     x = images.astype(np.float32) / 255.0
-    layer = zoom_sum(rng.normal(loc=mean, scale=std, size=(n, h, w, 1)), (zoom,))
+    layer = zoom_sum(noise[..., None], (zoom,), dtype=np.float64)
     layer[layer < threshold] = 0
     flakes = (np.clip(layer, 0, 1) * 255).astype(np.uint8)
-    angles = rng.uniform(-135, -45, size=n)
-    flakes = magick_uint8(motion_blur_float(flakes, radius, sigma, angles)) / np.float32(255.0)
+    flakes = magick_uint8(motion_blur_float(flakes, radius, sigma, angles)) / 255.0
     grey = x @ np.float32([0.299, 0.587, 0.114])  # OpenCV's RGB2GRAY weights
     x = keep * x + (1 - keep) * np.maximum(x, grey[..., None] * 1.5 + 0.5)
     return to_uint8(x + flakes + flakes[:, ::-1, ::-1])
