@@ -148,8 +148,9 @@ def render_report(
         mistakes: The most confident errors (:func:`~vit.explain.mistakes.worst_mistakes`) of these images: a
             section of their maps of the predicted and of the true class, and the explorer's "mistakes only" filter.
     """
-    body = _static_body(files, explanation, title, alpha, max_bytes, mistakes)
-    if model is None or pixels is None:
+    standalone = model is None or pixels is None
+    body = _static_body(files, explanation, title if standalone else None, alpha, max_bytes, mistakes)
+    if standalone:
         return str(_macros().page(title, Markup(_css()), body))
     payload = explorer_payload(
         model, pixels, mean=mean, std=std, class_names=explanation.class_names, labels=explanation.labels,
@@ -165,10 +166,15 @@ def render_report(
 
 
 def _static_body(
-    files: Sequence[Path], explanation: Explanation, title: str, alpha: float, max_bytes: int, mistakes: Mistakes | None
+    files: Sequence[Path],
+    explanation: Explanation,
+    title: str | None,
+    alpha: float,
+    max_bytes: int,
+    mistakes: Mistakes | None,
 ) -> Markup:
     """The static sections: overlays (of the first images whose panels fit ``max_bytes``, with a note), statistics,
-    per-head maps, faithfulness."""
+    per-head maps, faithfulness; under the ``title`` heading, or under the explorer's (``None``)."""
     macros, captions, maps = _macros(), explanation.captions(), explanation.maps
     target = explanation.target
     target = "the predicted class" if target is None else f"class {explanation.class_name(target)}"
