@@ -160,9 +160,10 @@ def write_best_config(path: Path, plan: Plan, best: Row) -> Path:
     budget = plan.budget(best.rung)
     length = f"in {format_duration(budget)} (model.schedule time)" if budget else "as configured"
     lines = [
-        f"# The best configuration of sweep {plan.sweep.name} ({plan.sweep.source}): trial {best.trial.number} of "
-        f"rung {best.rung}, trained {length},",
-        f"# {plan.sweep.metric} {best.trial.value:.4f}; run folder {best.trial.user_attrs.get('run_dir', '?')}.",
+        f"# The best configuration of sweep {plan.sweep.name} ({plan.sweep.source}):",
+        f"# trial {best.trial.number} of rung {best.rung}, trained {length}: "
+        f"{plan.sweep.metric} {best.trial.value:.4f},",
+        f"# run folder {best.trial.user_attrs.get('run_dir', '?')}.",
         f"# Base config: {', '.join(files) or 'none'}; its own length (trainer.max_time / max_epochs) is kept, and the",
         "# arguments given to every trial after `--` (a data folder) are not: give yours.",
         "#",
@@ -200,7 +201,12 @@ def write_figures(storage: Any, plan: Plan, found: Sequence[Row], folder: Path) 
                 except (ValueError, RuntimeError):  # e.g. every trial drew the same values: no importance
                     continue
                 figure = axes.figure if hasattr(axes, "figure") else axes[0].figure
-                figure.set_size_inches(9, 5)
+                figure.set_size_inches(max(9.0, 1.5 * (len(plan.sweep.searched) + 1)), 5)
+                if name == "parallel":
+                    _name_axes(axes, plan)
+                for collection in getattr(axes, "collections", []):  # Optuna's white-to-blue lines vanish on grey
+                    if collection.get_array() is not None:
+                        collection.set_cmap("viridis")
                 for loc in ("left", "center"):  # Optuna titles its plots on the left
                     title = axes.get_title(loc=loc) if hasattr(axes, "get_title") else ""
                     if title:
@@ -210,6 +216,16 @@ def write_figures(storage: Any, plan: Plan, found: Sequence[Row], folder: Path) 
     if any(r.trial.state == TrialState.COMPLETE for r in found):
         written.append(_save(progress_figure(found, plan), folder / "progress.png"))
     return written
+
+
+def _name_axes(axes, plan: Plan) -> None:
+    """The parallel coordinates' axes named by the last part of each key (Optuna cuts names at 20 characters, which
+    leaves ``model.model_overr...`` four times); its axes are the metric, then the parameters in sorted order."""
+    labels = [label.get_text() for label in axes.get_xticklabels()]
+    names = sorted(p.name for p in plan.sweep.searched)
+    short = [n.rsplit(".", 1)[-1] for n in names]
+    if len(labels) == len(names) + 1 and len(set(short)) == len(short):
+        axes.set_xticks(axes.get_xticks(), [labels[0], *short])
 
 
 def progress_figure(found: Sequence[Row], plan: Plan):
