@@ -11,6 +11,7 @@ into the run folder and W&B.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,7 @@ class ExplanationLogger(Callback):
         method_options: Options per method, as :func:`~vit.explain.explain` takes them, e.g. the gamma rule that
             ``vit explain --tune`` chose for this model: ``{"attnlrp": {"gamma": 0.05, "embed_gamma": 0}}`` (they
             win over stored ones).
-        mistakes: At the final validation, the most confident errors over the whole validation set, each with the
+        mistakes: At the final validation, the most confident errors over the validated batches, each with the
             main map of the predicted and of the true class (:func:`~vit.explain.mistakes.collect_mistakes`):
             ``rollout/mistakes_epoch_XXX.png``, and in W&B ``val/mistakes`` (the picture) and
             ``val/mistakes_table`` (image, true and predicted class, confidence, both maps); 0: none.
@@ -310,12 +311,15 @@ class ExplanationLogger(Callback):
             warn_on_failure("most confident mistakes", epoch, lambda: self.log_mistakes(trainer, model, epoch))
 
     def log_mistakes(self, trainer: Trainer, model: nn.Module, epoch: int) -> None:
-        """The most confident errors over the validation loader (:func:`~vit.explain.mistakes.collect_mistakes`):
-        their picture in the run folder and W&B, and a W&B table with both maps per mistake."""
+        """The most confident errors over the batches this validation ran (``limit_val_batches`` and
+        ``fast_dev_run`` hold; :func:`~vit.explain.mistakes.collect_mistakes`): their picture in the run folder and
+        W&B, and a W&B table with both maps per mistake."""
         loaders = trainer.val_dataloaders
         loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+        limit = trainer.num_val_batches[0] if trainer.num_val_batches else float("inf")
+        batches = loader if limit == float("inf") else itertools.islice(loader, int(limit))  # the batches validated
         options = self.explain_kwargs["options"].get(self.method)
-        found = collect_mistakes(model, loader, num=self.mistakes, mean=self.mean, std=self.std, method=self.method,
+        found = collect_mistakes(model, batches, num=self.mistakes, mean=self.mean, std=self.std, method=self.method,
                                  options=options, class_names=self.class_names)  # fmt: skip
         picture = render_mistakes(found, alpha=self.panel_kwargs["alpha"])
         if picture is None:
