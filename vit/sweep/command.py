@@ -67,7 +67,7 @@ def check(args: argparse.Namespace, sweep: Sweep) -> list[float]:
     if args.eta is not None and args.eta < 2:
         raise UsageError(f"--eta {args.eta}: the halving factor must be at least 2")
     budgets = rung_budgets(args.budget, args.eta or sweep.eta or 3, sweep.rungs)
-    if sweep.rungs and not budgets:
+    if sweep.eta is not None and not budgets:  # early_terminate: hyperband was asked for
         raise UsageError(f"{sweep.source}: early_terminate: hyperband needs --budget (the first rung's time, e.g. 5m)")
     if budgets:
         for p in sweep.parameters:

@@ -147,6 +147,13 @@ class Sweeper:
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
+    """Let the workers stop their trials after an interrupt: the terminal's Ctrl-C reached them too; one that is still
+    running after a few seconds (the interrupt went to this process alone) gets SIGTERM, which it takes as Ctrl-C."""
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
     for proc in procs:
         try:
             proc.wait(timeout=120)

@@ -103,7 +103,6 @@ class Worker:
         study = trial.study
         trial.set_user_attr(WORKER_ATTR, worker_id())
         trial.set_user_attr(REASON_ATTR, "")  # a retry inherits the user attributes of the trial it repeats
-        self.running = (study, trial.number)
         frozen = study.get_trials(deepcopy=False)[trial.number]
         if rung == 0 and CONFIG_ATTR not in trial.user_attrs and not is_retry(frozen):
             if self.plan.sweep.method != "grid" and surplus(study, self.plan, trial.number):
@@ -116,6 +115,7 @@ class Worker:
         args = fit_arguments(self.plan.fit_args, values, self.folder / "trials", budget, self.group)
         stem = self.folder / "logs" / f"rung{rung}-trial{trial.number}"
         trial.set_user_attr("log", str(stem.with_suffix(".log")))
+        self.running = (study, trial.number)  # what an interrupt fails and enqueues again
         try:
             outcome = run_trial(args, self.plan.sweep.metric, stem.with_suffix(".json"), stem.with_suffix(".log"))
         except KeyboardInterrupt:
