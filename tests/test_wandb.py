@@ -174,3 +174,26 @@ def test_vit_test_ends_with_its_wandb_folder_and_sync_command(offline_runs, tmp_
     cli.trainer.logger.experiment.finish()
     (folder,) = Path(cli.trainer.default_root_dir, "wandb").glob("offline-run-*")
     assert f"W&B run: {folder}  (upload: wandb sync {folder})\n" in capsys.readouterr().out
+
+
+def test_the_sync_command_of_a_resumed_offline_run_uploads_every_part(tmp_path, monkeypatch):
+    """Offline, each resume writes one more offline-run-<time>-<id> folder: one command uploads them all, which
+    `wandb sync` joins into one run."""
+    from vit.callbacks import run_summary
+
+    wandb_dir = tmp_path / "wandb"
+    names = [
+        "offline-run-20261205_080000-abc123",
+        "offline-run-20261205_090000-abc123",
+        "offline-run-20261205_070000-zz9",
+    ]
+    for name in names:
+        (wandb_dir / name).mkdir(parents=True)
+    resumed, alone = wandb_dir / names[1], wandb_dir / names[2]
+    monkeypatch.setattr(run_summary, "wandb_run_folders", lambda trainer: [(resumed, True), (alone, True)])
+    pattern = "offline-run-*-abc123"
+    assert run_summary.wandb_lines(None) == [
+        f"W&B run: {resumed} and 1 earlier part of this resumed run  (upload: wandb sync {wandb_dir}/{pattern})",
+        f"W&B run: {alone}  (upload: wandb sync {alone})",
+    ]
+    assert sorted(p.name for p in wandb_dir.glob(pattern)) == names[:2]  # the shell's expansion: both parts

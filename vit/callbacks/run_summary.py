@@ -138,11 +138,19 @@ class RunSummary(Callback):
 
 
 def wandb_lines(trainer: Trainer) -> list[str]:
-    """``W&B run: <folder>`` for each W&B run of the trainer, with the ``wandb sync`` command of an offline one."""
-    return [
-        f"W&B run: {folder}" + (f"  (upload: wandb sync {folder})" if offline else "")
-        for folder, offline in wandb_run_folders(trainer)
-    ]
+    """``W&B run: <folder>`` for each W&B run of the trainer, with the ``wandb sync`` command of an offline one. A
+    resumed offline run has a folder per part (``offline-run-<time>-<id>``, one id): the command uploads them all,
+    which ``wandb sync`` joins into one run in the order they started."""
+    lines = []
+    for folder, offline in wandb_run_folders(trainer):
+        run_id = folder.name.rsplit("-", 1)[-1]
+        parts = sorted(folder.parent.glob(f"offline-run-*-{run_id}")) if offline else []
+        if len(parts) > 1:
+            earlier = f" and {len(parts) - 1} earlier part{'s' * (len(parts) > 2)} of this resumed run"
+            lines.append(f"W&B run: {folder}{earlier}  (upload: wandb sync {folder.parent}/offline-run-*-{run_id})")
+        else:
+            lines.append(f"W&B run: {folder}" + (f"  (upload: wandb sync {folder})" if offline else ""))
+    return lines
 
 
 def _time_budget(trainer: Trainer) -> TimeBudget | None:
