@@ -100,3 +100,27 @@ def test_last_without_runs_is_the_same_error_in_every_subcommand(argv, tmp_path,
         "`vit fit --config quickstart`, or pass a .ckpt file or a run folder"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pictures"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["explain", "nope.ckpt", "pictures"],
+        ["explain", "--ckpt_path", "nope.ckpt", "pictures"],
+        ["export", "--ckpt_path", "nope.ckpt", "--out", "exported"],
+        ["predict", "--ckpt_path", "nope.ckpt", "--data.predict_dir", "pictures"],
+        ["validate", "--ckpt_path", "nope.ckpt"],
+        ["fit", "--ckpt_path", "nope.ckpt"],
+    ],
+)
+def test_a_missing_checkpoint_is_the_same_sentence_in_every_subcommand(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pictures").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "pictures" / "0.png")
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    assert raised.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        "error: checkpoint nope.ckpt not found: pass a .ckpt file, a run folder, or last / best (of the newest run "
+        "of --config, or of every run under runs/)"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pictures"]
