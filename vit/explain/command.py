@@ -3,14 +3,17 @@
     vit explain CHECKPOINT IMAGE_OR_FOLDER [...] [--methods attnlrp,rollout,...] [--faithfulness] [--json out.json]
                 [--html report.html] [--out explanations]
     vit explain CHECKPOINT --split val --limit 500 --methods rollout,attribution,attnlrp,ig --faithfulness
+    vit explain --config quickstart --ckpt_path last my_digits/ --html report.html
 
-CHECKPOINT is a Lightning ``.ckpt`` written by ``vit fit`` (model, image size, normalisation and class names come
-from it), or plain weights (``.pth``/``.safetensors``, timm's included) with ``--model PRESET`` (ImageNet
-normalisation, ``--img-size``, class indices as names). ``--methods`` takes names of ``vit.explain.METHODS``
+CHECKPOINT (or ``--ckpt_path``) is a Lightning ``.ckpt`` written by ``vit fit``, a run folder, or ``last`` / ``best``
+of the newest run of ``--config`` (model, image size, normalisation and class names come from it), or plain weights
+(``.pth``/``.safetensors``, timm's included) with ``--model PRESET`` (ImageNet normalisation, ``--img-size``, class
+indices as names). ``--methods`` takes names of ``vit.explain.METHODS``
 (default: the method ``--tune`` chose for this checkpoint, stored beside it in ``<checkpoint>.explain.json``, else
 AttnLRP, the map measured most faithful among those a plain install has). Per image and method it writes
 ``<out>/<name>_<method>.png`` (image | overlay with a colour bar, prediction in the caption) plus a grid per method,
-and prints the predicted class and its probability. ``--faithfulness`` measures every method by deletion and
+and prints the predicted class and its probability (with ``--split val``, the true class, a mark on each mistake and
+the accuracy; :mod:`~vit.explain.console`). ``--faithfulness`` measures every method by deletion and
 insertion beside a random patch order (Petsiuk et al., "RISE", BMVC 2018) with 95 % bootstrap intervals and the
 time per image (:func:`~vit.explain.benchmark_methods`), prints the table and writes it as JSON (``--json``, else
 ``<out>/faithfulness.json``) with the curves as ``<out>/faithfulness_curves.png``. Bad input (an unknown method, one
