@@ -166,11 +166,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--tune-images", type=int, default=100, help="with --tune: held-out validation images measured (default: 100)"
     )
-    parser.add_argument(
-        "--mistakes", type=int, default=16, help="with --split val: the N most confident errors among the images, "
-        "with the map of the predicted and of the true class side by side: <out>/mistakes.png and the report; 0: none "
-        "(default: 16)",
-    )  # fmt: skip
+    parser.add_argument("--mistakes", type=int, default=16, help="with --split val: the N most confident errors, "
+                        "maps of predicted and true class: <out>/mistakes.png, the report; 0: none "
+                        "(default: 16)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=16, help="perturbation steps of --faithfulness (default: 16)")
     parser.add_argument(
         "--removal", default=None, help="with --faithfulness: how a patch is removed, comma-separated, a table each: "
