@@ -9,74 +9,20 @@ effect of an import.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 
 from . import vision_transformer
-from .presets import list_models, model_config
-from .pretrained_cfg import default_pretrained_cfg, preset_pretrained_cfg
-from .vision_transformer import _DEFAULTS, VisionTransformer
+from .presets import build, list_models, preset_cfg
 
 DEFAULT_PREFIX = "vit_pkg_"
 """The start of every registered name; ``vit_`` keeps timm's filters for ViTs (its tests' ``vit_*``) choosing them."""
-
-FEATURE_OPTIONS = ("out_indices", "output_fmt", "norm")
-"""``features_only`` options: which blocks (timm's ViT default, 3: the last three), ``"NCHW"`` or ``"NLC"``, and
-whether the final norm is applied to each."""
 
 
 def timm_name(preset: str, prefix: str = DEFAULT_PREFIX) -> str:
     """The name preset ``preset`` is registered under in timm's registry."""
     return prefix + preset.removeprefix("vit_")
-
-
-def preset_cfg(preset: str, **overrides: Any) -> dict[str, Any]:
-    """The ``pretrained_cfg`` of preset ``preset`` built with ``overrides`` (without building it)."""
-    args = {**_DEFAULTS, **model_config(preset, **overrides)}
-    keys = ("img_size", "in_chans", "num_classes", "dynamic_img_size", "conv_stem")
-    return preset_pretrained_cfg(preset, default_pretrained_cfg(*(args[key] for key in keys)))
-
-
-def build(preset: str, variant: str | None = None, features_only: bool = False, **kwargs: Any) -> torch.nn.Module:
-    """Preset ``preset`` built by timm's ``build_model_with_cfg``, as timm builds its ViTs.
-
-    Args:
-        preset: The preset's name in :func:`~vit.models.list_models`.
-        variant: The name timm knows it by (default: ``preset``).
-        features_only: A timm ``FeatureGetterNet`` over the model's blocks (see :data:`FEATURE_OPTIONS`).
-        **kwargs: :class:`~vit.models.VisionTransformer` arguments, timm's ``device`` and ``dtype``, the
-            ``features_only`` options, and what timm's ``create_model`` passes (``pretrained_cfg``, ...).
-
-    Raises:
-        TypeError: On an argument that neither the model nor the feature wrapper takes.
-        ValueError: On a ``features_only`` option without ``features_only``.
-    """
-    from timm.models import build_model_with_cfg
-
-    features = {key: kwargs.pop(key) for key in FEATURE_OPTIONS if key in kwargs}
-    if features and not features_only:
-        raise ValueError(f"{', '.join(features)} choose the features of features_only=True: pass it too")
-    feature_cls = kwargs.pop("feature_cls", "getter")
-    if kwargs.get("pretrained_cfg") is None:  # the model as built: a fresh model has no other weights to describe
-        overrides = {k: v for k, v in kwargs.items() if k in _DEFAULTS}
-        kwargs["pretrained_cfg"] = {**preset_cfg(preset, **overrides), "architecture": variant or preset}
-    return build_model_with_cfg(
-        _construct,
-        variant or preset,
-        pretrained=False,
-        feature_cfg=dict(out_indices=features.pop("out_indices", 3), feature_cls=feature_cls, **features),
-        features_only=features_only,
-        **{**model_config(preset), **kwargs},
-    )
-
-
-def _construct(device: Any = None, dtype: torch.dtype | None = None, **kwargs: Any) -> VisionTransformer:
-    """The model on ``device`` (every parameter and buffer made there) in ``dtype``, timm's factory arguments."""
-    with torch.device(device) if device is not None else contextlib.nullcontext():
-        model = VisionTransformer(**kwargs)
-    return model if dtype is None else model.to(dtype=dtype)
 
 
 def register_timm_models(prefix: str = DEFAULT_PREFIX) -> list[str]:
