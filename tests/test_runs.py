@@ -62,6 +62,9 @@ def test_two_fits_keep_two_runs_and_last_continues_the_newer(tmp_path, capsys):
     assert f"resuming from {newer / 'checkpoints' / 'last.ckpt'}: step 8, epoch 2\n" in err
     assert third.trainer.global_step == 12 and ckpt(newer / "checkpoints" / "last.ckpt")["epoch"] == 2
     assert ckpt(Path(first.trainer.default_root_dir) / "checkpoints" / "last.ckpt")["epoch"] == 0  # untouched
+    fourth = cli_main(run_args(tmp_path, "--trainer.max_epochs", "4", "--ckpt_path", str(newer)))  # a run folder
+    assert Path(fourth.trainer.default_root_dir) == newer and len(list((tmp_path / "quickstart").iterdir())) == 2
+    assert fourth.trainer.global_step == 16 == ckpt(newer / "checkpoints" / "last.ckpt")["global_step"]  # in place
 
 
 def test_window_sliding_and_linear_runs_are_named_by_their_attention():
