@@ -20,8 +20,8 @@ def test_the_first_batch_is_timed_and_scaled_to_every_image(monkeypatch, capsys)
     assert call("model", torch.zeros(90, 3), ["attnlrp"], labels=torch.arange(90), show_progress=True, steps=8) == 90
     assert calls == [(4, [0, 1, 2, 3], False, 8), (90, list(range(90)), True, 8)]
     assert capsys.readouterr().err == (
-        "estimate: about 1 min 8 s for 90 images with --faithfulness, --heads (the first 4 took 3.0 s); "
-        "--limit N explains fewer\n"
+        "estimate: about 1 min 8 s for --faithfulness, --heads on 90 images (the first 4 took 3.0 s, at this load; "
+        "overlays and report after); --limit N for fewer\n"
     )  # 3 s / 4 images x 90 = 67.5 s
 
 

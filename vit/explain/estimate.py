@@ -2,7 +2,8 @@
 
 The measurements (``--faithfulness``, ``--sanity``, ``--heads``) cost time in proportion to the images: the first
 :data:`PROBE` images go through the same call, silently, and the time they took, scaled to all images, is printed as
-one line on stderr before the whole run starts. The first batch is computed twice (2-5 % more time for a few hundred
+one line on stderr before the whole run starts. The estimate holds while the machine's load does; the overlays and
+the report, written afterwards, are not in it. The first batch is computed twice (2-5 % more time for a few hundred
 images): the price of knowing at once whether to wait, to lower ``--limit`` or to come back later.
 """
 
@@ -46,8 +47,8 @@ def estimated(explain: Callable[..., Any], what: str, probe: int = PROBE) -> Cal
             explain(model, pixels[:probe], methods, **first)
             seconds = time.perf_counter() - started
             print(
-                f"estimate: about {duration(seconds * len(pixels) / probe)} for {len(pixels)} images with {what} "
-                f"(the first {probe} took {seconds:.1f} s); --limit N explains fewer",
+                f"estimate: about {duration(seconds * len(pixels) / probe)} for {what} on {len(pixels)} images (the "
+                f"first {probe} took {seconds:.1f} s, at this load; overlays and report after); --limit N for fewer",
                 file=sys.stderr,
                 flush=True,
             )
