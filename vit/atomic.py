@@ -76,21 +76,25 @@ def remove_stale_temporaries(path: str | Path) -> list[Path]:
     removed = []
     for tmp in path.parent.glob(f".{path.name}{TMP_MARK}*"):
         pid = tmp.name[len(f".{path.name}{TMP_MARK}") :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             with contextlib.suppress(OSError):
                 tmp.unlink()
                 removed.append(tmp)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (a zombie counts as gone: it will never finish its work)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def default_mode(folder: bool = False) -> int:

@@ -24,6 +24,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartb
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from vit.atomic import process_alive
 from vit.errors import UsageError
 
 JOURNAL_FILE = "study.journal"
@@ -99,7 +100,7 @@ def reap_lost_trials(study: optuna.Study, max_retry: int) -> list[int]:
         worker = str(trial.user_attrs.get(WORKER_ATTR, ""))
         where, _, pid = worker.rpartition(":")
         if worker:
-            gone = where == host and pid.isdigit() and not _alive(int(pid))
+            gone = where == host and pid.isdigit() and not process_alive(int(pid))
         else:
             started = trial.datetime_start or datetime.now()
             gone = datetime.now() - started > UNCLAIMED_AFTER
@@ -112,20 +113,6 @@ def reap_lost_trials(study: optuna.Study, max_retry: int) -> list[int]:
         lost.append(trial.number)
         retry(study, study.get_trials(deepcopy=False)[trial.number])
     return lost
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (a zombie counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _without_password(url: str) -> str:
