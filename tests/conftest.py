@@ -168,6 +168,19 @@ def trained_checkpoint(tmp_path_factory, tiny_classifier, digits) -> Path:
     return folder / "tiny.ckpt"
 
 
+@pytest.fixture(scope="module")
+def trained_batch(trained_checkpoint, digits):
+    """The model of :func:`trained_checkpoint` in eval mode and its first normalised validation batch with labels."""
+    from vit import ImageClassifier
+
+    model = ImageClassifier.load_from_checkpoint(trained_checkpoint, map_location="cpu").eval_model.eval()
+    data = digits()
+    data.setup("fit")
+    images, labels = next(iter(data.val_dataloader()))
+    images = data.normalize(images) if not images.is_floating_point() else images
+    return model, images, labels
+
+
 PHOTO_CLASSES = ["china", "flower"]
 
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 from torch import nn
 
-from vit import ImageClassifier
 from vit.callbacks import ExplanationLogger
 from vit.explain import benchmark_methods, lrp, tune_gamma
 from vit.explain.lrp import relevance_rules
@@ -91,13 +90,9 @@ def test_a_bad_gamma_is_refused(random_vit, bad):
 
 
 @pytest.fixture(scope="module")
-def trained(trained_checkpoint, digits):
+def trained(trained_batch):
     """The session's tiny digits model and 12 of its validation images with their labels."""
-    model = ImageClassifier.load_from_checkpoint(trained_checkpoint, map_location="cpu").eval_model.eval()
-    data = digits()
-    data.setup("fit")
-    images, labels = next(iter(data.val_dataloader()))
-    images = data.normalize(images) if not images.is_floating_point() else images
+    model, images, labels = trained_batch
     return model, images[:12], labels[:12]
 
 

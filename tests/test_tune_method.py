@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from vit import ImageClassifier
 from vit.explain import explain_map, faithfulness, tune_method
 from vit.explain.choice import MethodChoice, StaleChoice, choice_path, read_choice, stored_methods, write_choice
 from vit.explain.command import main
@@ -18,13 +17,9 @@ from vit.explain.tuning import CANDIDATES
 
 
 @pytest.fixture(scope="module")
-def trained(trained_checkpoint, digits):
+def trained(trained_batch):
     """The session's tiny digits model (global attention: every removal applies) and 10 validation images."""
-    model = ImageClassifier.load_from_checkpoint(trained_checkpoint, map_location="cpu").eval_model.eval()
-    data = digits()
-    data.setup("fit")
-    images, labels = next(iter(data.val_dataloader()))
-    images = data.normalize(images) if not images.is_floating_point() else images
+    model, images, labels = trained_batch
     return model, images[:10], labels[:10]
 
 
