@@ -61,6 +61,30 @@ def test_load_a_checkpoint_and_an_export_folder(checkpoint, tmp_path):
         torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
 
 
+def test_load_features_only_is_timms_feature_getter_over_the_loaded_model(checkpoint):
+    """``vit.load(..., features_only=True)`` gives what timm's own ``FeatureGetterNet`` gives over the same loaded
+    model, with timm's feature ``pretrained_cfg`` (no classifier, the checkpoint's preprocessing kept)."""
+    from timm.models._features import FeatureGetterNet
+
+    path, _ = checkpoint
+    features = vit.load(path, features_only=True, out_indices=(0, 1), output_fmt="NLC")
+    reference = FeatureGetterNet(vit.load(path), out_indices=(0, 1), output_fmt="NLC").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        for got, expected in zip(features(x), reference(x), strict=True):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert features.feature_info.channels() == reference.feature_info.channels()
+    assert "classifier" not in features.pretrained_cfg and features.pretrained_cfg["mean"] == MEAN
+    with pytest.raises(UsageError, match="out_indices choose the features of features_only=True"):
+        vit.load(path, out_indices=(0,))
+
+
+def test_a_loaded_model_keeps_the_cfg_keys_of_a_created_one(checkpoint):
+    """The checkpoint's description adds to timm's keys of the model (first_conv, classifier), never drops them."""
+    cfg = vit.load(checkpoint[0]).pretrained_cfg
+    assert cfg["first_conv"] == "patch_embed.proj" and cfg["classifier"] == "head" and cfg["label_names"] == NAMES
+
+
 def test_ema_weights_are_chosen_when_present(tmp_path, save_checkpoint):
     module = save_checkpoint(tmp_path / "ema.ckpt", ema=True)
     x = torch.randn(2, 3, 32, 32)

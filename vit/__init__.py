@@ -2,9 +2,10 @@
 
 A plain install (``pip install vit``) brings every dependency listed in ``pyproject.toml``: the model layer's (torch,
 timm), the training stack's (Lightning, torchmetrics, jsonargparse, albumentations, OpenCV, scikit-learn, W&B,
-LitData, simplejpeg) and the drawing of explanations (matplotlib, Pillow); the ``export`` extra adds ONNX and ONNX
-Runtime for ``vit export --onnx``, the ``explain`` extra captum and grad-cam for the integrated-gradients and
-Grad-CAM baselines of ``vit.explain``.
+LitData, simplejpeg), the drawing of explanations (matplotlib, Pillow) and ``vit sweep``'s Optuna; then
+the ``export`` extra adds ONNX and ONNX Runtime for ``vit export --onnx``, the ``explain`` extra captum and grad-cam
+for the integrated-gradients and Grad-CAM baselines of ``vit.explain``, the ``sweep`` extra psycopg for a study on
+PostgreSQL (``vit sweep --storage postgresql://...``).
 
 ``import vit`` runs this file and :mod:`vit.lazy` only (the standard library's ``os``, ``sys`` and ``importlib``), so
 the ``vit`` command answers ``--help`` before torch is loaded. Every public name is imported from its module on first

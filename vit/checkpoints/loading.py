@@ -47,7 +47,7 @@ def build(meta: Mapping[str, Any]) -> VisionTransformer:
     except (TypeError, ValueError) as err:
         saved = (meta.get("versions") or {}).get("vit", "?")
         raise IncompatibleCheckpointError(f"cannot rebuild the model (saved by vit {saved}): {err}") from None
-    model.pretrained_cfg = pretrained_cfg(meta)
+    model.pretrained_cfg = {**model.pretrained_cfg, **pretrained_cfg(meta)}  # timm's keys the model knows stay
     return model
 
 
@@ -164,7 +164,9 @@ def apply_temperature(model: VisionTransformer, meta: Mapping[str, Any]) -> Visi
     return model
 
 
-def load(path: str | Path, ema: bool | None = None, calibrated: bool = True) -> VisionTransformer:
+def load(
+    path: str | Path, ema: bool | None = None, calibrated: bool = True, features_only: bool = False, **features: Any
+) -> torch.nn.Module:
     """The :class:`~vit.VisionTransformer` of a checkpoint (``vit fit``) or an export folder (``vit export``), in eval
     mode, with its preprocessing in ``model.pretrained_cfg`` (timm's keys: ``input_size``, ``mean``, ``std``,
     ``interpolation``, ``crop_pct``, ``label_names``).
@@ -175,9 +177,20 @@ def load(path: str | Path, ema: bool | None = None, calibrated: bool = True) -> 
             (``None``, what validation used).
         calibrated: With a temperature fitted by ``vit calibrate``, the head divided by it (:func:`apply_temperature`),
             so ``model(x).softmax(-1)`` are calibrated probabilities; ``False``: the weights as trained.
+        features_only: timm's ``FeatureGetterNet`` over the loaded model's blocks instead of the classifier, as
+            :func:`~vit.models.create_model` and ``timm.create_model(..., features_only=True)`` return.
+        **features: With ``features_only``: ``out_indices`` (default 3: the last three blocks), ``output_fmt``
+            (``"NCHW"`` or ``"NLC"``), ``norm``.
 
     Raises:
         VitError: If ``path`` is neither, or its weights do not fit the model it describes.
     """
+    if features and not features_only:
+        raise UsageError(f"{', '.join(features)} choose the features of features_only=True: pass it too")
     loaded = load_any(path, ema)
-    return apply_temperature(loaded.model, loaded.meta) if calibrated else loaded.model
+    model = apply_temperature(loaded.model, loaded.meta) if calibrated else loaded.model
+    if not features_only:
+        return model
+    from vit.models.presets import feature_getter
+
+    return feature_getter(model, **features)

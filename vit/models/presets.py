@@ -112,6 +112,28 @@ FEATURE_OPTIONS = ("out_indices", "output_fmt", "norm")
 whether the final norm is applied to each."""
 
 
+def feature_getter(model: VisionTransformer, **options: Any) -> nn.Module:
+    """timm's ``FeatureGetterNet`` over an existing ``model`` (a loaded one, say), as :func:`build` returns with
+    ``features_only=True``: the outputs of the blocks chosen by :data:`FEATURE_OPTIONS`, timm's feature
+    ``pretrained_cfg``.
+
+    Raises:
+        TypeError: On an option that is not one of :data:`FEATURE_OPTIONS`.
+    """
+    from timm.models._builder import pretrained_cfg_for_features
+    from timm.models._features import FeatureGetterNet
+
+    unknown = set(options) - set(FEATURE_OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"unknown features_only option {', '.join(sorted(unknown))}; options: {', '.join(FEATURE_OPTIONS)}"
+        )
+    cfg = model.pretrained_cfg
+    wrapper = FeatureGetterNet(model, out_indices=options.pop("out_indices", 3), **options)
+    wrapper.pretrained_cfg = pretrained_cfg_for_features(cfg)
+    return wrapper
+
+
 def preset_cfg(preset: str, **overrides: Any) -> dict[str, Any]:
     """The ``pretrained_cfg`` of preset ``preset`` built with ``overrides`` (without building it)."""
     args = {**_DEFAULTS, **model_config(preset, **overrides)}
