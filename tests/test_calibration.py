@@ -143,7 +143,8 @@ def test_vit_test_scores_the_calibrated_probabilities(tmp_path, learned_checkpoi
     from vit.main import main
 
     out = tmp_path / "calibrated.ckpt"
-    assert main(["calibrate", str(learned_checkpoint), "--out", str(out), "--report_dir", str(tmp_path / "r")]) == 0
+    argv = ["calibrate", "--ckpt_path", str(learned_checkpoint), "--out", str(out), "--report_dir", str(tmp_path / "r")]
+    assert main(argv) == 0  # --ckpt_path, as every subcommand names a checkpoint
     cli_main(["test", f"--ckpt_path={out}", "--data.dataset=digits", "--data.num_workers=0",
               "--trainer.accelerator=cpu", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
               f"--trainer.default_root_dir={tmp_path / 'test'}"])  # fmt: skip
@@ -153,3 +154,19 @@ def test_vit_test_scores_the_calibrated_probabilities(tmp_path, learned_checkpoi
     assert temperature == json.loads((tmp_path / "r" / "evaluation.json").read_text())["calibration"]["temperature"]
     assert result["nll"] == pytest.approx(_nll(logits.double().numpy(), labels.numpy(), temperature), abs=1e-5)
     assert result["accuracy"] == pytest.approx(float((logits.argmax(1) == labels).double().mean()), abs=1e-6)
+
+
+def test_vit_calibrate_names_a_missing_checkpoint_as_every_subcommand_does(tmp_path, capsys):
+    """No checkpoint, and ``last`` without runs: one ``error:`` line each, exit 2, the words of ``vit export``."""
+    from vit.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate"])
+    assert exit_info.value.code == 2 and "name the checkpoint: --ckpt_path CKPT" in capsys.readouterr().err
+    words = []
+    for command in ("calibrate", "export"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--ckpt_path", "last", "--runs_dir", str(tmp_path), "--out", str(tmp_path / command)])
+        assert exit_info.value.code == 2
+        words.append(capsys.readouterr().err)
+    assert words[0] == words[1] and words[0].startswith("error:")

@@ -1,7 +1,9 @@
-"""``vit calibrate CKPT [--out FILE]``: fit a checkpoint's temperature (Guo et al. 2017) and write a calibrated copy.
+"""``vit calibrate --ckpt_path CKPT [--out FILE]``: fit a checkpoint's temperature (Guo et al. 2017), write a copy.
 
 The temperature is fitted by NLL with L-BFGS on half of the run's validation split (every other image) and reported
-on the other half (:func:`vit.evaluation.calibration.calibrate_checkpoint`). ``CKPT`` is never changed: the copy,
+on the other half (:func:`vit.evaluation.calibration.calibrate_checkpoint`). ``CKPT`` (or the first positional
+argument) is a ``.ckpt``, a run folder, or ``last`` / ``best`` of the newest run of ``--config``, as in every
+subcommand (:mod:`vit.checkpoints.naming`); it is never changed: the copy,
 ``<name>-calibrated.ckpt`` beside it unless ``--out`` says otherwise, carries the temperature in its inference
 description, and ``vit test``, ``vit predict``, ``vit export``, :func:`vit.load` and :class:`vit.Predictor` use it.
 The report (``evaluation.json``, ``reliability.png`` before / after) goes to a new ``calibrate-<time>`` folder of the
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..checkpoints.files import check_checkpoint_path
+from ..checkpoints.naming import add_checkpoint_arguments, find_checkpoint
 from ..errors import EXIT_OK, ArgumentParser, UsageError
 
 
@@ -24,7 +27,8 @@ def build_parser(prog: str = "vit calibrate") -> ArgumentParser:
         description="Fit a checkpoint's temperature on half of its validation split, report ECE before and after on "
         "the other half, and write a calibrated copy; the checkpoint itself is never changed.",
     )
-    parser.add_argument("checkpoint", help="a checkpoint of `vit fit` (never changed)")
+    parser.add_argument("checkpoint", nargs="?", help="the checkpoint, unless --ckpt_path names it (never changed)")
+    add_checkpoint_arguments(parser, required=False)
     parser.add_argument(
         "--out", default=None, help="the calibrated checkpoint to write, a new file (default: <name>-calibrated.ckpt)"
     )
@@ -38,8 +42,11 @@ def build_parser(prog: str = "vit calibrate") -> ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit calibrate") -> int:
-    args = build_parser(prog).parse_args(argv)
-    checkpoint = Path(args.checkpoint)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if (args.ckpt_path or args.checkpoint) is None:
+        parser.error("name the checkpoint: --ckpt_path CKPT or CKPT first (a .ckpt, a run folder, last or best)")
+    checkpoint = Path(find_checkpoint(args.ckpt_path or args.checkpoint, config=args.config, runs_dir=args.runs_dir))
     check_checkpoint_path(checkpoint)
     out = Path(args.out) if args.out else checkpoint.with_name(f"{checkpoint.stem}-calibrated.ckpt")
     if out.exists():
