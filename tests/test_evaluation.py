@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 
 import numpy as np
 import pytest
@@ -203,6 +205,7 @@ def test_vit_test_writes_the_evaluation(tmp_path, trained_checkpoint):
     assert result["accuracy"] == pytest.approx(float(logged["test/acc"]), abs=1e-6)
     assert result["nll"] == pytest.approx(float(logged["test/loss"]), abs=1e-5)
     assert result["num_images"] == 360 and sum(map(sum, result["confusion_matrix"])) == 360
-    assert result["command"].startswith("vit ") and result["checkpoint"] == str(trained_checkpoint)
+    # the process's own command line (under pytest-xdist a worker's argv is empty: then "vit" alone)
+    assert result["command"] == shlex.join(["vit", *sys.argv[1:]]) and result["checkpoint"] == str(trained_checkpoint)
     assert result["temperature"] is None and result["per_class"][0]["class"] == "0"
     assert {"confusion_matrix.png", "reliability.png", "evaluation.html"} <= {p.name for p in tmp_path.iterdir()}

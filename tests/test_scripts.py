@@ -210,13 +210,21 @@ def test_compare_plots_against_minutes(offline_runs, compare, monkeypatch):
 
 # ------------------------------------------------------------------------------------------------------ sweeps
 def sweep_combinations(path: Path) -> list[dict]:
-    """Every combination of a grid sweep's swept values (``values`` lists; single ``value`` entries included)."""
+    """The settings a sweep's trials can take: every combination of a grid sweep's values (single ``value`` entries
+    included); for a searched sweep each parameter's values and distribution ends (``min``, ``max``), cycled so that
+    every one appears in some combination (the full product of a search space is too large to parse each)."""
     sweep = yaml.safe_load(path.read_text())
     names, choices = [], []
     for name, spec in sweep["parameters"].items():
         names.append(name)
-        choices.append(spec["values"] if "values" in spec else [spec["value"]])
-    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*choices)]
+        if "values" in spec or "value" in spec:
+            choices.append(spec["values"] if "values" in spec else [spec["value"]])
+        else:
+            choices.append([spec["min"], spec["max"]])
+    if sweep.get("method") == "grid":
+        return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*choices)]
+    longest = max(len(c) for c in choices)
+    return [{n: c[i % len(c)] for n, c in zip(names, choices, strict=True)} for i in range(longest)]
 
 
 def test_there_is_a_window_vs_global_sweep():
