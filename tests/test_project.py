@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TEST_COMMAND = (
     'python -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" '
-    '&& pip install --no-deps "quantus>=0.6" "lxt>=2.1" && pytest -n auto --durations=20'
+    '&& pip install --no-deps "quantus>=0.6" "lxt>=2.1" "imagecorruptions>=1.1" && pytest -n auto --durations=20'
 )
 ELSEWHERE = re.compile(r"\.\./shared|/work/|(?<!Lightning )\bissues? #?\d+|device tool|\bthe carry\b", re.IGNORECASE)
 """Places and words of the workshop the project was built in, which a user does not have (an upstream project's
