@@ -33,19 +33,17 @@ TIMM_TESTS_RUN = {
     "test_model_forward_fx": 1,
     "test_model_backward_fx": 2,
 }
-# Every attention kind and head at CIFAR size, and the ImageNet-sized input: about 90 s of CPU in all.
-TIMM_PRESETS = [
-    "vit_tiny_patch4_32",
-    "vit_tiny_window_patch4_32",
-    "vit_tiny_sliding_patch4_32",
-    "vit_tiny_linear_patch4_32",
-    "vit_tiny_map_patch4_32",
-    "vit_tiny_patch16_224",
-]
+# Every preset, in two runs that pytest-xdist can give to two workers: the tiny ones (every attention kind and head at
+# CIFAR size, and the ImageNet-sized input; about 90 s of CPU) and the wider and deeper ones (about 200 s).
+TIMM_PRESETS = {
+    "tiny": [name for name in list_models() if name.startswith("vit_tiny_")],
+    "small_and_base": [name for name in list_models() if not name.startswith("vit_tiny_")],
+}
 
 
 @pytest.mark.slow
-def test_timms_model_tests_pass_on_our_presets(tmp_path):
+@pytest.mark.parametrize("group", list(TIMM_PRESETS))
+def test_timms_model_tests_pass_on_our_presets(tmp_path, group):
     if not TIMM_TESTS.exists():
         why = f"timm's tests/test_models.py of timm {timm.__version__} is not at {TIMM_TESTS}: run .ci/fetch_timm_tests"
         if os.environ.get("CI"):
@@ -54,7 +52,7 @@ def test_timms_model_tests_pass_on_our_presets(tmp_path):
     ids = [
         f"{TIMM_TESTS}::{test}[{batch}-vit_pkg_{name.removeprefix('vit_')}]"
         for test, batch in TIMM_TESTS_RUN.items()
-        for name in TIMM_PRESETS
+        for name in TIMM_PRESETS[group]
     ]
     report = tmp_path / "timm.xml"
     # Registered before timm's file is collected: its parametrisations read timm's registry at import.
