@@ -28,8 +28,9 @@ N_BINS = 15
 """Equal-width confidence bins of ECE, MCE and the reliability diagram (Guo et al. 2017)."""
 
 
-class NegativeLogLikelihood(Metric):
-    """Mean ``-log p_y`` of the softmax of logits (nats); its states are sums, reduced across ranks."""
+class _MeanPerImage(Metric):
+    """The mean over images of a per-image loss of the logits (``image_losses``); its states are sums, reduced across
+    ranks."""
 
     full_state_update = False
 
@@ -38,32 +39,30 @@ class NegativeLogLikelihood(Metric):
         self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
+    def image_losses(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
     def update(self, logits: torch.Tensor, target: torch.Tensor) -> None:
-        self.total += nn.functional.cross_entropy(logits.double(), target, reduction="sum")
+        self.total += self.image_losses(logits.double(), target).sum()
         self.count += target.numel()
 
     def compute(self) -> torch.Tensor:
         return self.total / self.count
 
 
-class BrierScore(Metric):
+class NegativeLogLikelihood(_MeanPerImage):
+    """Mean ``-log p_y`` of the softmax of logits (nats)."""
+
+    def image_losses(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits, target, reduction="none")
+
+
+class BrierScore(_MeanPerImage):
     """Mean over images of ``sum_k (p_k - [k == y])^2`` (0 is perfect, 2 the worst)."""
 
-    full_state_update = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, logits: torch.Tensor, target: torch.Tensor) -> None:
-        probs = logits.double().softmax(-1)
-        onehot = nn.functional.one_hot(target, probs.shape[-1]).double()
-        self.total += (probs - onehot).square().sum()
-        self.count += target.numel()
-
-    def compute(self) -> torch.Tensor:
-        return self.total / self.count
+    def image_losses(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        probs = logits.softmax(-1)
+        return (probs - nn.functional.one_hot(target, probs.shape[-1]).double()).square().sum(-1)
 
 
 class ReliabilityBins(Metric):
