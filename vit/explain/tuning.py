@@ -112,13 +112,19 @@ class GammaTuning:
 
     def table(self) -> str:
         """One line per candidate: the values, SRG per removal and averaged, ms per image; the choice marked."""
-        header = f"{'gamma':>7} {'embed':>7}  " + "".join(f"{'SRG ' + r:>10}" for r in self.removals)
-        lines = [f"{header}{'mean SRG':>10}  ms/img"]
-        for c in self.candidates:
-            mark = "  <- chosen" if c is self.chosen else ""
-            srg = "".join(f"{c.srg[r]:>+10.3f}" for r in self.removals)
-            lines.append(f"{c.gamma:>7g} {c.embed_gamma:>7g}  {srg}{c.mean_srg:>+10.3f}  {c.ms_per_image:.1f}{mark}")
-        return "\n".join(lines)
+        rows = [(f"{c.gamma:>7g} {c.embed_gamma:>7g}  ", c, c is self.chosen, "") for c in self.candidates]
+        return _srg_table(f"{'gamma':>7} {'embed':>7}  ", self.removals, rows)
+
+
+def _srg_table(head: str, removals: Sequence[str], rows: Sequence[tuple[str, Any, bool, str]]) -> str:
+    """The table of a tuning: ``head`` then SRG per removal, averaged, and ms per image; one line per ``(label,
+    candidate, chosen, note)``, the chosen one marked."""
+    lines = [head + "".join(f"{'SRG ' + r:>10}" for r in removals) + f"{'mean SRG':>10}  ms/img"]
+    for label, c, chosen, note in rows:
+        srg = "".join(f"{c.srg[r]:>+10.3f}" for r in removals)
+        mark = "  <- chosen" if chosen else ""
+        lines.append(f"{label}{srg}{c.mean_srg:>+10.3f}  {c.ms_per_image:.1f}{mark}{note}")
+    return "\n".join(lines)
 
 
 def tune_gamma(
@@ -272,14 +278,11 @@ class MethodTuning:
 
     def table(self) -> str:
         """One line per method: SRG per removal and averaged, ms per image; the choice marked."""
-        lines = [f"{'method':<12}" + "".join(f"{'SRG ' + r:>10}" for r in self.removals) + f"{'mean SRG':>10}  ms/img"]
+        rows = []
         for c in self.candidates:
-            mark = "  <- chosen" if c.method == self.method else ""
             options = ", ".join(f"{k} {v:g}" for k, v in c.options.items()) if any(c.options.values()) else ""
-            options = f" ({options})" if options else ""
-            srg = "".join(f"{c.srg[r]:>+10.3f}" for r in self.removals)
-            lines.append(f"{c.method:<12}{srg}{c.mean_srg:>+10.3f}  {c.ms_per_image:.1f}{mark}{options}")
-        return "\n".join(lines)
+            rows.append((f"{c.method:<12}", c, c.method == self.method, f" ({options})" if options else ""))
+        return _srg_table(f"{'method':<12}", self.removals, rows)
 
 
 def tune_method(
