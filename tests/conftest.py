@@ -266,6 +266,27 @@ def fit_args() -> TinyFit:
     return TinyFit()
 
 
+@pytest.fixture(scope="session")
+def digits_test_args():
+    """``digits_test_args(checkpoint, root, *extra)``: the arguments of a CPU ``vit test`` of ``checkpoint`` on the
+    digits' validation split, no logger, its files under ``root``."""
+
+    def args(checkpoint: Path, root: Path, *extra: str) -> list[str]:
+        return [
+            "test",
+            f"--ckpt_path={checkpoint}",
+            "--data.dataset=digits",
+            "--data.num_workers=0",
+            "--trainer.accelerator=cpu",
+            "--trainer.logger=false",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={root}",
+            *extra,
+        ]
+
+    return args
+
+
 @pytest.fixture(scope="module")
 def browser():
     """A headless Chromium (the system's) under Playwright; skips locally, fails under CI, when either is missing."""

@@ -138,16 +138,14 @@ def _val_images(checkpoint, count: int) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_vit_test_scores_the_calibrated_probabilities(tmp_path, learned_checkpoint):
+def test_vit_test_scores_the_calibrated_probabilities(tmp_path, learned_checkpoint, digits_test_args):
     from vit.cli import cli_main
     from vit.main import main
 
     out = tmp_path / "calibrated.ckpt"
     argv = ["calibrate", "--ckpt_path", str(learned_checkpoint), "--out", str(out), "--report_dir", str(tmp_path / "r")]
     assert main(argv) == 0  # --ckpt_path, as every subcommand names a checkpoint
-    cli_main(["test", f"--ckpt_path={out}", "--data.dataset=digits", "--data.num_workers=0",
-              "--trainer.accelerator=cpu", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
-              f"--trainer.default_root_dir={tmp_path / 'test'}"])  # fmt: skip
+    cli_main(digits_test_args(out, tmp_path / "test"))
     result = json.loads((tmp_path / "test" / "evaluation.json").read_text())
     logits, labels = _val_logits(learned_checkpoint)
     temperature = result["temperature"]

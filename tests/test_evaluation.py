@@ -185,21 +185,10 @@ def test_two_processes_give_the_numbers_of_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_vit_test_writes_the_evaluation(tmp_path, trained_checkpoint):
+def test_vit_test_writes_the_evaluation(tmp_path, trained_checkpoint, digits_test_args):
     from vit.cli import cli_main
 
-    cli = cli_main(
-        [
-            "test",
-            f"--ckpt_path={trained_checkpoint}",
-            "--data.dataset=digits",
-            "--data.num_workers=0",
-            "--trainer.accelerator=cpu",
-            "--trainer.logger=false",
-            "--trainer.enable_progress_bar=false",
-            f"--trainer.default_root_dir={tmp_path}",
-        ]
-    )
+    cli = cli_main(digits_test_args(trained_checkpoint, tmp_path))
     result = json.loads((tmp_path / "evaluation.json").read_text())
     logged = cli.trainer.callback_metrics
     assert result["accuracy"] == pytest.approx(float(logged["test/acc"]), abs=1e-6)

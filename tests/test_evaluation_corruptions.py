@@ -59,20 +59,11 @@ def test_released_layout_accuracies_equal_a_loop(tmp_path, tiny_vit, one_thread)
 
 
 @pytest.mark.slow
-def test_vit_test_with_corruptions(tmp_path, trained_checkpoint):
+def test_vit_test_with_corruptions(tmp_path, trained_checkpoint, digits_test_args):
     from vit.cli import cli_main
 
     folder = _released_folder(tmp_path / "CIFAR-10-C", per_severity=4, classes=10)
-    args = [
-        "test",
-        f"--ckpt_path={trained_checkpoint}",
-        "--data.dataset=digits",
-        "--data.num_workers=0",
-        "--trainer.accelerator=cpu",
-        "--trainer.logger=false",
-        "--trainer.enable_progress_bar=false",
-    ]
-    cli_main([*args, f"--corruptions={folder}", f"--trainer.default_root_dir={tmp_path / 'run'}"])
+    cli_main(digits_test_args(trained_checkpoint, tmp_path / "run", f"--corruptions={folder}"))
     result = json.loads((tmp_path / "run" / "evaluation.json").read_text())
     corruptions = result["corruptions"]
     assert corruptions["source"] == str(folder) and corruptions["num_images"] == 4
@@ -82,6 +73,6 @@ def test_vit_test_with_corruptions(tmp_path, trained_checkpoint):
     assert "Common corruptions" in (tmp_path / "run" / "evaluation.html").read_text()
 
     with pytest.raises(SystemExit) as exit_info:
-        cli_main([*args, "--corruptions=no-such-folder", f"--trainer.default_root_dir={tmp_path / 'bad'}"])
+        cli_main(digits_test_args(trained_checkpoint, tmp_path / "bad", "--corruptions=no-such-folder"))
     assert exit_info.value.code == 2
     assert not (tmp_path / "bad" / "evaluation.json").exists()
