@@ -67,7 +67,8 @@ class Sweeper:
         else:
             print(stamp(f"starting sweep {plan.sweep.name} ({where}): {plan.count} configurations, method "
                         f"{plan.sweep.method}, {plan.sweep.metric} ({plan.sweep.goal}), budgets "
-                        f"{budget_text(plan.budgets)}, keep 1/{plan.eta} per rung, {workers} workers"))  # fmt: skip
+                        f"{budget_text(plan.budgets)}, keep 1/{plan.eta} per rung, "
+                        f"{workers} worker{'s' * (workers != 1)}"))  # fmt: skip
         self.write_plan()
         procs = start_workers(self.folder / PLAN_FILE, workers, self.url)
         try:
