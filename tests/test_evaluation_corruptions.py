@@ -76,3 +76,15 @@ def test_vit_test_with_corruptions(tmp_path, trained_checkpoint, digits_test_arg
         cli_main(digits_test_args(trained_checkpoint, tmp_path / "bad", "--corruptions=no-such-folder"))
     assert exit_info.value.code == 2
     assert not (tmp_path / "bad" / "evaluation.json").exists()
+
+
+@pytest.mark.slow
+def test_corruptions_of_a_two_process_config_test_in_one(tmp_path, trained_checkpoint, digits_test_args, capsys):
+    """The CPU recipe tests with two DDP processes; with --corruptions the same command tests in one and says so."""
+    from vit.cli import cli_main
+
+    folder = _released_folder(tmp_path / "CIFAR-10-C", per_severity=2, classes=10)
+    two = ["--trainer.devices=2", "--trainer.strategy=ddp", "--torch_num_threads=1", f"--corruptions={folder}"]
+    cli_main(digits_test_args(trained_checkpoint, tmp_path / "run", *two))
+    assert "testing with 1 process instead of the config's 2" in capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "evaluation.json").read_text())["corruptions"]["num_images"] == 2

@@ -4,6 +4,7 @@ for the files); :mod:`vit.evaluation` decides *what* (the metrics, the corruptio
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -16,6 +17,33 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from ..errors import UsageError
 from ..loggers import log_summary, wandb_loggers
+
+
+def test_in_one_process(config: Any) -> None:
+    """``vit test --corruptions`` evaluates in one process: a config that tests with several (the CPU recipe's two DDP
+    processes) tests with one instead, on every core of this machine, and says so. Called on the parsed config
+    before anything is instantiated, so no run folder is claimed for a test that could not run.
+
+    Args:
+        config: The parsed ``vit test`` config (``trainer``, ``torch_num_threads``).
+    """
+    trainer = config.trainer
+    devices = trainer.get("devices")
+    count = len(devices) if isinstance(devices, (list, tuple)) else int(devices) if str(devices).isdigit() else 1
+    nodes = int(trainer.get("num_nodes") or 1)
+    if count * nodes <= 1:
+        return
+    trainer.devices, trainer.num_nodes = 1, 1
+    if str(trainer.get("strategy") or "auto").startswith("ddp"):
+        trainer.strategy = "auto"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if config.get("torch_num_threads"):
+        config.torch_num_threads = max(config.torch_num_threads, cores)
+    threads = config.get("torch_num_threads") or torch.get_num_threads()
+    sys.stderr.write(
+        f"note: --corruptions evaluates in one process: testing with 1 process instead of the config's "
+        f"{count * nodes}, on {threads} threads\n"
+    )
 
 
 class EvaluationReport(Callback):
@@ -31,7 +59,7 @@ class EvaluationReport(Callback):
         table_images: Test images (the first ones) in the W&B predictions table.
         corruptions: Also evaluate on the 15 common corruptions x 5 severities: ``"cifar10-c"`` corrupts the test
             images here (CIFAR-10-C's constants at 32 px), a folder path reads the released CIFAR-10-C ``.npy``
-            files (:func:`vit.evaluation.evaluate_corruptions`; one process: ``--trainer.devices 1``).
+            files (:func:`vit.evaluation.evaluate_corruptions`; one process: :func:`test_in_one_process`).
         corruption_seed: Seed of the random corruptions.
         corruption_cache: A folder that keeps the generated corruptions for the next evaluation of the same images.
     """
