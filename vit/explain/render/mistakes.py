@@ -2,7 +2,7 @@
 of the predicted class and the map of the true class side by side, both on one colour scale so they compare::
 
     | true cat · pred dog (97 %)                               |
-    | image | map of "dog" (predicted) | map of "cat" (true) | ▮ |
+    | image | pred: dog (its map) | true: cat (its map) | ▮ |
 
 :func:`render_mistakes` tiles them into one PNG-ready array (``vit explain``'s ``mistakes.png``, W&B), and
 :func:`mistakes_html` is the report's section.
@@ -34,8 +34,9 @@ def render_mistake(mistakes: Mistakes, i: int, *, size: int = 96, alpha: float =
     height, width = picture.shape[:2]
     panels = [picture] + [overlay_heatmap(picture, m, alpha, scale=scale) for m in pair]
     label_font, text_font = font(max(9, caption_font_size(size) - 3)), font(caption_font_size(size))
-    names = ["image", f"{mistakes.method} of {mistakes.class_name(int(mistakes.preds[i]))} (predicted)",
-             f"of {mistakes.class_name(int(mistakes.labels[i]))} (true)"]  # fmt: skip
+    # short enough for a 96-pixel panel: the method and "map of" are in the figure's title
+    names = ["image", f"pred: {mistakes.class_name(int(mistakes.preds[i]))}",
+             f"true: {mistakes.class_name(int(mistakes.labels[i]))}"]  # fmt: skip
     labels = scale.labels()
     top, under = caption_height(size) + padding, caption_height(size)
     bar_left = padding + 3 * (width + padding)
