@@ -46,7 +46,7 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from .allocator import keep_freed_memory
-from .callbacks.evaluation import EvaluationReport, test_in_one_process
+from .callbacks.evaluation import EvaluationReport, corruptions_in_one_process
 from .callbacks.nonfinite import NonFiniteGuard
 from .callbacks.predictions import PredictionWriter
 from .callbacks.resume import ResumeCheckpoint
@@ -300,7 +300,7 @@ class VitCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "test" and config.get("corruptions"):
-            test_in_one_process(config)
+            corruptions_in_one_process(config)
         if config.get("torch_num_threads"):
             torch.set_num_threads(config.torch_num_threads)
         if config.get("keep_freed_memory"):

@@ -19,7 +19,7 @@ from ..errors import UsageError
 from ..loggers import log_summary, wandb_loggers
 
 
-def test_in_one_process(config: Any) -> None:
+def corruptions_in_one_process(config: Any) -> None:
     """``vit test --corruptions`` evaluates in one process: a config that tests with several (the CPU recipe's two DDP
     processes) tests with one instead, on every core of this machine, and says so. Called on the parsed config
     before anything is instantiated, so no run folder is claimed for a test that could not run.
@@ -59,7 +59,7 @@ class EvaluationReport(Callback):
         table_images: Test images (the first ones) in the W&B predictions table.
         corruptions: Also evaluate on the 15 common corruptions x 5 severities: ``"cifar10-c"`` corrupts the test
             images here (CIFAR-10-C's constants at 32 px), a folder path reads the released CIFAR-10-C ``.npy``
-            files (:func:`vit.evaluation.evaluate_corruptions`; one process: :func:`test_in_one_process`).
+            files (:func:`vit.evaluation.evaluate_corruptions`; one process: :func:`corruptions_in_one_process`).
         corruption_seed: Seed of the random corruptions.
         corruption_cache: A folder that keeps the generated corruptions for the next evaluation of the same images.
     """
