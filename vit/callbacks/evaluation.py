@@ -4,7 +4,6 @@ for the files); :mod:`vit.evaluation` decides *what* (the metrics, the corruptio
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
+from ..env import available_cores
 from ..errors import UsageError
 from ..loggers import log_summary, wandb_loggers
 
@@ -36,9 +36,8 @@ def corruptions_in_one_process(config: Any) -> None:
     trainer.devices, trainer.num_nodes = 1, 1
     if str(trainer.get("strategy") or "auto").startswith("ddp"):
         trainer.strategy = "auto"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if config.get("torch_num_threads"):
-        config.torch_num_threads = max(config.torch_num_threads, cores)
+        config.torch_num_threads = max(config.torch_num_threads, available_cores())
     threads = config.get("torch_num_threads") or torch.get_num_threads()
     sys.stderr.write(
         f"note: --corruptions evaluates in one process: testing with 1 process instead of the config's "
