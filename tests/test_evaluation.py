@@ -123,6 +123,9 @@ def test_evaluation_files_and_table(tmp_path):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (tmp_path / "evaluation.html").read_text()
     assert page.count("<td>class ") == 10 and f"{result['ece']:.4f}" in page
+    assert "test-time augmentation" not in page  # the accuracy of the images alone says nothing more
+    write_evaluation(tmp_path, {**result, "test_time_augment": "flip_translate"}, names)
+    assert "accuracy (test-time augmentation: flip_translate)" in (tmp_path / "evaluation.html").read_text()
     table = summary_table(result)
     assert f"accuracy {result['accuracy']:.4f}" in table and f"ECE {result['ece']:.4f}" in table
     assert len(table.splitlines()) == 3 + 10
