@@ -32,7 +32,7 @@ from lightning.pytorch import Callback
 
 from vit import ImageClassifier, ImageDataModule, loggers
 from vit.callbacks.nonfinite import NonFiniteGuard
-from vit.callbacks.resume import rng_state, set_rng_state
+from vit.callbacks.resume import rng_state, say, set_rng_state
 from vit.checkpoints.writing import AtomicCheckpointIO
 from vit.cli import cli_main
 from vit.errors import EXIT_BAD_INPUT as EXIT_BAD_CHECKPOINT
@@ -467,3 +467,22 @@ def test_wandb_without_network_goes_offline_at_once(tmp_path, fit_args):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "unreachable" in proc.stderr and "logging offline" in proc.stderr
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def test_the_resume_line_stands_above_the_progress_bar_not_after_it(monkeypatch):
+    """With a tqdm bar drawn on the same terminal, the line is written on a line of its own (tqdm clears the bar,
+    writes, redraws); without a bar, it is a plain line on stderr."""
+    from tqdm import tqdm
+
+    terminal = io.StringIO()  # stdout and stderr of one terminal
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bar = tqdm(total=10, file=terminal, desc="Training")
+    bar.update(3)
+    say(SimpleNamespace(progress_bar_callback=SimpleNamespace(_train_progress_bar=bar)), "resuming from x: step 3")
+    bar.close()
+    lines = terminal.getvalue().replace("\r", "\n").splitlines()
+    assert "resuming from x: step 3" in lines  # a line of its own, not glued to the bar's last character
+    assert any(line.startswith("Training:") for line in lines[lines.index("resuming from x: step 3") :])  # redrawn
+    monkeypatch.setattr(sys, "stderr", terminal := io.StringIO())
+    say(SimpleNamespace(progress_bar_callback=None), "resuming from y")
+    assert terminal.getvalue() == "resuming from y\n"

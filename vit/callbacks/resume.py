@@ -183,9 +183,8 @@ class ResumeCheckpoint(Checkpoint):
         self._signal = None
         self._last_step = trainer.global_step
         if trainer.ckpt_path and trainer.is_global_zero:  # where the run continues, before its first step
-            sys.stderr.write(
-                f"resuming from {trainer.ckpt_path}: step {trainer.global_step}, epoch {trainer.current_epoch}\n"
-            )
+            where = f"step {trainer.global_step}, epoch {trainer.current_epoch}"
+            say(trainer, f"resuming from {trainer.ckpt_path}: {where}")
         if self._loader_states:  # the loader is built but not yet iterated: position it where the checkpoint was
             stateful = [dl for dl in _train_loaders(trainer) if isinstance(dl, _Stateful)]
             if len(stateful) == len(self._loader_states):
@@ -271,6 +270,16 @@ class ResumeCheckpoint(Checkpoint):
                 f"(or --ckpt_path last). Exit status {128 + signum}.\n"
             )
             sys.stderr.flush()
+
+
+def say(trainer: Trainer, message: str) -> None:
+    """``message`` as one line on stderr: above the training progress bar while one is drawn (tqdm clears and
+    redraws it), not after its last character."""
+    bar = getattr(trainer.progress_bar_callback, "_train_progress_bar", None)  # TQDMProgressBar's, once drawn
+    if bar is not None and not bar.disable:
+        bar.write(message, file=sys.stderr)
+    else:
+        sys.stderr.write(message + "\n")
 
 
 def _train_loaders(trainer: Trainer) -> list[Any]:
