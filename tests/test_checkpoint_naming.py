@@ -59,6 +59,15 @@ def test_best_is_found_beside_last_after_the_run_moved(runs, tmp_path):
     assert best == moved / "new/checkpoints/epoch007-acc0.9500.ckpt"
 
 
+def test_best_is_named_as_last_is(runs, monkeypatch):
+    """`vit fit` records the best file's absolute path; from the runs' parent, best and last both read relative."""
+    monkeypatch.chdir(runs.parent)
+    last = find_checkpoint("last", config="quickstart", runs_dir="runs")
+    best = find_checkpoint("best", config="quickstart", runs_dir="runs")
+    assert last == Path("runs/quickstart/new/checkpoints/last.ckpt")
+    assert best == Path("runs/quickstart/new/checkpoints/epoch007-acc0.9500.ckpt")
+
+
 def test_best_of_a_run_that_recorded_none_says_to_use_last(runs):
     with pytest.raises(MissingCheckpointError, match=r"best: the run .*newest has no best checkpoint .* use last"):
         find_checkpoint("best", runs_dir=runs)

@@ -50,7 +50,8 @@ def run_folder_of(checkpoint: str | Path) -> Path | None:
 
 def best_checkpoint(last: Path) -> Path:
     """The best checkpoint of ``last``'s run: the ``best_model_path`` its ``ModelCheckpoint`` recorded in ``last``,
-    looked up beside ``last`` when the run was moved since.
+    looked up beside ``last`` first (so it is named as ``last`` is, relative or absolute, and found when the run was
+    moved since).
 
     Raises:
         MissingCheckpointError: If the run recorded none (no monitored metric) or the file is gone.
@@ -60,7 +61,7 @@ def best_checkpoint(last: Path) -> Path:
     states = (read_checkpoint(last).get("callbacks") or {}).items()
     recorded = [s.get("best_model_path") for key, s in states if str(key).startswith("ModelCheckpoint")]
     for text in filter(None, recorded):
-        for candidate in (Path(text), last.parent / Path(text).name):
+        for candidate in (last.parent / Path(text).name, Path(text)):
             if candidate.is_file():
                 return candidate
     raise MissingCheckpointError(
