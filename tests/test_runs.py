@@ -137,3 +137,14 @@ def test_evaluating_last_without_any_run_is_one_error(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "error: --ckpt_path last: no last.ckpt of config 'quickstart'" in err and "Traceback" not in err
+
+
+def test_the_end_of_fit_names_checkpoints_as_the_user_types_them(tmp_path, monkeypatch):
+    """Lightning records checkpoints by absolute path; the summary shows them relative to the current folder, as the
+    README does, and a path outside it as it is."""
+    from vit.callbacks.run_summary import shown_path
+
+    monkeypatch.chdir(tmp_path)
+    inside = tmp_path / "runs" / "q" / "checkpoints" / "last.ckpt"
+    assert shown_path(inside) == str(Path("runs/q/checkpoints/last.ckpt"))
+    assert shown_path("/elsewhere/last.ckpt") == "/elsewhere/last.ckpt"

@@ -126,10 +126,10 @@ class RunSummary(Callback):
             )
         checkpoint = next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)), None)
         if checkpoint is not None and checkpoint.best_model_path:
-            lines.append(f"best checkpoint: {checkpoint.best_model_path}")
+            lines.append(f"best checkpoint: {shown_path(checkpoint.best_model_path)}")
         last = last_checkpoint_path(trainer)
         if last.is_file():
-            lines.append(f"last checkpoint: {last}  (resume: --ckpt_path last)")
+            lines.append(f"last checkpoint: {shown_path(last)}  (resume: --ckpt_path last)")
         lines += wandb_lines(trainer)
         rollout = Path(trainer.default_root_dir) / "rollout"
         if rollout.is_dir():
@@ -151,6 +151,15 @@ def wandb_lines(trainer: Trainer) -> list[str]:
         else:
             lines.append(f"W&B run: {folder}" + (f"  (upload: wandb sync {folder})" if offline else ""))
     return lines
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` as the user would type it: relative to the current folder when it lies under it (Lightning records
+    checkpoints by absolute path), else as it is."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _time_budget(trainer: Trainer) -> TimeBudget | None:
