@@ -478,11 +478,11 @@ def test_the_resume_line_stands_above_the_progress_bar_not_after_it(monkeypatch)
     monkeypatch.setattr(sys, "stderr", terminal)
     bar = tqdm(total=10, file=terminal, desc="Training")
     bar.update(3)
-    say(SimpleNamespace(progress_bar_callback=SimpleNamespace(_train_progress_bar=bar)), "resuming from x: step 3")
+    say("resuming from x: step 3")
     bar.close()
     lines = terminal.getvalue().replace("\r", "\n").splitlines()
     assert "resuming from x: step 3" in lines  # a line of its own, not glued to the bar's last character
     assert any(line.startswith("Training:") for line in lines[lines.index("resuming from x: step 3") :])  # redrawn
     monkeypatch.setattr(sys, "stderr", terminal := io.StringIO())
-    say(SimpleNamespace(progress_bar_callback=None), "resuming from y")
+    say("resuming from y")
     assert terminal.getvalue() == "resuming from y\n"

@@ -184,7 +184,7 @@ class ResumeCheckpoint(Checkpoint):
         self._last_step = trainer.global_step
         if trainer.ckpt_path and trainer.is_global_zero:  # where the run continues, before its first step
             where = f"step {trainer.global_step}, epoch {trainer.current_epoch}"
-            say(trainer, f"resuming from {trainer.ckpt_path}: {where}")
+            say(f"resuming from {trainer.ckpt_path}: {where}")
         if self._loader_states:  # the loader is built but not yet iterated: position it where the checkpoint was
             stateful = [dl for dl in _train_loaders(trainer) if isinstance(dl, _Stateful)]
             if len(stateful) == len(self._loader_states):
@@ -272,14 +272,12 @@ class ResumeCheckpoint(Checkpoint):
             sys.stderr.flush()
 
 
-def say(trainer: Trainer, message: str) -> None:
-    """``message`` as one line on stderr: above the training progress bar while one is drawn (tqdm clears and
-    redraws it), not after its last character."""
-    bar = getattr(trainer.progress_bar_callback, "_train_progress_bar", None)  # TQDMProgressBar's, once drawn
-    if bar is not None and not bar.disable:
-        bar.write(message, file=sys.stderr)
-    else:
-        sys.stderr.write(message + "\n")
+def say(message: str) -> None:
+    """``message`` as one line on stderr, above any progress bar tqdm draws (Lightning's are tqdm's: it clears and
+    redraws them), not after the bar's last character; a plain line when none is drawn."""
+    from tqdm import tqdm
+
+    tqdm.write(message, file=sys.stderr)
 
 
 def _train_loaders(trainer: Trainer) -> list[Any]:
