@@ -58,8 +58,8 @@ class StandIn:
     def answer(self, data: bytes) -> tuple[int, object]:
         try:
             image = np.array(Image.open(io.BytesIO(data)).convert("RGB"))
-        except OSError as err:
-            return 400, {"error": f"the body is not a JPEG, PNG or WebP image ({err})"}
+        except OSError:
+            return 400, {"error": "the body is not a JPEG, PNG or WebP image"}
         with self.lock:
             prediction = self.predict([image])[0]
             model, cfg = self.predict.model, self.predict.cfg
@@ -200,8 +200,9 @@ def test_page_shows_the_prediction_the_map_and_the_explorer_of_an_uploaded_image
         page.locator("#files").set_input_files({"name": "notes.txt", "mimeType": "text/plain", "buffer": b"hello"})
         page.wait_for_function("() => window.servePage.done()")
         page.wait_for_function("() => document.querySelectorAll('article.result')[1].dataset.state === 'error'")
-        line = page.locator("article.result").nth(1).locator(".error").text_content()
-        assert line.startswith("error 400: the body is not a JPEG, PNG or WebP image")
+        failed = page.locator("article.result").nth(1)
+        assert failed.locator(".error").text_content() == "error 400: the body is not a JPEG, PNG or WebP image"
+        assert failed.locator(".top").is_hidden() and failed.locator(".explorer").is_hidden()
     assert errors == ["Failed to load resource: the server responded with a status of 400 (Bad Request)"]
     assert all(urlsplit(url).scheme in ("data", "blob", "about") or address in url for url in requests), requests
     assert asked == ["GET /", "GET /info", "POST /predict?top_k=5&explain=default&explorer=1 image/png",

@@ -88,6 +88,9 @@
     card.querySelector(".name").textContent = file.name || "pasted image";
     const img = card.querySelector(".input img");
     pixelatedWhenSmall(img);
+    img.addEventListener("load", () => {
+      img.nextElementSibling.textContent = `image, ${img.naturalWidth}×${img.naturalHeight} px`;
+    });
     img.src = URL.createObjectURL(file);
     img.addEventListener("error", () => { img.closest("figure").hidden = true; }); // a file the browser cannot show
     $("results").append(card);
@@ -127,7 +130,7 @@
     const line = card.querySelector(".error");
     line.textContent = errorLine(error);
     line.hidden = false;
-    card.querySelector(".status").hidden = true;
+    card.querySelector(".top").hidden = true; // nothing to show there
     card.dataset.state = "error";
   }
 
@@ -175,10 +178,12 @@
 
   // ------------------------------------------------------------------------------------------------- requesting
   async function classify(file, card) {
+    const start = performance.now();
+    const took = () => { card.querySelector(".took").textContent = `${Math.round(performance.now() - start)} ms`; };
     try {
       const body = await call(`predict?${QUERY}`, {
         method: "POST", body: file, headers: { "Content-Type": file.type || "application/octet-stream" },
-      });
+      }).finally(took);
       // With an explanation: [{predictions, explanation}]; without: [{label, score}, ...] (Hugging Face's shape).
       const explained = Array.isArray(body) && body[0] && typeof body[0] === "object" && !("label" in body[0]);
       const result = explained ? body[0] : body;
