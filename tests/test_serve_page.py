@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import threading
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,7 +26,7 @@ from PIL import Image
 import vit
 from vit.explain import DEFAULT_METHOD, explain
 from vit.explain.colors import is_signed
-from vit.explain.render.explorer import explorer_payload
+from vit.explain.render.explorer import explorer_payload, render_explorer
 from vit.explain.render.overlay import overlay_heatmap
 from vit.serve.page import page_html
 
@@ -207,3 +208,98 @@ def test_page_shows_the_prediction_the_map_and_the_explorer_of_an_uploaded_image
     assert all(urlsplit(url).scheme in ("data", "blob", "about") or address in url for url in requests), requests
     assert asked == ["GET /", "GET /info", "POST /predict?top_k=5&explain=default&explorer=1 image/png",
                      "POST /predict?top_k=5&explain=default&explorer=1 text/plain"]  # fmt: skip
+
+
+HOSTILE = ["{{js}}", "{{data}}", "</script><img src=x onerror=window.hacked=1>", "a & b > c 'é'"]
+SCRIPT_JSON = re.compile(r'(<script type="application/json" id="[\w-]+">)(.*?)(</script>)', re.S)
+
+
+def split_json(page: str) -> tuple[str, list]:
+    """The page with its JSON script elements emptied, and their contents parsed (JSON written by Python and by the
+    browser differ in form, e.g. ``1e-05`` and ``0.00001``, not in value)."""
+    return SCRIPT_JSON.sub(r"\1\3", page), [json.loads(m[2]) for m in SCRIPT_JSON.finditer(page)]
+
+
+def routed_page(browser, answer):
+    """The page at http://127.0.0.1:9/ with every request answered by ``answer(route.request) -> (status, headers,
+    body)`` (``/`` by the page itself): nothing reaches a network."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+
+    def fulfil(route):
+        if urlsplit(route.request.url).path == "/":
+            return route.fulfill(status=200, content_type="text/html", body=page_html())
+        status, headers, body = answer(route.request)
+        route.fulfill(status=status, headers=headers, body=body if isinstance(body, str) else json.dumps(body))
+
+    page.route("**/*", fulfil)
+    page.goto("http://127.0.0.1:9/")
+    page.evaluate("() => window.servePage.info")
+    return page, errors
+
+
+def test_the_explorer_filled_in_the_browser_is_the_one_python_writes(browser, random_vit):
+    """The page fills the explorer's template from a payload as render_explorer does: the same HTML, the same data
+    (two images: the first's elements before the script, the second's after it), names kept as text."""
+    import torch
+
+    model = random_vit(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=4).eval()
+    pixels = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    payload = explorer_payload(model, pixels, mean=(0.5,) * 3, std=(0.25,) * 3, class_names=HOSTILE,
+                               names=HOSTILE[2:], title=HOSTILE[0], note=HOSTILE[1], max_bytes=None)  # fmt: skip
+    payload = json.loads(json.dumps(payload))
+    page, errors = routed_page(browser, lambda request: (500, {}, "down"))
+    filled = page.evaluate("(payload) => window.servePage.explorerPage(payload)", payload)
+    assert split_json(filled) == split_json(render_explorer(payload))
+    page.set_content(filled)  # and it runs: both images drawn, no markup from the names
+    page.wait_for_function("() => window.explorer && window.explorer.timings.open !== null")
+    page.evaluate("() => window.explorer.select({image: 1})")
+    assert page.evaluate("() => [window.explorer.errors, window.hacked, document.title]") == [[], None, HOSTILE[0]]
+    assert not errors
+
+
+def test_every_shape_of_answer_and_failure_is_shown_as_text(browser):
+    """Predictions without an explanation (Hugging Face's shape) under a label that holds markup; an image's own error
+    inside a 200; a full queue's 503 with Retry-After; a 401 that asks for the API key, then the key sent; an /info
+    that is not JSON."""
+    seen = []
+
+    def answer(request):
+        key, path = request.post_data_buffer, urlsplit(request.url).path
+        seen.append((path, key, request.headers.get("authorization")))
+        if path == "/info":
+            return 500, {}, "Internal Server Error\n<html>trace</html>"
+        if key == b"key" and request.headers.get("authorization") != "Bearer s3cret":
+            return 401, {}, {"error": "a bearer token is required (Authorization: Bearer KEY)"}
+        return {
+            b"markup": (200, {}, [{"label": HOSTILE[2], "score": 0.75}, {"label": "b", "score": 0.0004}]),
+            b"slot": (200, {}, [{"error": "the image is truncated"}]),
+            b"busy": (503, {"Retry-After": "2"}, {"error": "the queue is full"}),
+            b"key": (200, {}, [{"label": "cat", "score": 1.0}]),
+        }[key]
+
+    page, errors = routed_page(browser, answer)
+    assert page.locator("#model-info").text_content() == (
+        "The model's description is unavailable: error 500: Internal Server Error"
+    )
+    files = [
+        {"name": f"{k}.png", "mimeType": "image/png", "buffer": k.encode()} for k in ("markup", "slot", "busy", "key")
+    ]
+    page.locator("#files").set_input_files(files)
+    page.wait_for_function("() => window.servePage.done()")
+    cards = page.locator("article.result")
+    assert cards.evaluate_all("(cards) => cards.map((c) => c.dataset.state)") == ["done", "error", "error", "error"]
+    assert cards.nth(0).locator(".bars .label").all_text_contents() == [HOSTILE[2], "b"]
+    assert cards.nth(0).locator(".bars .pct").all_text_contents() == ["75.0%", "<0.1%"]
+    assert cards.nth(0).locator(".overlay").is_hidden() and cards.nth(0).locator(".explorer").is_hidden()
+    lines = [cards.nth(i).locator(".error").text_content() for i in (1, 2, 3)]
+    assert lines == ["error: the image is truncated", "error 503: the queue is full (try again in 2 s)",
+                     "error 401: a bearer token is required (Authorization: Bearer KEY)"]  # fmt: skip
+    assert page.locator("#key-box").is_visible()
+    page.locator("#key").fill("s3cret")
+    page.locator("#files").set_input_files(files[3])
+    page.wait_for_function("() => window.servePage.done()")
+    assert cards.nth(4).locator(".bars .label").all_text_contents() == ["cat"]
+    assert seen[-1] == ("/predict", b"key", "Bearer s3cret")
+    assert page.evaluate("() => window.hacked") is None and not errors

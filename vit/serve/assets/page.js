@@ -5,9 +5,10 @@
   const $ = (id) => document.getElementById(id);
   const QUERY = $("results").dataset.query;
   const EXPLORER = JSON.parse($("explorer-assets").textContent); // the explorer's template, script, style, code fields
-  const esc = (text) => String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`); // as Python's html.escape
+  const ENTITIES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;" };
+  const esc = (text) => String(text).replace(/[&<>"']/g, (c) => ENTITIES[c]); // text into HTML, as html.escape
 
-  class ServeError extends Error { // a failed request: its HTTP status (0: no answer) and the server's one line
+  class ServeError extends Error { // a failed request: its HTTP status (0: no answer, null: none) and the reason
     constructor(status, message) {
       super(message);
       this.status = status;
@@ -187,9 +188,9 @@
       // With an explanation: [{predictions, explanation}]; without: [{label, score}, ...] (Hugging Face's shape).
       const explained = Array.isArray(body) && body[0] && typeof body[0] === "object" && !("label" in body[0]);
       const result = explained ? body[0] : body;
-      if (result.error) throw new ServeError(200, result.error); // an image's own failure inside a batch's answer
+      if (result.error) throw new ServeError(null, result.error); // an image's own failure inside a batch's answer
       const predictions = Array.isArray(result) ? result : result.predictions;
-      if (!Array.isArray(predictions) || !predictions.length) throw new ServeError(200, "no predictions in the answer");
+      if (!Array.isArray(predictions) || !predictions.length) throw new ServeError(null, "no predictions in the answer");
       showPredictions(card, predictions);
       showExplanation(card, result.explanation, predictions[0].label);
       card.dataset.state = "done";
@@ -229,5 +230,6 @@
     const files = Array.from(e.clipboardData ? e.clipboardData.files : []);
     if (files.length) add(files);
   });
-  window.servePage = { info: showInfo(), done: () => queue }; // for tests: the description read, every answer shown
+  // For tests: the description read, every answer shown, the explorer's page of a payload.
+  window.servePage = { info: showInfo(), done: () => queue, explorerPage };
 })();
