@@ -30,7 +30,9 @@
       body = null;
     }
     if (!response.ok) {
-      const line = body && body.error ? body.error : text.trim().split("\n")[0] || response.statusText;
+      const detail = body && body.detail; // FastAPI's (LitServe's) own errors: a string, or a list for bad fields
+      const reason = body && (body.error || (typeof detail === "string" ? detail : detail && JSON.stringify(detail)));
+      const line = reason || text.trim().split("\n")[0] || response.statusText;
       const retry = response.headers.get("Retry-After");
       if (response.status === 401 || response.status === 403) $("key-box").hidden = false;
       throw new ServeError(response.status, retry ? `${line} (try again in ${retry} s)` : line);
