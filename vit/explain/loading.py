@@ -48,7 +48,8 @@ def load_explainer(checkpoint: Path, model_name: str | None = None, img_size: in
         CheckpointError: If the path is missing or a folder, the file is not a checkpoint, or a Lightning checkpoint
             that does not describe its model.
     """
-    from ..models import create_model, load_pretrained
+    from ..checkpoints.pretrained import load_pretrained
+    from ..models import create_model
 
     check_checkpoint_path(checkpoint)  # missing, or a folder: the wording of every command
     raw = load_file(checkpoint)
