@@ -135,8 +135,8 @@ class ArgumentParser(argparse.ArgumentParser):
     - No prefix matching (``allow_abbrev=False``: a typo is an error, never another option); a usage error is one
       ``error:`` line naming the option, with the closest option in the new spelling suggested, exit
       :data:`EXIT_BAD_INPUT`.
-    - The help: the usage, ``doc``'s first paragraph (the command's one sentence, without a leading
-      ````vit ...``:``), the options, then ``doc``'s other paragraphs as written (examples keep their layout;
+    - The help: the usage, ``doc``'s first paragraph (the command's one sentence, without a leading usage such as
+      ``vit export --out DIR:``), the options, then ``doc``'s other paragraphs as written (examples keep their layout;
       paragraphs for the developer, starting with ``:mod:``, are left out), reST markup removed.
     """
 
@@ -213,8 +213,8 @@ def plain(text: str) -> str:
 
 
 def help_description(doc: str) -> str:
-    """``doc``'s first paragraph as a help description: plain, one sentence starting with a capital (a leading
-    ````vit explain`` (``scripts/explain.py``):`` or ````vit export --out DIR``:`` left out), filled."""
+    """``doc``'s first paragraph as a help description: plain, one sentence starting with a capital (a leading usage
+    in double backticks, with any parenthesis after it, and its colon left out), filled."""
     first = " ".join(doc.strip().split("\n\n", 1)[0].split())
     first = re.sub(r"^``vit [^`]*``( \([^)]*\))?: ", "", first)
     return fill(plain(first[:1].upper() + first[1:]))
