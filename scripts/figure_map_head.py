@@ -1,8 +1,8 @@
 """Draw where the MAP head's latent query looks: its cross-attention over the patches of a real photo.
 
-    python scripts/figure_map_head.py [--data-dir FOLDER] [--steps 300] [--out docs/figures/map_head_attention.png]
+    python scripts/figure_map_head.py [--data.data_dir DIR] [--steps 300] [--out docs/figures/map_head_attention.png]
 
-With ``--data-dir`` (CIFAR-style JPEG folders, ``train/<class>/*.jpg``) a tiny ViT with a MAP head
+With ``--data.data_dir`` (CIFAR-style JPEG folders, ``train/<class>/*.jpg``) a tiny ViT with a MAP head
 (``global_pool="map"``) is first trained for ``--steps`` steps on them; without it the model stays untrained.
 The photo is the first test JPEG of the folder (``test/<class>/*.jpg``, else ``train/``), or scikit-learn's
 sample photo ``china.jpg`` resized to 32x32 when no folder is given. The figure shows, per head, the latent
@@ -58,15 +58,17 @@ def train(model: vit.VisionTransformer, images: torch.Tensor, labels: torch.Tens
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="figure_map_head.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", type=Path, default=None, help="CIFAR-style JPEG folders (train/, test/)")
-    parser.add_argument("--steps", type=int, default=300, help="training steps with --data-dir (0: untrained)")
+    parser = ArgumentParser(prog="figure_map_head.py", doc=__doc__, renamed={"--data-dir": "--data.data_dir"})
+    parser.add_argument(
+        "--data.data_dir", dest="data_dir", type=Path, default=None, help="CIFAR-style JPEG folders (train/, test/)"
+    )
+    parser.add_argument("--steps", type=int, default=300, help="training steps with --data.data_dir (0: untrained)")
     parser.add_argument("--out", type=Path, default=Path("docs/figures/map_head_attention.png"))
     args = parser.parse_args(argv)
     if args.steps < 0:
         fail(f"--steps must be >= 0, got {args.steps}")
     if args.data_dir is not None and not (args.data_dir / "train").is_dir():
-        fail(f"--data-dir {args.data_dir} has no train/ folder of class folders: give a CIFAR-style JPEG folder")
+        fail(f"--data.data_dir {args.data_dir} has no train/ folder of class folders: give a CIFAR-style JPEG folder")
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = vit.create_model(

@@ -1,6 +1,6 @@
 """Benchmark result files and the tables the performance and explanations pages show from them.
 
-    python scripts/results_tables.py record model -- --threads 1 --models vit_small_patch4_32 --batch-sizes 16
+    python scripts/results_tables.py record model -- --threads 1 --models vit_small_patch4_32 --batch_sizes 16
     python scripts/results_tables.py add-faithfulness quickstart faithfulness.json   # a `vit explain` benchmark
     python scripts/results_tables.py                 # rewrite the generated tables from docs/results/*.json
     python scripts/results_tables.py --check         # exit 1 when a generated table is out of date

@@ -2,8 +2,8 @@
 CLI's switches are tested beside their other options).
 
 Checked against glibc's own accounting (mallinfo2), which no other process changes; what keeping the blocks saves
-(page faults, time) depends on the machine's other work and is measured by ``vit bench`` (``--keep-freed-memory``
-against ``--no-keep-freed-memory``), never asserted here."""
+(page faults, time) depends on the machine's other work and is measured by ``vit bench`` (``--keep_freed_memory``
+against ``--keep_freed_memory false``), never asserted here."""
 
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ def test_variants_and_stable_range():
 
 
 def test_cli_parses_and_runs_recipe(tmp_path):
-    args = parse_args(["--suite", "recipe", "--recipe-lrs", "1e-3", "1e-2", "--recipe-variants", "qk_norm+z_loss"])
+    args = parse_args(["--suite", "recipe", "--recipe_lrs", "1e-3", "1e-2", "--recipe_variants", "qk_norm+z_loss"])
     assert args.precision == "bf16" and args.recipe_lrs == [1e-3, 1e-2] and args.recipe_variants == ["qk_norm+z_loss"]
     assert args.data_dir is None and args.recipe_steps == 300
     assert parse_args(["--suite", "model"]).precision == "fp32"
@@ -128,16 +128,16 @@ def test_cli_parses_and_runs_recipe(tmp_path):
         [
             "--suite=recipe",
             "--device=cpu",
-            "--recipe-lrs=1e-3",
-            "--recipe-variants",
+            "--recipe_lrs=1e-3",
+            "--recipe_variants",
             "baseline",
             "z_loss",
-            "--recipe-steps=4",
-            "--recipe-batch-size=8",
-            "--recipe-width=16",
-            "--recipe-depth=1",
-            "--recipe-train-images=64",
-            "--recipe-eval-images=16",
+            "--recipe_steps=4",
+            "--recipe_batch_size=8",
+            "--recipe_width=16",
+            "--recipe_depth=1",
+            "--recipe_train_images=64",
+            "--recipe_eval_images=16",
             f"--json={report_path}",
         ]
     )
@@ -156,4 +156,4 @@ def test_cli_parses_and_runs_recipe(tmp_path):
         "eval_images": 16,
     }
     with pytest.raises(SystemExit):
-        main(["--suite=recipe", "--device=cpu", "--recipe-variants", "nope"])
+        main(["--suite=recipe", "--device=cpu", "--recipe_variants", "nope"])

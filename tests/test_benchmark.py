@@ -94,7 +94,7 @@ def test_peak_table_and_summary():
 def test_model_suite_compares_with_timm_on_the_same_weights(tmp_path):
     path = tmp_path / "model.json"
     report = main(
-        ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_patch4_32", "--batch-sizes", "4"]
+        ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_patch4_32", "--batch_sizes", "4"]
         + ["--override", json.dumps(TINY), "--rounds", "3", "--steps", "1", "--warmup", "1", "--json", str(path)]
     )
     assert json.loads(path.read_text()) == json.loads(json.dumps(report, default=str))
@@ -141,7 +141,7 @@ def test_grad_checkpointing_row_counts_the_step_peak_with_and_without():
 
 def test_model_suite_reports_a_window_preset_without_timm():
     report = main(
-        ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_window_patch4_32", "--batch-sizes", "2"]
+        ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_window_patch4_32", "--batch_sizes", "2"]
         + ["--override", json.dumps({**TINY, "global_attn_indexes": [1]}), "--rounds", "2", "--warmup", "0"]
     )
     (result,) = report["model"]["results"]
@@ -151,9 +151,9 @@ def test_model_suite_reports_a_window_preset_without_timm():
 
 def test_attention_suite_rows():
     report = main(
-        ["--suite", "attention", "--device", "cpu", "--attn-grids", "6", "9", "--window-sizes", "3", "4"]
-        + ["--sliding-sizes", "3", "7", "--attn-dim", "32", "--attn-heads", "2", "--attn-tokens", "200"]
-        + ["--attn-reps", "2", "--linear-maps"]
+        ["--suite", "attention", "--device", "cpu", "--attn_grids", "6", "9", "--window_sizes", "3", "4"]
+        + ["--sliding_sizes", "3", "7", "--attn_dim", "32", "--attn_heads", "2", "--attn_tokens", "200"]
+        + ["--attn_reps", "2", "--linear_maps"]
     )
     rows = report["attention"]["results"]
     # grid 6: global, w3, w4, s3 (s7 does not fit); grid 9: global, w3, w4, s3, s7
@@ -210,8 +210,8 @@ def test_attention_checks_read_the_per_token_series(monkeypatch):
     monkeypatch.setattr(attention_suite, "timed", lambda fn, steps, device: (fn() * 1e-6, fn() * 1e-6))
     monkeypatch.setattr(attention_suite, "peak_bytes", lambda fn, device: 1024)
     report = main(
-        ["--suite", "attention", "--device", "cpu", "--attn-grids", "16", "64", "--window-sizes", "7"]
-        + ["--sliding-sizes", "7", "--attn-reps", "3"]
+        ["--suite", "attention", "--device", "cpu", "--attn_grids", "16", "64", "--window_sizes", "7"]
+        + ["--sliding_sizes", "7", "--attn_reps", "3"]
     )
     clock = "CPU time" if torch.get_num_threads() == 1 else "wall clock"
     checks = {
@@ -234,8 +234,8 @@ SHARD_CROP = "shard -> RRC 224 -> flip"
 def test_data_suite_rows(tmp_path):
     pytest.importorskip("albumentations")
     report = main(
-        ["--suite", "data", "--device", "cpu", "--data-images", "3", "--data-samples", "4", "--data-rounds", "1"]
-        + ["--jpeg-size", "96", "128", "--json", str(tmp_path / "data.json")]
+        ["--suite", "data", "--device", "cpu", "--data_images", "3", "--data_samples", "4", "--data_rounds", "1"]
+        + ["--jpeg_size", "96", "128", "--json", str(tmp_path / "data.json")]
     )
     data = report["data"]
     assert data["jpeg"]["files"] == 3 and data["jpeg"]["height_width"] == [96, 128] and data["jpeg"]["mean_kib"] > 1
@@ -280,14 +280,14 @@ def test_model_and_attention_suites_run_without_the_training_stack(tmp_path):
     (timm itself imports wandb when it is installed, and works without it.)
     """
     out = tmp_path / "bench.json"
-    args = ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_patch4_32", "--batch-sizes", "2"]
+    args = ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_patch4_32", "--batch_sizes", "2"]
     args += ["--override", json.dumps(TINY), "--rounds", "1", "--warmup", "0", "--json", str(out)]
     code = (
         "import runpy, sys\n"
         f"sys.argv = ['vit.bench', *{args!r}]\n"
         "runpy.run_module('vit.bench', run_name='__main__', alter_sys=True)\n"
-        "sys.argv = ['vit.bench', '--suite', 'attention', '--device', 'cpu', '--attn-grids', '4', "
-        "'--window-sizes', '2', '--attn-dim', '16', '--attn-heads', '2', '--attn-reps', '1']\n"
+        "sys.argv = ['vit.bench', '--suite', 'attention', '--device', 'cpu', '--attn_grids', '4', "
+        "'--window_sizes', '2', '--attn_dim', '16', '--attn_heads', '2', '--attn_reps', '1']\n"
         "runpy.run_module('vit.bench', run_name='__main__', alter_sys=True)\n"
         "training_stack = ('albumentations', 'cv2', 'lightning', 'vit.data', 'vit.lit_module')\n"
         "loaded = [m for m in training_stack if m in sys.modules]\n"
@@ -303,11 +303,11 @@ def test_bad_settings_are_one_error_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(
             ["--suite", "model", "--device", "cpu", "--models", "vit_tiny_patch4_32", "vit_tiny_patch4_32"]
-            + ["--batch-sizes", "2", "4", "8"]
+            + ["--batch_sizes", "2", "4", "8"]
         )
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == "error: --batch-sizes: give one batch size or one per model (2), got [2, 4, 8]"
+    assert err[-1] == "error: --batch_sizes: give one batch size or one per model (2), got [2, 4, 8]"
     assert not any("Traceback" in line for line in err)
 
 
@@ -315,7 +315,7 @@ def test_benchmark_keeps_freed_memory_unless_told_not_to(monkeypatch):
     calls = []
     monkeypatch.setattr("vit.bench.cli.keep_freed_memory", lambda: calls.append(1) or True)
     assert parse_args(["--suite", "attention"]).freed_memory_kept is True
-    assert parse_args(["--suite", "attention", "--no-keep-freed-memory"]).freed_memory_kept is False
+    assert parse_args(["--suite", "attention", "--keep_freed_memory", "false"]).freed_memory_kept is False
     assert calls == [1]
 
 
@@ -353,8 +353,8 @@ def test_report_header_is_the_run_header_with_the_settings(tmp_path):
     keys that the result tables read, and every setting."""
     from vit.bench.cli import run
 
-    argv = ["--suite", "attention", "--device", "cpu", "--attn-grids", "4", "--window-sizes", "--sliding-sizes"]
-    args = parse_args([*argv, "--linear-maps", "--attn-dim", "8", "--attn-heads", "2", "--attn-reps", "1"])
+    argv = ["--suite", "attention", "--device", "cpu", "--attn_grids", "4", "--window_sizes", "--sliding_sizes"]
+    args = parse_args([*argv, "--linear_maps", "--attn_dim", "8", "--attn_heads", "2", "--attn_reps", "1"])
     report = run(args, command="vit bench --suite attention")
     assert report["command"] == "vit bench --suite attention" and report["device"] == "cpu"
     assert report["versions"]["torch"] == report["torch"] == torch.__version__ and report["timm"]

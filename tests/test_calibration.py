@@ -97,7 +97,7 @@ def test_vit_calibrate_writes_a_calibrated_copy(tmp_path, learned_checkpoint, ca
     before = hashlib.sha256(learned_checkpoint.read_bytes()).hexdigest()
     out = tmp_path / "calibrated.ckpt"
     argv = ["calibrate", str(learned_checkpoint), "--out", str(out), "--report_dir", str(tmp_path / "report")]
-    assert main([*argv, "--no-progress"]) == 0
+    assert main([*argv, "--progress", "false"]) == 0
     assert hashlib.sha256(learned_checkpoint.read_bytes()).hexdigest() == before  # never rewritten
     temperature = read_checkpoint(out)["vit_inference"]["temperature"]
 

@@ -93,6 +93,19 @@ def test_unknown_config_name_lists_the_known_ones(capsys):
     assert "no_such_config" in err and "quickstart.yaml" in err and "vit_small.yaml" in err
 
 
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [("quickstrat", "quickstart"), ("vit_small_windows.yaml", "vit_small_window"), ("no_such_config", None)],
+)
+def test_a_mistyped_config_name_suggests_the_config(name, meant, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", "--config", name])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: config file {name!r} not found")
+    assert (f"(did you mean {meant}?)" in err) if meant else "did you mean" not in err
+
+
 def test_print_config_with_stacked_configs_and_dotted_overrides(tmp_path, capsys):
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
     first.write_text("model:\n  lr: 0.01\ndata:\n  batch_size: 8\n")

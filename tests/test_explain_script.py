@@ -172,7 +172,7 @@ def test_default_folder_is_new_for_every_run(checkpoint, tmp_path, explain, monk
 
 
 def test_validation_split(checkpoint, tmp_path, explain):
-    result = explain(checkpoint, "--split", "val", "--limit", "5", "--no-overlays", "--out", tmp_path / "o")
+    result = explain(checkpoint, "--split", "val", "--limit", "5", "--overlays", "false", "--out", tmp_path / "o")
     assert result.returncode == 0, result.stderr
     data = ImageDataModule(dataset="digits", img_size=32, num_workers=0)
     data.setup("validate")
@@ -233,7 +233,7 @@ def test_bad_input_one_line_exit_2_nothing_written(checkpoint, tmp_path, explain
         "error: --target 10 out of range: the model has 10 classes (0..9)",
     )
     one_error_line(explain(checkpoint, image, *outputs, "--target", "cat"), "error: --target 'cat' is neither")
-    one_error_line(explain(checkpoint, image, *outputs, "--report-block", "5"), "error: --report-block 5 out of")
+    one_error_line(explain(checkpoint, image, *outputs, "--report_block", "5"), "error: --report_block 5 out of")
     one_error_line(explain(checkpoint, image, *outputs, "--methods", "rollout,shap"),
                    "error: --methods: unknown method 'shap': choose from rollout, attribution, attnlrp")  # fmt: skip
     one_error_line(explain(checkpoint, image, *outputs, "--methods", "rollout", "--method", "both"),
@@ -287,8 +287,8 @@ def test_report_shows_every_method_side_by_side_and_opens_on_the_explorer(checkp
     files = image_files(tmp_path)[:2]
     report = tmp_path / "report.html"
     methods = ["attnlrp", "rollout", "gradxinput"]
-    result = explain(checkpoint, *files, "--out", tmp_path / "o", "--no-overlays", "--html", report, "--methods",
-                     ",".join(methods), "--faithfulness", "--steps", "2", "--explorer-bits", "4")  # fmt: skip
+    result = explain(checkpoint, *files, "--out", tmp_path / "o", "--overlays", "false", "--html", report, "--methods",
+                     ",".join(methods), "--faithfulness", "--steps", "2", "--explorer_bits", "4")  # fmt: skip
     assert result.returncode == 0, result.stderr
     text = report.read_text()
     panels = re.findall(r'<div class="panel">(.*?)</figure></div>', text.split('<section id="report">', 1)[1], re.S)
@@ -348,7 +348,7 @@ def test_a_checkpoint_alone_explains_from_an_empty_folder(checkpoint, tmp_path, 
     alone.mkdir()
     torch.save(raw, alone / "model.ckpt")
     monkeypatch.chdir(alone)
-    result = explain("model.ckpt", *files, "--method", "rollout", "--no-overlays")
+    result = explain("model.ckpt", *files, "--method", "rollout", "--overlays", "false")
     assert result.returncode == 0 and "note" not in result.stderr, result.stderr
     model, batch, _ = model_inputs(checkpoint, files)  # built by hand with the digits' statistics
     probs = model(batch).softmax(-1)
@@ -388,7 +388,7 @@ def test_progress_on_stderr_one_line_per_method_and_phase_stdout_only_the_result
 
     out = tmp_path / "o"
     result = explain(checkpoint, "--split", "val", "--limit", "5", "--methods", "rollout,attnlrp", "--faithfulness",
-                     "--steps", "2", "--batch-size", "2", "--out", out)  # fmt: skip
+                     "--steps", "2", "--batch_size", "2", "--out", out)  # fmt: skip
     assert result.returncode == 0, result.stderr
     time = r"in \d+\.\d s"
     expected = [
@@ -479,7 +479,9 @@ def threads_seen(monkeypatch) -> list[int]:
 def test_threads_option_sets_torchs_threads_and_the_first_line_says_so(checkpoint, tmp_path, explain, monkeypatch):
     seen = threads_seen(monkeypatch)
     torch.set_num_threads(2)
-    result = explain(checkpoint, "--split", "val", "--limit", "3", "--no-overlays", "--threads", "1", "--out", tmp_path)
+    result = explain(
+        checkpoint, "--split", "val", "--limit", "3", "--overlays", "false", "--threads", "1", "--out", tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert seen == [1]
     first = result.stderr.splitlines()[0]
@@ -489,7 +491,7 @@ def test_threads_option_sets_torchs_threads_and_the_first_line_says_so(checkpoin
     # The default: the cores this process may use minus the busy ones.
     monkeypatch.setattr(env, "available_cores", lambda: 4)
     monkeypatch.setattr(env, "busy_cores", lambda: 1.2)
-    result = explain(checkpoint, "--split", "val", "--limit", "3", "--no-overlays", "--out", tmp_path / "b")
+    result = explain(checkpoint, "--split", "val", "--limit", "3", "--overlays", "false", "--out", tmp_path / "b")
     assert result.returncode == 0, result.stderr
     assert seen == [1, 3]
     assert "; 3 threads of 4 cores, 1.2 busy now (the cores not busy with other processes" in result.stderr
@@ -499,14 +501,14 @@ def test_threads_option_sets_torchs_threads_and_the_first_line_says_so(checkpoin
 
 
 def test_bench_threads_option_and_default(monkeypatch):
-    bench_cli.parse_args(["--suite", "model", "--threads", "1", "--no-keep-freed-memory"])
+    bench_cli.parse_args(["--suite", "model", "--threads", "1", "--keep_freed_memory", "false"])
     assert torch.get_num_threads() == 1
     monkeypatch.setattr(bench_cli, "available_cores", lambda: 2)
     monkeypatch.setattr(bench_cli, "busy_cores", lambda: 0.1)
-    args = bench_cli.parse_args(["--suite", "model", "--no-keep-freed-memory"])
+    args = bench_cli.parse_args(["--suite", "model", "--keep_freed_memory", "false"])
     assert args.threads == 2 and torch.get_num_threads() == 2
     monkeypatch.setattr(bench_cli, "busy_cores", lambda: 1.0)
-    args = bench_cli.parse_args(["--suite", "model", "--no-keep-freed-memory"])
+    args = bench_cli.parse_args(["--suite", "model", "--keep_freed_memory", "false"])
     assert args.threads == 1 and torch.get_num_threads() == 1
 
 
@@ -534,7 +536,7 @@ def test_plain_lines_every_interval_when_stderr_is_not_a_terminal(capsys, monkey
 def test_command_reports_long_phases_in_a_log(checkpoint, tmp_path, explain, monkeypatch):
     monkeypatch.setattr(progress, "LOG_INTERVAL", 0.01)
     result = explain(checkpoint, "--split", "val", "--limit", "5", "--methods", "rollout,attnlrp", "--faithfulness",
-                     "--steps", "2", "--batch-size", "2", "--no-overlays", "--out", tmp_path)  # fmt: skip
+                     "--steps", "2", "--batch_size", "2", "--overlays", "false", "--out", tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "\r" not in result.stderr
     periodic = [line for line in result.stderr.splitlines() if re.fullmatch(r"\w+: \d+/\d+ images, \d+ s", line)]
@@ -558,20 +560,20 @@ def test_max_image_pixels_refuses_from_the_header_in_one_line(checkpoint, tmp_pa
     huge.write_bytes(png_header(10_000, 6_000))  # 60 megapixels claimed, never decoded
     result = explain(checkpoint, huge, "--out", tmp_path / "o")
     one_error_line(result, f"error: cannot read image {huge}: 10000x6000 pixels (60 megapixels) is above the limit of "
-                           "50,000,000 pixels (50 megapixels): raise the limit with --max-image-pixels")  # fmt: skip
+                           "50,000,000 pixels (50 megapixels): raise the limit with --max_image_pixels")  # fmt: skip
 
     small = tmp_path / "small.png"
     Image.fromarray(np.zeros((64, 64, 3), dtype=np.uint8)).save(small)
-    result = explain(checkpoint, small, "--max-image-pixels", "1000", "--out", tmp_path / "o")
+    result = explain(checkpoint, small, "--max_image_pixels", "1000", "--out", tmp_path / "o")
     one_error_line(result, f"error: cannot read image {small}: 64x64 pixels (0.004096 megapixels) is above the limit "
                            "of 1,000 pixels")  # fmt: skip
-    assert "--max-image-pixels none for no limit" in result.stderr
+    assert "--max_image_pixels none for no limit" in result.stderr
     assert not (tmp_path / "o").exists()
     for limit in ("4096", "none"):
-        result = explain(checkpoint, small, "--max-image-pixels", limit, "--out", tmp_path / limit)
+        result = explain(checkpoint, small, "--max_image_pixels", limit, "--out", tmp_path / limit)
         assert result.returncode == 0, result.stderr
-    result = explain(checkpoint, small, "--max-image-pixels", "0")
-    one_error_line(result, "error: vit explain: argument --max-image-pixels: '0' is neither a positive number")
+    result = explain(checkpoint, small, "--max_image_pixels", "0")
+    one_error_line(result, "error: vit explain: argument --max_image_pixels: '0' is neither a positive number")
 
 
 def test_explain_uses_the_default_pixel_limit_of_predict():
@@ -600,7 +602,7 @@ def test_removals_sanity_and_heads_from_the_command_line(checkpoint, tmp_path, e
     --heads: their tables and JSON files, with the run header; the report shows all of them."""
     out, page = tmp_path / "o", tmp_path / "r.html"
     result = explain(checkpoint, "--split", "val", "--limit", "4", "--methods", "rollout,attnlrp", "--faithfulness",
-                     "--removal", "mean,road,drop", "--steps", "2", "--sanity", "--heads", "--no-overlays",
+                     "--removal", "mean,road,drop", "--steps", "2", "--sanity", "--heads", "--overlays", "false",
                      "--out", out, "--html", page)  # fmt: skip
     assert result.returncode == 0, result.stderr
     tables = [line for line in result.stdout.splitlines() if line.startswith("faithfulness on 4 images")]
@@ -649,8 +651,8 @@ def test_tune_from_the_command_line(checkpoint, tmp_path, explain):
     checkpoint = Path(shutil.copy(checkpoint, tmp_path / "tiny.ckpt"))
     out = tmp_path / "o"
     result = explain(checkpoint, "--split", "val", "--limit", "4", "--methods", "attnlrp,rollout", "--tune",
-                     "--tune-images", "6", "--faithfulness", "--removal", "mean,drop", "--steps", "2",
-                     "--no-overlays", "--out", out)  # fmt: skip
+                     "--tune_images", "6", "--faithfulness", "--removal", "mean,drop", "--steps", "2",
+                     "--overlays", "false", "--out", out)  # fmt: skip
     assert result.returncode == 0, result.stderr
     tuning = json.loads((out / "tuning.json").read_text())["attnlrp"]
     assert tuning["num_images"] == 6 and tuning["removals"] == ["mean", "drop"] and tuning["steps"] == 2

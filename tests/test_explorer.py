@@ -572,8 +572,8 @@ def test_benchmark_suite_measures_the_budget_case(browser, tmp_path):
     import sys
 
     # In a process of its own: this one already runs Playwright's event loop (the browser fixture).
-    command = [sys.executable, "-m", "vit.bench", "--suite", "explorer", "--device", "cpu", "--explorer-cases",
-               "cifar10_cpu", "--explorer-browser", chromium_path(), "--explorer-bits", "5",
+    command = [sys.executable, "-m", "vit.bench", "--suite", "explorer", "--device", "cpu", "--explorer_cases",
+               "cifar10_cpu", "--explorer_browser", chromium_path(), "--explorer_bits", "5",
                "--json", tmp_path / "bench.json"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr

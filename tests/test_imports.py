@@ -126,6 +126,24 @@ def test_the_package_has_no_import_circle() -> None:
     assert cycles(import_graph()) == []
 
 
+@pytest.mark.parametrize(
+    ("lower", "higher"),
+    [
+        ("vit.models", "vit.checkpoints"),
+        ("vit.explain.explanation", "vit.explain.render"),
+        ("vit.layers", "vit.models"),
+    ],
+)
+def test_a_lower_floor_never_imports_a_higher_one(lower: str, higher: str) -> None:
+    """Not even inside a function: the checkpoints build models, the renderers draw explanations (a notebook's
+    display formatter is registered by the renderers, not looked up by the data type)."""
+    within = lambda name, package: name == package or name.startswith(package + ".")  # noqa: E731
+    graph = import_graph()
+    assert (
+        sorted((m, t) for m, targets in graph.items() if within(m, lower) for t in targets if within(t, higher)) == []
+    )
+
+
 HEAVY = ("torch", "lightning", "wandb", "timm", "numpy")
 """Packages the command line must not import to show help or reject an argument."""
 

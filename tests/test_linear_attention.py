@@ -155,13 +155,13 @@ def test_capture_and_statistics_of_a_linear_model(tiny_vit):
 
 
 def test_attention_suite_linear_rows_and_checks():
-    # The suite's linear rows (--linear-maps), without the window and sliding rows.
+    # The suite's linear rows (--linear_maps), without the window and sliding rows.
     from vit.bench.cli import main
 
     report = main(
-        ["--suite", "attention", "--device", "cpu", "--attn-grids", "4", "6", "--window-sizes", "--sliding-sizes"]
-        + ["--linear-maps", "elu", "relu", "--attn-dim", "16", "--attn-heads", "2", "--attn-tokens", "64"]
-        + ["--attn-reps", "1"]
+        ["--suite", "attention", "--device", "cpu", "--attn_grids", "4", "6", "--window_sizes", "--sliding_sizes"]
+        + ["--linear_maps", "elu", "relu", "--attn_dim", "16", "--attn_heads", "2", "--attn_tokens", "64"]
+        + ["--attn_reps", "1"]
     )
     rows = report["attention"]["results"]
     assert [(r["grid"], r["layer"]) for r in rows] == [

@@ -304,7 +304,7 @@ def test_load_pretrained_resamples_grid_and_drops_head(caplog):
     source = vit.create_model("vit_tiny_patch16_224", depth=2, num_classes=1000)
     target = vit.create_model("vit_tiny_patch16_224", depth=2, img_size=384, num_classes=10)
     head_before = target.head.weight.clone()
-    with caplog.at_level(logging.INFO, logger="vit.models.weights"):
+    with caplog.at_level(logging.INFO, logger="vit.checkpoints.pretrained"):
         vit.load_pretrained(target, source.state_dict())
     assert "dropped the checkpoint's head (1000 classes)" in caplog.text
     assert torch.equal(target.head.weight, head_before)

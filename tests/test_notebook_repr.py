@@ -4,6 +4,9 @@ holding its page, an Explanation as the PNG of its map grids."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+import types
 from html.parser import HTMLParser
 
 import numpy as np
@@ -18,6 +21,7 @@ from vit.explain import (
     explorer_payload,
     render_explorer,
     render_grid,
+    show_explanations,
     show_explorer,
 )
 
@@ -83,9 +87,18 @@ def decode(png: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
 
 
+def shown_png(explanation) -> bytes | None:
+    """What IPython shows for ``explanation`` as a PNG, with the display formatter of vit.explain registered."""
+    formatters = pytest.importorskip("IPython.core.formatters")
+    shell = types.SimpleNamespace(display_formatter=formatters.DisplayFormatter())
+    assert show_explanations(shell)
+    data, _ = shell.display_formatter.format(explanation)
+    return data.get("image/png")
+
+
 def test_explanation_shows_as_the_png_of_its_grids(model, pixels):
     one = explain(model, pixels, ["rollout"], mean=MEAN, std=STD)
-    png = one._repr_png_()
+    png = shown_png(one)
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and png == explanation_png(one)
     np.testing.assert_array_equal(decode(png), render_grid(one, one.maps["rollout"], 3, title="rollout", size=128))
     two = explain(model, pixels, ["rollout", "attnlrp"], mean=MEAN, std=STD)
@@ -93,5 +106,19 @@ def test_explanation_shows_as_the_png_of_its_grids(model, pixels):
         render_grid(two, two.maps["rollout"], 3, title="rollout", size=128),
         render_grid(two, two.maps["attnlrp"], 3, title="attnlrp", size=128, signed=True),
     ]  # relevance: diverging
-    np.testing.assert_array_equal(decode(two._repr_png_()), np.concatenate(grids))  # one under the other
-    assert explain(model, pixels, [], mean=MEAN, std=STD)._repr_png_() is None  # no maps: the plain repr
+    np.testing.assert_array_equal(decode(shown_png(two)), np.concatenate(grids))  # one under the other
+    assert shown_png(explain(model, pixels, [], mean=MEAN, std=STD)) is None  # no maps: the plain repr
+
+
+def test_importing_vit_explain_in_ipython_registers_the_display():
+    """In a running IPython, ``import vit.explain`` registers the formatter; without one it imports no renderer."""
+    pytest.importorskip("IPython")
+    code = (
+        "import sys; from IPython.core.interactiveshell import InteractiveShell; shell = InteractiveShell.instance(); "
+        "import vit.explain; png = shell.display_formatter.formatters['image/png']; "
+        "print(('vit.explain.explanation', 'Explanation') in png.deferred_printers)"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "True"
+    plain = "import sys, vit.explain; print('vit.explain.render.notebook' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", plain], capture_output=True, text=True).stdout.strip() == "False"

@@ -61,3 +61,35 @@ def test_no_test_module_imports_another():
             names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
             found += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in modules]
     assert modules and not found, found
+
+
+def code_lines(function, lines: list[str], docstrings: set[int]) -> int:
+    """Lines of code of ``function``'s body: neither blank, nor a comment, nor a docstring."""
+    body = range(function.body[0].lineno, function.end_lineno + 1)
+    return sum(
+        1 for i in body if i not in docstrings and lines[i - 1].strip() and not lines[i - 1].strip().startswith("#")
+    )
+
+
+def test_no_file_over_450_lines_and_no_function_over_80_lines_of_code():
+    import ast
+
+    long_files, long_functions = [], []
+    for path in sorted((ROOT / "vit").rglob("*.py")):
+        text = path.read_text()
+        lines, tree = text.splitlines(), ast.parse(text)
+        name = path.relative_to(ROOT)
+        if len(lines) > 450:
+            long_files.append(f"{name}: {len(lines)} lines")
+        docstrings = {
+            i
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+            and isinstance(node.body[0].value.value, str)
+            for i in range(node.body[0].lineno, node.body[0].end_lineno + 1)
+        }  # fmt: skip
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and code_lines(node, lines, docstrings) > 80:
+                long_functions.append(f"{name}:{node.lineno} {node.name}: {code_lines(node, lines, docstrings)}")
+    assert long_files == [] and long_functions == [], long_files + long_functions

@@ -115,8 +115,8 @@ def test_tune_stores_the_choice_that_explain_then_uses_unless_methods_are_named(
     checkpoint.parent.mkdir()
     shutil.copy(trained_checkpoint, checkpoint)
     before = checkpoint.read_bytes()
-    common = ["--split", "val", "--limit", "4", "--no-overlays", "--mistakes", "0"]
-    code, out, err = run(capsys, checkpoint, *common, "--methods", "rollout,attribution", "--tune", "--tune-images",
+    common = ["--split", "val", "--limit", "4", "--overlays", "false", "--mistakes", "0"]
+    code, out, err = run(capsys, checkpoint, *common, "--methods", "rollout,attribution", "--tune", "--tune_images",
                          "6", "--removal", "mean,drop", "--steps", "2", "--out", tmp_path / "tuned")  # fmt: skip
     assert code == 0, err
     assert checkpoint.read_bytes() == before

@@ -40,7 +40,7 @@ _LAZY = {
     "VisionTransformer": "vit.models",
     "create_model": "vit.models",
     "list_models": "vit.models",
-    "load_pretrained": "vit.models",
+    "load_pretrained": "vit.checkpoints",
     "load": "vit.checkpoints",
     "Predictor": "vit.inference",
     "Prediction": "vit.inference",

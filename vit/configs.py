@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import fail
+from .errors import fail, suggest
 
 CONFIG_DIRS = (Path("configs"), Path(__file__).resolve().parents[1] / "configs")
 """Where a bare ``--config`` name is looked up: ``./configs`` first, then the repository's ``configs/``."""
@@ -43,8 +43,9 @@ def _find_config(name: str) -> str:
             if candidate.is_file():
                 return str(candidate)
     known = sorted({p.name for folder in CONFIG_DIRS if folder.is_dir() for p in folder.glob("*.yaml")})
+    meant = suggest(name.removesuffix(".yaml"), [Path(k).stem for k in known])
     fail(
-        f"config file {name!r} not found: it is not a path, nor a file in configs/. "
+        f"config file {name!r} not found{meant}: it is not a path, nor a file in configs/. "
         f"Known configs: {', '.join(known) or 'none'}"
     )
 

@@ -68,10 +68,10 @@ def default_threads(cores: int, load: float) -> int:
     """Intra-op threads that do not oversubscribe a shared CPU: the cores minus the busy ones, at least 1.
 
     PyTorch starts one OpenMP thread per core, and every parallel region ends at a barrier that waits for the slowest
-    thread: a core that another process holds makes each of them wait for a time slice. ``vit explain CKPT --split val
-    --limit 120 --no-overlays`` on a 2-core machine: 13.4 s idle with 2 threads, 45.0 s beside one busy process with 2
-    threads, 15.4 s beside it with 1 thread; with ``--methods attnlrp,ig --faithfulness``, 12 s idle and 104 s beside a
-    busy loop with 2 threads. Rounding the busy cores leaves all cores to a machine that is merely noisy. See
+    thread: a core that another process holds makes each of them wait for a time slice. ``vit explain CKPT --split
+    val --limit 120 --overlays false`` on a 2-core machine: 13.4 s idle with 2 threads, 45.0 s beside one busy process
+    with 2 threads, 15.4 s beside it with 1 thread; with ``--methods attnlrp,ig --faithfulness``, 12 s idle and 104 s
+    beside a busy loop with 2 threads. Rounding the busy cores leaves all cores to a machine that is merely noisy. See
     docs/explanations.md for the command that measures it.
 
     Args:

@@ -204,7 +204,7 @@ def export(ckpt_path: str | Path, out: str | Path, onnx: bool = False, ema: bool
 
 def build_parser(prog: str = "vit export") -> argparse.ArgumentParser:
     """The options of ``vit export``."""
-    parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n", 1)[0])
+    parser = ArgumentParser(prog=prog, doc=__doc__)
     add_checkpoint_arguments(parser)
     parser.add_argument("--out", required=True, help="the folder to write (new, or empty)")
     parser.add_argument("--onnx", action="store_true", help="also write model.onnx, checked with ONNX Runtime")

@@ -30,9 +30,10 @@ from .callbacks.patch_dropout import UnmaskedEpochs
 from .callbacks.throughput import TrainingThroughput
 from .callbacks.time_budget import TimeBudget, budget_seconds, steps_in_epoch
 from .checkpoints.metadata import METADATA_KEY, TEMPERATURE_KEY
+from .checkpoints.pretrained import load_pretrained
 from .checkpoints.state import check_checkpoint_fits
 from .errors import ConfigError
-from .models import VisionTransformer, create_model, load_pretrained
+from .models import VisionTransformer, create_model
 from .optim import fused_adamw, param_groups
 from .schedule import TimePlan, warmup_cosine
 from .tta import TestTimeAugment, averaged_logits

@@ -13,7 +13,7 @@ and ``cli`` loads no torch: each suite imports it when it runs.
 
 Example::
 
-    python -m vit.bench --suite model --models vit_small_patch16_224 --batch-sizes 8
+    python -m vit.bench --suite model --models vit_small_patch16_224 --batch_sizes 8
 """
 
 from vit.bench.cli import BenchError, build_parser, main, parse_args, run

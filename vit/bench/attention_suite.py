@@ -4,7 +4,7 @@
 Transformer", ICCV 2021) and ``vit.layers.NeighborhoodAttention`` (sliding windows, Hassani et al., "Neighborhood
 Attention Transformer", CVPR 2023) as the patch grid grows, for several window and kernel sizes, and
 ``vit.layers.LinearAttention`` (Katharopoulos et al., ICML 2020) for the feature maps in ``linear_maps``
-(``--linear-maps elu relu``), all layers sharing one set of weights.
+(``--linear_maps elu relu``), all layers sharing one set of weights.
 Local and linear attention cost a fixed amount per token, so their time per token should stay flat while global
 attention's grows with the number of tokens. Imports only torch and ``vit``'s layers.
 """

@@ -24,11 +24,11 @@ Suites (``--suite model|attention|data|explorer|recipe|all``), each printing a t
   (Wortsman et al., 2023). It trains dozens of models (minutes each on a CPU), so ``--suite all`` leaves it out:
   ask for it with ``--suite recipe``.
 - ``corruption``: generation time of the 15 common corruptions x 5 severities on real CIFAR-10 test images
-  (``--corruption-data``), per corruption with where its time goes, and the disk cache's write and read; ask for it
+  (``--corruption_data``), per corruption with where its time goes, and the disk cache's write and read; ask for it
   with ``--suite corruption``.
 
 Every suite runs with glibc's malloc keeping freed memory for reuse (:mod:`vit.allocator`), as ``vit`` commands do;
-``--no-keep-freed-memory`` measures with the C library's defaults.
+``--keep_freed_memory false`` measures with the C library's defaults.
 
 The ``model`` and ``attention`` suites import only torch, timm and ``vit``'s model code; albumentations, OpenCV,
 torchvision and ``vit.data`` are imported by the ``data`` suite only, the explorer by the ``explorer`` suite only.
@@ -36,10 +36,10 @@ torchvision and ``vit.data`` are imported by the ``data`` suite only, the explor
 
 Examples::
 
-    python -m vit.bench --suite model --models vit_small_patch16_224 vit_small_patch4_32 --batch-sizes 8 64
+    python -m vit.bench --suite model --models vit_small_patch16_224 vit_small_patch4_32 --batch_sizes 8 64
     python -m vit.bench --suite attention --json runs/attention.json
-    python -m vit.bench --suite model --device cuda --precision bf16 --compile --batch-sizes 512
-    python -m vit.bench --suite recipe --threads 1 --data-dir cifar10 --recipe-steps 300 --json runs/recipe.json
+    python -m vit.bench --suite model --device cuda --precision bf16 --compile --batch_sizes 512
+    python -m vit.bench --suite recipe --threads 1 --data.data_dir cifar10 --recipe_steps 300 --json runs/recipe.json
 
 ``scripts/benchmark.py`` is the same command, with cifar10-mini's pictures for the data suite when they are found.
 """
@@ -59,7 +59,7 @@ from vit.allocator import keep_freed_memory
 from vit.bench.defaults import EXPLORER_CASES, RECIPE_LRS, RECIPE_VARIANTS
 from vit.bench.harness import BenchError, log, write_report
 from vit.env import available_cores, busy_cores, default_threads, run_header
-from vit.errors import ArgumentParser, fail
+from vit.errors import ArgumentParser, add_switch, fail
 
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
@@ -79,19 +79,19 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
         "vit.env.default_threads)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--keep-freed-memory",
-        action=argparse.BooleanOptionalAction,
+    add_switch(
+        parser,
+        "--keep_freed_memory",
         default=True,
-        help="glibc malloc keeps freed blocks for reuse, as training does (vit.allocator); --no-keep-freed-memory "
-        "measures with the C library's defaults",
+        help="glibc malloc keeps freed blocks for reuse, as training does (vit.allocator); false measures with the C "
+        "library's defaults",
     )
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model suite")
     model.add_argument("--models", nargs="+", help="presets (default: vit_small_patch16_224 [and _patch4_32 on CPU])")
-    model.add_argument("--batch-sizes", nargs="+", type=int, help="one for all models or one per model")
+    model.add_argument("--batch_sizes", nargs="+", type=int, help="one for all models or one per model")
     model.add_argument(
         "--override", type=json.loads, default={}, help="JSON of model_config overrides: '{\"depth\": 2}'"
     )
@@ -111,26 +111,26 @@ def _model_settings(args: argparse.Namespace) -> dict[str, Any]:
 def _attention_options(parser: argparse.ArgumentParser) -> None:
     attn = parser.add_argument_group("attention suite")
     attn.add_argument(
-        "--attn-grids",
+        "--attn_grids",
         nargs="+",
         type=int,
         help="patch grid sides (default: cpu 16..64, cuda 32..128; global attention stops at 64 on the cpu)",
     )
-    attn.add_argument("--window-sizes", nargs="*", type=int, default=[7, 8], help="block windows (default: 7 8)")
+    attn.add_argument("--window_sizes", nargs="*", type=int, default=[7, 8], help="block windows (default: 7 8)")
     attn.add_argument(
-        "--sliding-sizes", nargs="*", type=int, default=[7, 9], help="sliding-window kernels, odd (default: 7 9)"
+        "--sliding_sizes", nargs="*", type=int, default=[7, 9], help="sliding-window kernels, odd (default: 7 9)"
     )
     attn.add_argument(
-        "--linear-maps",
+        "--linear_maps",
         nargs="*",
         choices=("elu", "relu"),
         default=["elu", "relu"],
         help="linear-attention rows for these feature maps (default: elu relu; none: leave them out)",
     )
-    attn.add_argument("--attn-dim", type=int, default=384)
-    attn.add_argument("--attn-heads", type=int, default=6)
-    attn.add_argument("--attn-tokens", type=int, default=None, help="tokens per call (default: cpu 4096, cuda 2**17)")
-    attn.add_argument("--attn-reps", type=int, default=None, help="timed calls per layer (default: cpu 9, cuda 10)")
+    attn.add_argument("--attn_dim", type=int, default=384)
+    attn.add_argument("--attn_heads", type=int, default=6)
+    attn.add_argument("--attn_tokens", type=int, default=None, help="tokens per call (default: cpu 4096, cuda 2**17)")
+    attn.add_argument("--attn_reps", type=int, default=None, help="timed calls per layer (default: cpu 9, cuda 10)")
 
 
 def _attention_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,12 +144,12 @@ def _attention_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _data_options(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("data suite")
-    data.add_argument("--data-images", type=int, default=200, help="JPEG files to generate")
-    data.add_argument("--data-samples", type=int, default=300, help="JPEG samples per round (CIFAR: 4x)")
-    data.add_argument("--data-rounds", type=int, default=5)
-    data.add_argument("--jpeg-size", nargs=2, type=int, default=[375, 500], metavar=("HEIGHT", "WIDTH"))
+    data.add_argument("--data_images", type=int, default=200, help="JPEG files to generate")
+    data.add_argument("--data_samples", type=int, default=300, help="JPEG samples per round (CIFAR: 4x)")
+    data.add_argument("--data_rounds", type=int, default=5)
+    data.add_argument("--jpeg_size", nargs=2, type=int, default=[375, 500], metavar=("HEIGHT", "WIDTH"))
     data.add_argument(
-        "--cifar-mini", help="folder of small photos (<class>/*.jpg or train/<class>/*.jpg) for realistic content"
+        "--cifar_mini", help="folder of small photos (<class>/*.jpg or train/<class>/*.jpg) for realistic content"
     )
 
 
@@ -164,10 +164,10 @@ def _explorer_options(parser: argparse.ArgumentParser) -> None:
     from vit.explain.command import explorer_bits
 
     explorer = parser.add_argument_group("explorer suite")
-    explorer.add_argument("--explorer-weights", help="state dict of a trained cifar10_cpu model (default: initialised)")
-    explorer.add_argument("--explorer-browser", default=None, help="Chromium executable (default: chromium on PATH)")
+    explorer.add_argument("--explorer_weights", help="state dict of a trained cifar10_cpu model (default: initialised)")
+    explorer.add_argument("--explorer_browser", default=None, help="Chromium executable (default: chromium on PATH)")
     explorer.add_argument(
-        "--explorer-bits",
+        "--explorer_bits",
         type=explorer_bits,
         choices=("auto", *range(2, 9)),
         metavar="{auto,2..8}",
@@ -175,7 +175,7 @@ def _explorer_options(parser: argparse.ArgumentParser) -> None:
         help="bits per attention code (default: auto, the finest of 6 to 3 that fits the case's budget)",
     )
     explorer.add_argument(
-        "--explorer-cases",
+        "--explorer_cases",
         nargs="+",
         choices=EXPLORER_CASES,
         default=list(EXPLORER_CASES),
@@ -193,28 +193,30 @@ def _explorer_settings(args: argparse.Namespace) -> dict[str, Any]:
 def _recipe_options(parser: argparse.ArgumentParser) -> None:
     recipe = parser.add_argument_group("recipe suite")
     recipe.add_argument(
-        "--recipe-lrs",
+        "--recipe_lrs",
         nargs="+",
         type=float,
         default=list(RECIPE_LRS),
         help="peak learning rates (default: %(default)s)",
     )
     recipe.add_argument(
-        "--recipe-variants",
+        "--recipe_variants",
         nargs="+",
         default=list(RECIPE_VARIANTS),
         help="changes joined by '+': baseline qk_norm layer_scale z_loss beta2_095 warmup_3x (default: %(default)s)",
     )
-    recipe.add_argument("--recipe-steps", type=int, default=300, help="optimiser steps per run (10%% warm-up)")
-    recipe.add_argument("--recipe-batch-size", type=int, default=256)
-    recipe.add_argument("--recipe-width", type=int, default=128, help="embed_dim of the proxy")
-    recipe.add_argument("--recipe-depth", type=int, default=4, help="blocks of the proxy")
-    recipe.add_argument("--recipe-heads", type=int, default=2, help="attention heads of the proxy")
-    recipe.add_argument("--recipe-probe-every", type=int, default=25, help="steps between attention/update probes")
-    recipe.add_argument("--recipe-train-images", type=int, default=10000, help="random training images decoded")
-    recipe.add_argument("--recipe-eval-images", type=int, default=1000, help="of them held out for accuracy (0: none)")
+    recipe.add_argument("--recipe_steps", type=int, default=300, help="optimiser steps per run (10%% warm-up)")
+    recipe.add_argument("--recipe_batch_size", type=int, default=256)
+    recipe.add_argument("--recipe_width", type=int, default=128, help="embed_dim of the proxy")
+    recipe.add_argument("--recipe_depth", type=int, default=4, help="blocks of the proxy")
+    recipe.add_argument("--recipe_heads", type=int, default=2, help="attention heads of the proxy")
+    recipe.add_argument("--recipe_probe_every", type=int, default=25, help="steps between attention/update probes")
+    recipe.add_argument("--recipe_train_images", type=int, default=10000, help="random training images decoded")
+    recipe.add_argument("--recipe_eval_images", type=int, default=1000, help="of them held out for accuracy (0: none)")
     recipe.add_argument(
-        "--data-dir", help="folder of train/<class>/*.jpg (default: scikit-learn's digits upscaled to 32x32 RGB)"
+        "--data.data_dir",
+        dest="data_dir",
+        help="folder of train/<class>/*.jpg (default: scikit-learn's digits upscaled to 32x32 RGB)",
     )
 
 
@@ -229,8 +231,8 @@ def _recipe_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _corruption_options(parser: argparse.ArgumentParser) -> None:
     corruption = parser.add_argument_group("corruption suite")
-    corruption.add_argument("--corruption-data", help="folder of the CIFAR-10 test images (<class>/*.jpg)")
-    corruption.add_argument("--corruption-images", type=int, default=10000, help="images per cell")
+    corruption.add_argument("--corruption_data", help="folder of the CIFAR-10 test images (<class>/*.jpg)")
+    corruption.add_argument("--corruption_images", type=int, default=10000, help="images per cell")
 
 
 def _corruption_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -278,12 +280,18 @@ SUITES: dict[str, Suite] = {
 }
 """The suites in the order ``--suite all`` runs them; a new suite is one entry here (and its module)."""
 ALL_SUITES = tuple(name for name, suite in SUITES.items() if suite.in_all)
+OLD_SPELLINGS = {
+    "--data-dir": "--data.data_dir",
+    "--data_dir": "--data.data_dir",
+    "--no-keep-freed-memory": "--keep_freed_memory false",
+}
+"""Older spellings of options that are more than ``-`` for ``_`` (:class:`vit.errors.ArgumentParser`)."""
 
 
 def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
     """Every option of every suite, each suite's in its group; defaults that depend on the device are ``None`` here
     (see ``parse_args``)."""
-    parser = ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog=prog, doc=__doc__, renamed=OLD_SPELLINGS)
     _common_options(parser)
     for suite in SUITES.values():
         suite.options(parser)
@@ -293,7 +301,7 @@ def build_parser(prog: str = "vit bench") -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
     """Parse ``argv`` and fill the device-dependent defaults; sets torch's thread count (``--threads``, by default
     :func:`~vit.env.default_threads`),
-    and glibc's malloc thresholds unless ``--no-keep-freed-memory`` (``args.freed_memory_kept`` says whether they
+    and glibc's malloc thresholds unless ``--keep_freed_memory false`` (``args.freed_memory_kept`` says whether they
     are set)."""
     parser = parser or build_parser()
     args = parser.parse_args(argv)

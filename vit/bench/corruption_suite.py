@@ -35,7 +35,7 @@ def load_test_images(folder: str | Path, limit: int) -> np.ndarray:
     root = root / "test" if (root / "test").is_dir() else root
     files = sorted(root.glob("*/*.jpg")) + sorted(root.glob("*/*.png"))
     if not files:
-        raise BenchError(f"--corruption-data {folder}: no <class>/*.jpg images; give the CIFAR-10 test folder")
+        raise BenchError(f"--corruption_data {folder}: no <class>/*.jpg images; give the CIFAR-10 test folder")
     files = [files[i] for i in np.linspace(0, len(files) - 1, min(limit, len(files))).round().astype(int)]
     return np.stack([cv2.cvtColor(cv2.imread(str(f)), cv2.COLOR_BGR2RGB) for f in files])
 
@@ -107,7 +107,7 @@ def run_corruption_suite(
     from vit.evaluation.corruptions import CORRUPTIONS, SEVERITIES
 
     if not data_dir:
-        raise BenchError("--suite corruption needs --corruption-data: the folder of the CIFAR-10 test images")
+        raise BenchError("--suite corruption needs --corruption_data: the folder of the CIFAR-10 test images")
     pixels = load_test_images(data_dir, images)
     log(f"corruption: {len(pixels)} images of {pixels.shape[1]}x{pixels.shape[2]} from {data_dir}")
     entry: dict[str, Any] = {

@@ -4,9 +4,9 @@ For each case (the ``cifar10_cpu`` model with 16 images, ``vit_small_patch16_224
 bytes, the Python time to write it, and, where Playwright and a Chromium are found, the browser's time to open the
 page (navigation start to the frame after the first drawn query; median and slowest of five tabs) and to answer a
 click on a patch (click to the next frame) and a switch to another image. Weights are the model's initialisation
-unless ``--explorer-weights`` gives a state dict for the ``cifar10_cpu`` model: trained attention is peaked and
+unless ``--explorer_weights`` gives a state dict for the ``cifar10_cpu`` model: trained attention is peaked and
 compresses differently from the near-uniform attention of a new model, so the report says which was measured.
-``--explorer-bits`` sets the bits per attention code; by default (``auto``) the explorer picks the finest of 6 to 3
+``--explorer_bits`` sets the bits per attention code; by default (``auto``) the explorer picks the finest of 6 to 3
 bits at which the case's images fit its budget, as ``vit explain`` and the training callback do.
 """
 

@@ -322,7 +322,7 @@ def run_model_suite(
     if len(batches) == 1:
         batches = batches * len(models)
     if len(batches) != len(models):
-        raise BenchError(f"--batch-sizes: give one batch size or one per model ({len(models)}), got {batches}")
+        raise BenchError(f"--batch_sizes: give one batch size or one per model ({len(models)}), got {batches}")
     suite = report.setdefault("model", {"results": []})
     suite["notes"] = [
         "ratio = our images/s / timm's images/s in the same round; > 1 means ours is faster",

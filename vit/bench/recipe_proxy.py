@@ -46,7 +46,11 @@ def load_images(
         images = (x.clamp(0, 1) * 255).round().to(torch.uint8).expand(-1, 3, -1, -1).contiguous()
         labels = torch.from_numpy(digits.target).long()
         keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))[:max_images]
-        return images[keep], labels[keep], f"scikit-learn digits upscaled to {img_size}x{img_size} RGB (no --data-dir)"
+        return (
+            images[keep],
+            labels[keep],
+            f"scikit-learn digits upscaled to {img_size}x{img_size} RGB (no --data.data_dir)",
+        )
     import numpy as np
     from PIL import Image
 
@@ -55,7 +59,7 @@ def load_images(
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     files = [(f, c) for c, name in enumerate(classes) for f in sorted((root / name).glob("*")) if f.is_file()]
     if not files:
-        raise BenchError(f"--data-dir {data_dir}: no <class>/<image> files under {root}")
+        raise BenchError(f"--data.data_dir {data_dir}: no <class>/<image> files under {root}")
     files = random.Random(seed).sample(files, min(max_images, len(files)))
     images = torch.empty(len(files), 3, img_size, img_size, dtype=torch.uint8)
     for i, (path, _) in enumerate(files):

@@ -309,7 +309,7 @@ def run_recipe_suite(
     for v in variants:
         parse_variant(v)  # an unknown change fails before any training
     if width % heads:
-        raise BenchError(f"--recipe-width {width} is not divisible by --recipe-heads {heads}")
+        raise BenchError(f"--recipe_width {width} is not divisible by --recipe_heads {heads}")
     images, labels, source = load_images(data_dir, train_images, seed)
     images, labels, held_images, held_labels = split_held_out(images, labels, eval_images, seed)
     log(f"recipe: {source}; {len(labels)} training images, {len(variants)} variants x {len(lrs)} lrs")

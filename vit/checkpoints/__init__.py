@@ -6,6 +6,8 @@ its model, loading a model from a checkpoint or an export folder, and rebuilding
 - :mod:`~vit.checkpoints.files`: :func:`read_checkpoint` / :func:`load_file` (``weights_only=True`` or
   safetensors; one sentence for a file that is not a checkpoint);
 - :mod:`~vit.checkpoints.state`: :func:`extract_state_dict` and :func:`check_checkpoint_fits`;
+- :mod:`~vit.checkpoints.pretrained`: :func:`load_pretrained` (``vit.load_pretrained``), timm or vit weights into a
+  model, its position grid resampled and a head of another class count dropped;
 - :mod:`~vit.checkpoints.metadata`: the schema under :data:`METADATA_KEY` (:func:`inference_metadata`);
 - :mod:`~vit.checkpoints.loading`: :func:`load` (``vit.load``) and :class:`Loaded`;
 - :mod:`~vit.checkpoints.data`: :func:`rebuild_datamodule` from a checkpoint's data settings;
@@ -38,6 +40,7 @@ _NAMES = {
     "vit.checkpoints.metadata": (
         "METADATA_KEY", "TEMPERATURE_KEY", "inference_metadata", "model_args", "pretrained_cfg", "read_metadata",
     ),
+    "vit.checkpoints.pretrained": ("load_pretrained",),
     "vit.checkpoints.state": ("check_checkpoint_fits", "describe_mismatch", "extract_state_dict"),
 }  # fmt: skip
 _LAZY = {name: module for module, names in _NAMES.items() for name in names}

@@ -18,9 +18,7 @@ def build_parser(prog: str = "vit compare") -> argparse.ArgumentParser:
     doc = vit.compare.__doc__ or ""
     parser = ArgumentParser(
         prog=prog,
-        description=doc.split("\n\n")[0],
-        epilog=doc.split("\n\n", 1)[1].split("\n\n:mod:")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        doc=doc,
     )
     parser.add_argument("runs", nargs="*", help="offline run folders, run-*.wandb files, or folders holding runs")
     parser.add_argument("--project", help="compare the runs of this online W&B project (ENTITY/PROJECT) instead")

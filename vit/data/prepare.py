@@ -1,8 +1,11 @@
 """``vit data prepare``: write any dataset the data module knows as LitData shards that stream to every rank.
 
-The command's parser needs the standard library only: ``--help`` and bad arguments answer before the data stack (torch,
-numpy, LitData) is imported; :func:`~vit.data.shard_writer.prepare_shards` does the work, and its module says what a
-shard folder holds.
+    vit data prepare --data.dataset cifar10 --data.data_dir cifar10 --out shards/cifar10
+    vit fit --config cifar10_cpu --data.dataset streaming --data.data_dir shards/cifar10
+
+The parser needs the standard library only: ``--help`` and bad arguments answer before the data stack (torch, numpy,
+LitData) is imported; :func:`~vit.data.shard_writer.prepare_shards` does the work, and its module says what a shard
+folder holds.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from vit.errors import ArgumentParser, UsageError
 
 def build_parser(prog: str = "vit data prepare") -> argparse.ArgumentParser:
     """The options of ``vit data prepare``."""
-    parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog=prog, doc=__doc__)
     parser.add_argument("--data.dataset", dest="dataset", required=True,
                         choices=["imagefolder", "imagenet", "cifar10", "cifar100", "digits"])  # fmt: skip
     parser.add_argument("--data.data_dir", dest="data_dir", default=None, help="the dataset's root folder")

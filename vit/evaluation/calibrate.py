@@ -1,4 +1,5 @@
-"""``vit calibrate --ckpt_path CKPT [--out FILE]``: fit a checkpoint's temperature (Guo et al. 2017), write a copy.
+"""``vit calibrate --ckpt_path CKPT [--out FILE]``: fit a checkpoint's temperature (Guo et al. 2017) on half of its
+validation split and write a calibrated copy; the checkpoint itself is never changed.
 
 The temperature is fitted by NLL with L-BFGS on half of the run's validation split (every other image) and reported
 on the other half (:func:`vit.evaluation.calibration.calibrate_checkpoint`). ``CKPT`` (or the first positional
@@ -18,14 +19,12 @@ from pathlib import Path
 
 from ..checkpoints.files import check_checkpoint_path
 from ..checkpoints.naming import add_checkpoint_arguments, find_checkpoint
-from ..errors import EXIT_OK, ArgumentParser, UsageError
+from ..errors import EXIT_OK, ArgumentParser, UsageError, add_switch
 
 
 def build_parser(prog: str = "vit calibrate") -> ArgumentParser:
     parser = ArgumentParser(
-        prog=prog,
-        description="Fit a checkpoint's temperature on half of its validation split, report ECE before and after on "
-        "the other half, and write a calibrated copy; the checkpoint itself is never changed.",
+        prog=prog, doc=__doc__, renamed={"--data_dir": "--data.data_dir", "--no-progress": "--progress false"}
     )
     parser.add_argument("checkpoint", nargs="?", help="the checkpoint, unless --ckpt_path names it (never changed)")
     add_checkpoint_arguments(parser, required=False)
@@ -35,9 +34,11 @@ def build_parser(prog: str = "vit calibrate") -> ArgumentParser:
     parser.add_argument(
         "--report_dir", default=None, help="folder of the report (default: calibrate-<time> in the run)"
     )
-    parser.add_argument("--data_dir", default=None, help="the run's data set folder, when it is not where it was")
+    parser.add_argument(
+        "--data.data_dir", dest="data_dir", default=None, help="the run's data set folder, when it is not where it was"
+    )
     parser.add_argument("--batch_size", type=int, default=256, help="images per forward pass (default 256)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_switch(parser, "--progress", default=True, help="show a progress bar (default: true)")
     return parser
 
 

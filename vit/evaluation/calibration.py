@@ -112,7 +112,7 @@ def calibrate_checkpoint(
     if datamodule is None:
         raise DataError(
             f"the data set of {checkpoint} (data.dataset {settings.get('dataset')!r}, data_dir "
-            f"{settings.get('data_dir')!r}) is not usable here: pass --data_dir with its folder"
+            f"{settings.get('data_dir')!r}) is not usable here: pass --data.data_dir with its folder"
         )
     datamodule.setup("validate")
     logits, labels = split_logits(loaded.model, datamodule, batch_size, progress)

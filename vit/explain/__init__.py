@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (below); type check
     from .render.explorer import ExplorerTooLarge, explorer_payload, render_explorer, write_explorer
     from .render.images import png_bytes, to_uint8_image
     from .render.mistakes import render_mistakes
-    from .render.notebook import Explorer, show_explorer
+    from .render.notebook import Explorer, show_explanations, show_explorer
     from .render.overlay import make_grid, overlay_heatmap, upsample_map
     from .render.panels import explanation_png, render_grid, render_panel, render_panels
     from .render.plots import distance_plot, figure_to_array
@@ -135,6 +135,7 @@ __all__ = [
     "rollout_map",
     "row_entropy",
     "select_indices",
+    "show_explanations",
     "show_explorer",
     "stored_methods",
     "to_uint8_image",
@@ -165,3 +166,16 @@ sys.modules[__name__].__class__ = _Package
 
 
 __getattr__, __dir__ = attach(__name__, _WHERE)
+
+
+def _show_in_notebooks() -> None:
+    """In a running IPython (a notebook), an :class:`Explanation` shows as its maps: the renderers register their
+    display formatter (:func:`~vit.explain.render.notebook.show_explanations`). Elsewhere nothing is imported."""
+    ipython = sys.modules.get("IPython")
+    if ipython is not None and ipython.get_ipython() is not None:
+        from .render.notebook import show_explanations
+
+        show_explanations()
+
+
+_show_in_notebooks()

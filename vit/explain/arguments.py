@@ -14,7 +14,7 @@ from ..errors import InputError
 
 
 def pixel_limit(value: str) -> int | None:
-    """``--max-image-pixels``: a positive number of pixels, or ``none``."""
+    """``--max_image_pixels``: a positive number of pixels, or ``none``."""
     if value.lower() == "none":
         return None
     try:
@@ -27,7 +27,7 @@ def pixel_limit(value: str) -> int | None:
 
 
 def explorer_bits(value: str) -> int | str:
-    """``--explorer-bits``: ``"auto"`` or a number of bits (argparse checks it against the choices)."""
+    """``--explorer_bits``: ``"auto"`` or a number of bits (argparse checks it against the choices)."""
     return value if value == "auto" else int(value)
 
 

@@ -7,7 +7,7 @@
 
 CHECKPOINT (or ``--ckpt_path``) is a Lightning ``.ckpt`` written by ``vit fit``, a run folder, or ``last`` / ``best``
 of the newest run of ``--config`` (model, image size, normalisation and class names come from it), or plain weights
-(``.pth``/``.safetensors``, timm's included) with ``--model PRESET`` (ImageNet normalisation, ``--img-size``, class
+(``.pth``/``.safetensors``, timm's included) with ``--model PRESET`` (ImageNet normalisation, ``--img_size``, class
 indices as names). ``--methods`` takes names of ``vit.explain.METHODS``
 (default: the method ``--tune`` chose for this checkpoint, stored beside it in ``<checkpoint>.explain.json``, else
 AttnLRP, the map measured most faithful among those a plain install has). Per image and method it writes
@@ -37,13 +37,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..checkpoints.naming import add_checkpoint_arguments, find_checkpoint
-from ..errors import ArgumentParser, InputError, UsageError, VitError, error_message, fail
+from ..errors import ArgumentParser, InputError, UsageError, VitError, add_switch, error_message, fail
 from .arguments import explorer_bits, find_images, new_folder, pixel_limit
 from .choice import choice_path, stored_choice, stored_line
 from .progress import stop_all
 
 MAX_IMAGE_PIXELS = 50_000_000
-"""``--max-image-pixels``' default: the limit of ``vit predict`` (:data:`vit.data.datasets.MAX_IMAGE_PIXELS`)."""
+"""``--max_image_pixels``' default: the limit of ``vit predict`` (:data:`vit.data.datasets.MAX_IMAGE_PIXELS`)."""
 LEGACY_METHODS = {"rollout": ["rollout"], "attribution": ["attribution"], "both": ["rollout", "attribution"]}
 """``--method``, the option before ``--methods``: kept as an alias for scripts written against it."""
 METHOD_NAMES = ("rollout", "attribution", "attnlrp", "cp_lrp", "ig", "gradcam", "gradxinput", "attention")
@@ -104,7 +104,7 @@ def check_options(explainer, *, target: str | None, report_block: int, methods: 
     """Check the options that depend on the model (before the images are read); returns ``--target``'s class.
 
     Raises:
-        InputError: If ``--target`` or ``--report-block`` does not exist in the model.
+        InputError: If ``--target`` or ``--report_block`` does not exist in the model.
         UsageError: If a method does not apply to the model (naming those that do).
     """
     from .loading import parse_target
@@ -115,7 +115,7 @@ def check_options(explainer, *, target: str | None, report_block: int, methods: 
     try:
         block_index(explainer.model, report_block)
     except ValueError as err:
-        raise InputError(f"--report-{err}") from None
+        raise InputError(f"--report_{err}") from None
     for name in methods:
         try:
             get_method(name, explainer.model)
@@ -126,15 +126,14 @@ def check_options(explainer, *, target: str | None, report_block: int, methods: 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command's options (``scripts/explain.py``)."""
-    head, tail = __doc__.split("\n\n", 1)
-    parser = ArgumentParser(prog=prog or "vit explain", description=head, epilog=tail.split("\n\n", 1)[1])
+    parser = ArgumentParser(prog=prog or "vit explain", doc=__doc__, renamed={"--no-overlays": "--overlays false"})
     parser.add_argument("inputs", nargs="*", metavar="[CHECKPOINT] IMAGES", help="the checkpoint (unless --ckpt_path "
                         "names it), then image files and/or folders (searched recursively)")  # fmt: skip
     add_checkpoint_arguments(parser, required=False)
     parser.add_argument("--split", choices=("val",), default=None, help="explain the run's validation split instead")
     parser.add_argument("--limit", type=int, default=None, help="with --split: N images evenly spaced over the split")
     parser.add_argument("--model", default=None, help="preset name for plain weights (.pth/.safetensors)")
-    parser.add_argument("--img-size", type=int, default=None, help="input size for plain weights (default: preset's)")
+    parser.add_argument("--img_size", type=int, default=None, help="input size for plain weights (default: preset's)")
     parser.add_argument(
         "--methods", default=None, help=f"comma-separated methods of vit.explain.METHODS ({', '.join(METHOD_NAMES)}); "
         f"default: the one --tune chose for this checkpoint (<checkpoint>.explain.json), else {DEFAULT_METHOD}",
@@ -164,7 +163,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "not changed) and explain with it: <out>/tuning.json",
     )  # fmt: skip
     parser.add_argument(
-        "--tune-images", type=int, default=100, help="with --tune: held-out validation images measured (default: 100)"
+        "--tune_images", type=int, default=100, help="with --tune: held-out validation images measured (default: 100)"
     )
     parser.add_argument("--mistakes", type=int, default=16, help="with --split val: the N most confident errors, "
                         "maps of predicted and true class: <out>/mistakes.png, the report; 0: none "
@@ -179,22 +178,22 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--json", type=Path, default=None, help="--faithfulness JSON here (default: <out>/faithfulness.json)"
     )
     parser.add_argument("--html", type=Path, default=None, help="write a self-contained HTML report here")
-    parser.add_argument("--report-block", type=int, default=-1, help="block whose per-head maps the report shows")
+    parser.add_argument("--report_block", type=int, default=-1, help="block whose per-head maps the report shows")
     parser.add_argument(
-        "--explorer-bits",
+        "--explorer_bits",
         type=explorer_bits,
         choices=("auto", *range(2, 9)),
         metavar="{auto,2..8}",
         default="auto",
         help="bits per attention code in the report's explorer (default: auto, the finest of 6 to 3 that fits 4 MB)",
     )
-    parser.add_argument("--head-fusion", choices=HEAD_FUSIONS, default="mean", help="rollout: fuse heads by")
-    parser.add_argument("--discard-ratio", type=float, default=0.0, help="rollout: drop this fraction of weak links")
+    parser.add_argument("--head_fusion", choices=HEAD_FUSIONS, default="mean", help="rollout: fuse heads by")
+    parser.add_argument("--discard_ratio", type=float, default=0.0, help="rollout: drop this fraction of weak links")
     parser.add_argument("--alpha", type=float, default=0.6, help="heatmap opacity in [0, 1]")
-    parser.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default: 64)")
-    parser.add_argument("--no-overlays", action="store_true", help="write no per-image PNGs (grids and report only)")
+    parser.add_argument("--batch_size", type=int, default=64, help="images per forward pass (default: 64)")
+    add_switch(parser, "--overlays", default=True, help="false: write no per-image PNGs (grids and report only)")
     parser.add_argument(
-        "--max-image-pixels", type=pixel_limit, default=MAX_IMAGE_PIXELS, metavar="{N,none}",
+        "--max_image_pixels", type=pixel_limit, default=MAX_IMAGE_PIXELS, metavar="{N,none}",
         help="refuse image files whose header claims more pixels (width x height), before decoding them; none: no "
         "limit (default: 50000000, as vit predict's --data.max_image_pixels)",
     )  # fmt: skip
@@ -229,7 +228,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     args.checkpoint = args.ckpt_path or args.inputs[0]
     args.images = args.inputs if args.ckpt_path else args.inputs[1:]
     if not 0.0 <= args.discard_ratio < 1.0:
-        parser.error(f"--discard-ratio must be in [0, 1), got {args.discard_ratio}")
+        parser.error(f"--discard_ratio must be in [0, 1), got {args.discard_ratio}")
     if not 0.0 <= args.alpha <= 1.0:
         parser.error(f"--alpha must be in [0, 1], got {args.alpha}")
     if args.removal is not None and args.baseline is not None:
@@ -241,12 +240,12 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     if args.removal is not None and not (args.faithfulness or args.tune):
         parser.error("--removal chooses how --faithfulness or --tune removes a patch: add one of them")
     if args.tune_images < 1:
-        parser.error(f"--tune-images must be positive, got {args.tune_images}")
+        parser.error(f"--tune_images must be positive, got {args.tune_images}")
     if args.mistakes < 0:
         parser.error(f"--mistakes must be 0 or more, got {args.mistakes}")
     args.removals = removals
     if args.steps < 1 or args.batch_size < 1:
-        parser.error("--steps and --batch-size must be positive")
+        parser.error("--steps and --batch_size must be positive")
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads must be positive, got {args.threads}")
     if bool(args.images) == bool(args.split):
@@ -295,7 +294,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     tables, measured = measurement_text(explanation, out, args.json)
     if tables:
         print(tables)
-    written = [f"{'grids' if args.no_overlays else 'overlays'} of {', '.join(methods)} in {out}/", *measured]
+    written = [f"{'overlays' if args.overlays else 'grids'} of {', '.join(methods)} in {out}/", *measured]
     for gamma in explanation.tuning.values():
         print(f"\n{gamma.method}'s gamma rule, by SRG on {gamma.num_images} held-out validation images "
               f"({', '.join(gamma.removals)}):\n{gamma.table()}")  # fmt: skip
@@ -369,7 +368,7 @@ def run(
     if mistakes is not None:
         measured["mistakes.json"] = {**header, **mistakes.to_dict([str(f) for f in files])}
     write_outputs(
-        explanation, files=files, out=out, alpha=args.alpha, overlays=not args.no_overlays, json_path=args.json,
+        explanation, files=files, out=out, alpha=args.alpha, overlays=args.overlays, json_path=args.json,
         curves_title=f"{model}: {images}", report=report, measured=measured, html_path=args.html,
         html_title=f"{args.checkpoint.name}: {len(files)} images", model=explainer.model, pixels=pixels,
         mean=explainer.mean, std=explainer.std, bits=args.explorer_bits, mistakes=mistakes,
@@ -379,7 +378,7 @@ def run(
 
 def tune(explainer, methods: Sequence[str] | None, args: argparse.Namespace, removals: Sequence[str], command: str):
     """``--tune``: :func:`~vit.explain.tune_method` among ``methods`` (``None``: the cheap candidates) on
-    ``--tune-images`` validation images that are not among those explained (by index, with ``--split val``), evenly
+    ``--tune_images`` validation images that are not among those explained (by index, with ``--split val``), evenly
     spaced over the rest of the split, the choice stored beside the checkpoint; ``None`` without ``--tune``.
 
     Raises:

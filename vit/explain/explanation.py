@@ -209,12 +209,6 @@ class Explanation:
             values[f"{prefix}/entropy/pool"] = float(self.pool_entropy.mean())
         return values
 
-    def _repr_png_(self) -> bytes | None:
-        """The maps as one PNG when a notebook shows the explanation (one grid per method; ``None`` without maps)."""
-        from .render.panels import explanation_png  # the renderers load when a notebook first shows one
-
-        return explanation_png(self)
-
 
 def display_pixels(
     images: torch.Tensor, mean: Sequence[float] | None = None, std: Sequence[float] | None = None

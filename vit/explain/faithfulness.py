@@ -201,6 +201,46 @@ def faithfulness(
             ``steps < 1``, an unknown removal, token drop on a model that cannot drop tokens, or a target out of
             range.
     """
+    grid_h, grid_w = _check(model, images, maps, steps, baseline, num_random)
+    B, n = images.shape[0], grid_h * grid_w
+    param = next(model.parameters(), None)
+    if param is not None:
+        images = images.to(param.device)
+    generator = torch.Generator(device=images.device).manual_seed(0)  # ROAD's noise, the same on every call
+    with eval_mode(model), torch.no_grad():
+        target = resolve_target(target, model.forward(images).float())
+        ends, fill = _ends(model, images, baseline, target, (grid_h, grid_w), batch_size)
+        counts = removal_counts(n, steps)
+        orders = _orders(maps, B, n, num_random, images.device)
+        curves: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in KINDS}
+        for name, candidates in orders.items():
+            progress = Progress(name, B * len(candidates), show_progress)
+            per_seed: dict[str, list[torch.Tensor]] = {kind: [] for kind in KINDS}
+            for indices in candidates:
+                inner = _curves(model, images, baseline, fill, indices, (grid_h, grid_w), target, counts[1:-1],
+                                batch_size, generator, progress.update)  # fmt: skip
+                for kind in KINDS:  # insertion runs from everything removed to the intact image
+                    first, last = (ends[1], ends[0]) if kind == "insertion" else (ends[0], ends[1])
+                    per_seed[kind].append(torch.cat([first[:, None], inner[kind], last[:, None]], dim=1))
+            for kind in KINDS:
+                curves[kind][name] = torch.stack(per_seed[kind])  # (seeds, B, steps + 1)
+            seeds = f" x {len(candidates)} seed{'s' * (len(candidates) > 1)}" if name == RANDOM else ""
+            done = f"deletion/insertion curves of {B} images{seeds} ({steps} steps)"
+            progress.close(f"{done} in {progress.seconds:.1f} s")
+
+    result = _areas(curves, torch.tensor(counts, dtype=torch.float64) / n)
+    result.update(target=target.tolist(), num_images=B, steps=steps, baseline=baseline, num_random=num_random)
+    return result
+
+
+def _check(
+    model: nn.Module, images: torch.Tensor, maps: Mapping[str, torch.Tensor], steps: int, baseline: str, num_random: int
+) -> tuple[int, int]:
+    """The patch grid of :func:`faithfulness`' maps (the model's without maps), after checking its arguments.
+
+    Raises:
+        ValueError: As :func:`faithfulness` says.
+    """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if baseline not in REMOVALS:
@@ -221,65 +261,44 @@ def faithfulness(
         grid_h, grid_w = model.patch_embed.grid_size
     if H % grid_h or W % grid_w:
         raise ValueError(f"a {grid_h}x{grid_w} grid does not divide {H}x{W} images")
-    n = grid_h * grid_w
+    return grid_h, grid_w
 
-    param = next(model.parameters(), None)
-    if param is not None:
-        images = images.to(param.device)
-    generator = torch.Generator(device=images.device).manual_seed(0)  # ROAD's noise, the same on every call
-    with eval_mode(model), torch.no_grad():
-        intact = model.forward(images).float()
-        target = resolve_target(target, intact)
-        fill = None
-        if baseline == "drop":
-            empty = kept_probabilities(model, images, torch.empty(B, 0, dtype=torch.long), target)
-            ends = torch.stack([_probabilities(model, images, target, batch_size), empty])
-        else:
-            if baseline == "blur":
-                fill = gaussian_blur(images, sigma=max(H // grid_h, W // grid_w) / 2)
-            else:  # mean, and ROAD with nothing left to impute from
-                fill = torch.zeros_like(images)
-            ends = _probabilities(model, torch.cat([images, fill]), target.repeat(2), batch_size).view(2, B)
-        counts = removal_counts(n, steps)
-        orders = _orders(maps, B, n, num_random, images.device)
-        curves: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in KINDS}
-        for name, candidates in orders.items():
-            progress = Progress(name, B * len(candidates), show_progress)
-            per_seed: dict[str, list[torch.Tensor]] = {kind: [] for kind in KINDS}
-            for indices in candidates:
-                inner = _curves(model, images, baseline, fill, indices, (grid_h, grid_w), target, counts[1:-1],
-                                batch_size, generator, progress.update)  # fmt: skip
-                for kind in KINDS:  # insertion runs from everything removed to the intact image
-                    first, last = (ends[1], ends[0]) if kind == "insertion" else (ends[0], ends[1])
-                    per_seed[kind].append(torch.cat([first[:, None], inner[kind], last[:, None]], dim=1))
-            for kind in KINDS:
-                curves[kind][name] = torch.stack(per_seed[kind])  # (seeds, B, steps + 1)
-            seeds = f" x {len(candidates)} seed{'s' * (len(candidates) > 1)}" if name == RANDOM else ""
-            done = f"deletion/insertion curves of {B} images{seeds} ({steps} steps)"
-            progress.close(f"{done} in {progress.seconds:.1f} s")
 
-    fractions = torch.tensor(counts, dtype=torch.float64) / n
+def _ends(
+    model: nn.Module,
+    images: torch.Tensor,
+    baseline: str,
+    target: torch.Tensor,
+    grid: tuple[int, int],
+    batch_size: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The target's probabilities ``(2, B)`` on the intact images and with every patch removed, and the fill that
+    replaces a removed patch (``None`` for token drop)."""
+    B, _, H, W = images.shape
+    if baseline == "drop":
+        empty = kept_probabilities(model, images, torch.empty(B, 0, dtype=torch.long), target)
+        return torch.stack([_probabilities(model, images, target, batch_size), empty]), None
+    if baseline == "blur":
+        fill = gaussian_blur(images, sigma=max(H // grid[0], W // grid[1]) / 2)
+    else:  # mean, and ROAD with nothing left to impute from
+        fill = torch.zeros_like(images)
+    return _probabilities(model, torch.cat([images, fill]), target.repeat(2), batch_size).view(2, B), fill
+
+
+def _areas(curves: dict[str, dict[str, torch.Tensor]], fractions: torch.Tensor) -> dict[str, Any]:
+    """The areas under ``curves`` (``{kind: {name: (seeds, B, steps + 1)}}``), their mean curves and the SRG,
+    overall and per image, as :func:`faithfulness` returns them."""
     result: dict[str, Any] = {"per_image": {}}
     for kind, by_name in curves.items():
         aucs = {name: torch.trapezoid(c.double().cpu(), fractions, dim=-1).mean(0) for name, c in by_name.items()}
         result[f"{kind}_auc"] = {name: float(auc.mean()) for name, auc in aucs.items()}
         result[f"{kind}_curve"] = {name: c.double().mean((0, 1)).tolist() for name, c in by_name.items()}
         result["per_image"][f"{kind}_auc"] = {name: auc.tolist() for name, auc in aucs.items()}
-    per_image = result["per_image"]
+    per_image, names = result["per_image"], list(curves["deletion"])
     per_image["srg"] = {
-        name: [
-            lerf - deletion
-            for lerf, deletion in zip(per_image["lerf_auc"][name], per_image["deletion_auc"][name], strict=True)
-        ]  # fmt: skip
-        for name in orders
+        name: [a - b for a, b in zip(per_image["lerf_auc"][name], per_image["deletion_auc"][name], strict=True)]
+        for name in names
     }
-    result["srg"] = {name: result["lerf_auc"][name] - result["deletion_auc"][name] for name in orders}
-    result.update(
-        fractions=fractions.tolist(),
-        target=target.tolist(),
-        num_images=B,
-        steps=steps,
-        baseline=baseline,
-        num_random=num_random,
-    )
+    result["srg"] = {name: result["lerf_auc"][name] - result["deletion_auc"][name] for name in names}
+    result["fractions"] = fractions.tolist()
     return result

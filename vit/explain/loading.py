@@ -48,7 +48,8 @@ def load_explainer(checkpoint: Path, model_name: str | None = None, img_size: in
         CheckpointError: If the path is missing or a folder, the file is not a checkpoint, or a Lightning checkpoint
             that does not describe its model.
     """
-    from ..models import create_model, load_pretrained
+    from ..checkpoints.pretrained import load_pretrained
+    from ..models import create_model
 
     check_checkpoint_path(checkpoint)  # missing, or a folder: the wording of every command
     raw = load_file(checkpoint)
@@ -117,10 +118,10 @@ def load_images(explainer: Explainer, files: Sequence[Path], max_pixels: int | N
         explainer: The loaded checkpoint with its preprocessing.
         files: Image files.
         max_pixels: Refuse an image whose header claims more pixels (width x height), before decoding it; ``None``:
-            no limit (``--max-image-pixels``).
+            no limit (``--max_image_pixels``).
 
     Raises:
-        InputError: If a file cannot be read, or is above ``max_pixels`` (naming ``--max-image-pixels``).
+        InputError: If a file cannot be read, or is above ``max_pixels`` (naming ``--max_image_pixels``).
     """
     from ..data import build_transforms, load_rgb
     from ..data.datasets import ImageTooLargeError
@@ -133,8 +134,8 @@ def load_images(explainer: Explainer, files: Sequence[Path], max_pixels: int | N
         try:
             images.append(transform(image=load_rgb(file, max_pixels))["image"])
         except ImageTooLargeError as err:
-            raise InputError(f"{err}: raise the limit with --max-image-pixels (e.g. --max-image-pixels 200000000, or "
-                             "--max-image-pixels none for no limit)") from None  # fmt: skip
+            raise InputError(f"{err}: raise the limit with --max_image_pixels (e.g. --max_image_pixels 200000000, or "
+                             "--max_image_pixels none for no limit)") from None  # fmt: skip
         except Exception as err:
             message = first_line(err)
             raise InputError(message if str(file) in message else f"cannot read image {file}: {message}") from None

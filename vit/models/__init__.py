@@ -1,15 +1,14 @@
-"""Vision Transformer models, named presets and weight loading.
+"""Vision Transformer models and named presets.
 
-Reading weight files is :mod:`vit.checkpoints`' (this package imports it only when :func:`load_pretrained` is given a
-file); the errors a file can raise are :mod:`vit.errors`' and stay importable from here beside
-:func:`load_pretrained`, which adapts the weights to a model.
+This is the floor :mod:`vit.checkpoints` builds on: it never imports it. Weights from a file go in with
+:func:`vit.load_pretrained` (:mod:`vit.checkpoints.pretrained`); the errors a file can raise are :mod:`vit.errors`'
+and stay importable from here.
 """
 
 from ..errors import IncompatibleCheckpointError, UnsafeCheckpointError
 from .presets import create_model, list_models, model_config
 from .timm_registry import register_timm_models
 from .vision_transformer import VisionTransformer
-from .weights import load_pretrained
 
 __all__ = [
     "IncompatibleCheckpointError",
@@ -17,7 +16,6 @@ __all__ = [
     "VisionTransformer",
     "create_model",
     "list_models",
-    "load_pretrained",
     "model_config",
     "register_timm_models",
 ]

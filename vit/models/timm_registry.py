@@ -56,7 +56,7 @@ def _entrypoint(preset: str, name: str):
         if pretrained:
             raise ValueError(
                 f"{name} has no weights in timm's registry: create it with pretrained=False, then load weights with "
-                "vit.models.load_pretrained (timm's checkpoints of the same architecture load as they are)"
+                "vit.load_pretrained (timm's checkpoints of the same architecture load as they are)"
             )
         kwargs.pop("cache_dir", None)  # where timm would download weights to: there are none
         return build(preset, name, features_only=kwargs.pop("features_only", False), **kwargs)

@@ -23,9 +23,7 @@ def build_parser(prog: str = "vit sweep") -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog=prog,
         usage=f"{prog} FILE [options] [-- VIT FIT ARGUMENTS]",
-        description=doc.split("\n\n")[0],
-        epilog=doc.split("\n\n", 1)[1].split("\n\n:mod:")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        doc=doc,
     )
     parser.add_argument("file", type=Path, help="a W&B sweep file (configs/sweeps/*.yaml)")
     parser.add_argument("--budget", help="time of every trial (5m), or of each rung of successive halving (5m,15m,45m)")

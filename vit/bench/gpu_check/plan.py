@@ -88,11 +88,11 @@ def words(line: str) -> tuple[str, ...]:
 
 GPU = Sizes(
     bench=words("--device cuda --precision bf16"),
-    models=words("--models vit_small_patch16_224 vit_base_patch16_224 --batch-sizes 512 256"),
-    map_models=words("--models vit_small_map_patch16_224 --batch-sizes 512"),
-    attention=words("--window-sizes 7 8 --sliding-sizes 7 9"),  # grids 32..128 on CUDA
-    linear=words("--window-sizes --sliding-sizes --linear-maps elu relu"),
-    data=words("--data-images 100 --data-samples 150 --data-rounds 2"),  # this host's CPU cores
+    models=words("--models vit_small_patch16_224 vit_base_patch16_224 --batch_sizes 512 256"),
+    map_models=words("--models vit_small_map_patch16_224 --batch_sizes 512"),
+    attention=words("--window_sizes 7 8 --sliding_sizes 7 9"),  # grids 32..128 on CUDA
+    linear=words("--window_sizes --sliding_sizes --linear_maps elu relu"),
+    data=words("--data_images 100 --data_samples 150 --data_rounds 2"),  # this host's CPU cores
     attribution=words("cuda bf16 vit_base_patch16_224 64 {}"),
     methods=words("cuda vit_small_patch16_224 64 {}"),  # every explanation method, fp32, random weights
     fit=(),
@@ -109,15 +109,15 @@ TINY_FIT = (
 )
 # 20 of CIFAR-10's 1,250 validation batches of 8; no explanation callbacks (their last validation reads every image)
 DRY_VALIDATION = "--trainer.limit_val_batches 20 --trainer.callbacks '[]'"
-TINY_MODEL = f"--batch-sizes 4 --override '{TINY}' --rounds 2 --steps 1 --warmup 1"
-TINY_ATTENTION = "--attn-grids 8 12 --attn-dim 64 --attn-heads 2 --attn-tokens 512 --attn-reps 2"
+TINY_MODEL = f"--batch_sizes 4 --override '{TINY}' --rounds 2 --steps 1 --warmup 1"
+TINY_ATTENTION = "--attn_grids 8 12 --attn_dim 64 --attn_heads 2 --attn_tokens 512 --attn_reps 2"
 DRY = Sizes(
     bench=words("--device cpu --precision fp32 --threads 1"),
     models=words(f"--models vit_tiny_patch4_32 {TINY_MODEL}"),
     map_models=words(f"--models vit_tiny_map_patch4_32 {TINY_MODEL}"),
-    attention=words(f"{TINY_ATTENTION} --window-sizes 4 --sliding-sizes 3"),
-    linear=words(f"{TINY_ATTENTION} --window-sizes --sliding-sizes --linear-maps elu"),
-    data=words("--data-images 3 --data-samples 4 --data-rounds 1 --jpeg-size 96 128"),
+    attention=words(f"{TINY_ATTENTION} --window_sizes 4 --sliding_sizes 3"),
+    linear=words(f"{TINY_ATTENTION} --window_sizes --sliding_sizes --linear_maps elu"),
+    data=words("--data_images 3 --data_samples 4 --data_rounds 1 --jpeg_size 96 128"),
     attribution=words(f"cpu fp32 vit_tiny_patch4_32 4 '{TINY_32}'"),
     methods=words(f"cpu vit_tiny_patch4_32 4 '{TINY_32}'"),
     fit=words(TINY_FIT),

@@ -3,13 +3,15 @@
 :func:`show_explorer` returns an :class:`Explorer`, whose ``_repr_html_`` is the attention explorer page
 (:func:`~vit.explain.render.explorer.render_explorer`) inside a sandboxed ``<iframe srcdoc=...>``: the page's script
 runs in its own document, with no access to the notebook's, and every front end that displays HTML output runs it
-the same way. :func:`~vit.explain.render.panels.explanation_png` (one grid per method) is what
-``Explanation._repr_png_`` returns.
+the same way. :func:`show_explanations` makes IPython show every :class:`~vit.explain.Explanation` as
+:func:`~vit.explain.render.panels.explanation_png` (one grid per method): a display formatter, registered when
+``vit.explain`` is imported in a running IPython, so that the data type knows nothing of its renderers.
 """
 
 from __future__ import annotations
 
 import html
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import torch
 from torch import nn
 
 from .explorer import DEFAULT_MAX_BYTES, ExplorerTooLarge, explorer_payload, render_explorer, write_explorer
+from .panels import explanation_png
 
 # The frame's height in pixels: the image column (image, menus, prediction) and a little more per block, whose rows of
 # small maps lie beside it (the page scrolls inside the frame when they are more).
@@ -97,3 +100,17 @@ def show_explorer(
         if size > max_bytes:
             raise ExplorerTooLarge(f"the inline explorer takes {size:,} bytes, over max_bytes={max_bytes:,}", fit=0)
     return explorer
+
+
+def show_explanations(shell: Any = None) -> bool:
+    """Make IPython ``shell`` (default: the running one) show every :class:`~vit.explain.Explanation` as the PNG of
+    its maps, :func:`~vit.explain.render.panels.explanation_png` (an explanation without maps keeps its plain repr);
+    returns whether there was a shell. ``import vit.explain`` calls it when IPython is running."""
+    if shell is None:
+        ipython = sys.modules.get("IPython")
+        shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return False
+    formatter = shell.display_formatter.formatters["image/png"]
+    formatter.for_type_by_name("vit.explain.explanation", "Explanation", explanation_png)
+    return True

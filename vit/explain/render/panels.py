@@ -196,7 +196,8 @@ def render_grid(
 
 
 def explanation_png(explanation: Explanation, ncols: int = 8, size: int = 128) -> bytes | None:
-    """The maps of ``explanation`` as one PNG, what a notebook shows for it (``Explanation._repr_png_``): a
+    """The maps of ``explanation`` as one PNG, what a notebook shows for it
+    (:func:`~vit.explain.render.notebook.show_explanations`): a
     :func:`render_grid` per method (titled with its name, a signed map on its diverging scale), one under the other;
     ``None`` when it holds no maps."""
     if not explanation.maps or not len(explanation):

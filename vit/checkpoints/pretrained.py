@@ -1,9 +1,9 @@
 """Pretrained weights into a :class:`VisionTransformer`: the position grid resampled, a head of another class
 count dropped (timm's ``load_pretrained`` adaptations).
 
-Files are read by :mod:`vit.checkpoints` (``torch.load(weights_only=True)`` or safetensors: a pickle that needs
-arbitrary code to load is refused); this module only adapts what was read. It imports the readers when it is called,
-not at import: :mod:`vit.checkpoints` builds models, so the model layer never loads it first.
+Files are read by :mod:`~vit.checkpoints.files` (``torch.load(weights_only=True)`` or safetensors: a pickle that
+needs arbitrary code to load is refused). It lives with the checkpoint readers, above :mod:`vit.models`: the model
+layer never imports the checkpoints package, which builds models.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from torch import nn
 
 from ..errors import IncompatibleCheckpointError
 from ..layers import resample_pos_embed
+from .files import load_file
+from .state import describe_mismatch, extract_state_dict
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +45,6 @@ def load_pretrained(
         IncompatibleCheckpointError: If keys or shapes do not fit.
         UnsafeCheckpointError: If the file needs arbitrary code to load.
     """
-    from ..checkpoints.files import load_file
-    from ..checkpoints.state import describe_mismatch, extract_state_dict
-
     source = "state dict"
     if not isinstance(checkpoint, Mapping):
         source = str(checkpoint)
