@@ -54,6 +54,7 @@ from .callbacks.run_summary import RunSummary
 from .callbacks.stop_processes import StopStartedProcesses
 from .checkpoints import check_is_checkpoint, checkpoint_errors, read_checkpoint, read_metadata
 from .checkpoints.data import rebuild_datamodule
+from .checkpoints.pretrained import load_into
 from .checkpoints.writing import with_atomic_checkpoint_io
 from .cli_errors import SUBCOMMANDS, VitArgumentParser, config_files, value_source
 from .configs import cpu_config_names, resolve_config_args
@@ -337,6 +338,7 @@ class VitCLI(LightningCLI):
             self.datamodule = ImageDataModule.from_checkpoint_metadata(meta, like=self.datamodule)
         if self.subcommand == "fit" and isinstance(self.model, ImageClassifier):
             self.model.check_trainer(self.trainer)  # before the run folder gets its config and W&B run
+            load_into(self.model)  # --model.pretrained: a file that does not fit is an error before any of it
 
     # Private helpers used: LightningCLI._parser gives the subcommand's parser (its callback keys) and
     # ._instantiate_trainer adds those callbacks (the public instantiate_trainer cannot leave one out). Works around:

@@ -8,8 +8,9 @@ config: ``architecture``, ``num_classes``, ``num_features``, ``global_pool``, ``
 (input size, mean, std, interpolation, crop, ``label_names``). A model timm can express (global attention in every
 block, a learned or no position table, the patchify stem) names a timm architecture, so
 ``timm.create_model("local-dir:DIR", pretrained=True)`` builds the same network; window, sliding and linear models
-name ``vit.VisionTransformer`` and load with :func:`vit.load`. Both carry the full description under ``vit``. The
-folder can be uploaded to the Hub as it is.
+name this package's preset in timm's registry (``vit_pkg_...``), which timm opens the same way once
+``vit.models.register_timm_models()`` has run. :func:`vit.load` opens both; both carry the full description under
+``vit``. The folder can be uploaded to the Hub as it is.
 
 ``--onnx`` adds ``DIR/model.onnx`` (input ``images`` ``(batch, C, H, W)``, output ``logits``, dynamic batch axis),
 exported through the explicit attention paths (the sliding window's CPU kernel is a custom operator ONNX cannot
@@ -76,6 +77,9 @@ def timm_model_args(args: dict[str, Any]) -> dict[str, Any] | None:
 
 def hub_config(loaded: Loaded) -> dict[str, Any]:
     """timm's Hub ``config.json`` for ``loaded``, with our full description under ``vit``."""
+    from .models.presets import list_models
+    from .models.timm_registry import timm_name
+
     meta = dict(loaded.meta)
     meta["ema"] = loaded.ema
     model = loaded.model
@@ -88,8 +92,9 @@ def hub_config(loaded: Loaded) -> dict[str, Any]:
         architecture = TIMM_ARCHITECTURES.get(timm_args["embed_dim"], "vit_base_patch16_224")
         cfg["architecture"] = architecture
         cfg["tag"] = "vit"
-    else:
-        architecture = "vit.VisionTransformer"
+    else:  # this package's model, by its name in timm's registry (vit.models.register_timm_models)
+        preset = meta.get("model_name") if meta.get("model_name") in list_models() else "vit_tiny_patch4_32"
+        architecture = timm_name(preset)  # any preset's entrypoint builds it: model_args give every argument
         cfg["architecture"] = architecture
     return {
         "architecture": architecture,
@@ -222,13 +227,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit export") -> int:
     ckpt_path = find_checkpoint(args.ckpt_path, config=args.config, runs_dir=args.runs_dir)
     config = export(ckpt_path=ckpt_path, out=args.out, onnx=args.onnx, ema=args.ema)
     from .checkpoints.loading import CONFIG_FILE, WEIGHTS_FILE
+    from .models.timm_registry import DEFAULT_PREFIX
 
     files = [WEIGHTS_FILE, CONFIG_FILE] + ([ONNX_FILE] if args.onnx else [])
-    opener = (
-        f'timm.create_model("local-dir:{args.out}", pretrained=True)'
-        if config["architecture"] != "vit.VisionTransformer"
-        else f'vit.load("{args.out}")'
-    )
+    opener = f'vit.load("{args.out}") or timm.create_model("local-dir:{args.out}", pretrained=True)'
+    if config["architecture"].startswith(DEFAULT_PREFIX):
+        opener += " after vit.models.register_timm_models()"
     print(f"exported {ckpt_path} to {args.out}/ ({', '.join(files)}); open it with {opener}")
     if args.onnx:
         print(f"ONNX Runtime vs PyTorch at batch 1, 3, 7: max |dlogit| {config['onnx_max_abs_diff']:.2e}")

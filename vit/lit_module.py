@@ -30,7 +30,7 @@ from .callbacks.patch_dropout import UnmaskedEpochs
 from .callbacks.throughput import TrainingThroughput
 from .callbacks.time_budget import TimeBudget, budget_seconds, steps_in_epoch
 from .checkpoints.metadata import METADATA_KEY, TEMPERATURE_KEY
-from .checkpoints.pretrained import load_pretrained
+from .checkpoints.pretrained import load_into
 from .checkpoints.state import check_checkpoint_fits
 from .errors import ConfigError
 from .models import VisionTransformer, create_model
@@ -56,9 +56,9 @@ class ImageClassifier(LightningModule):
             preset's ``img_size``; a network given as an object must already have this size. ``None``: the model's.
         model_overrides: Extra :class:`vit.VisionTransformer` arguments applied to the preset, e.g.
             ``{drop_path_rate: 0.1, window_size: 4}``.
-        pretrained: Weights loaded with :func:`vit.load_pretrained` when fitting starts (timm ``.pth``/
-            ``.safetensors``, a ``.ckpt`` of this module): the position grid is resampled and a head of another
-            class count dropped.
+        pretrained: Weights to start from, when fitting starts: a ``.ckpt`` or run folder of this module, a ``vit
+            export`` folder, a timm ``.safetensors``/``.pth``/``.bin`` (:mod:`vit.checkpoints.pretrained`): the head
+            of another class count replaced, the position grid resampled; one line says what was kept.
         lr: Peak learning rate; with ``lr_base_batch_size`` the rate for that global batch size.
         lr_base_batch_size: Global batch size ``lr`` is meant for. When set, ``lr`` and ``min_lr`` are scaled
             linearly to the run's global batch (``data.batch_size`` × devices × nodes × ``accumulate_grad_batches``),
@@ -266,10 +266,8 @@ class ImageClassifier(LightningModule):
         trainer = self._attached_trainer()
         if stage == "fit" and trainer is not None:
             self.check_trainer(trainer)
-        if stage == "fit" and self.hparams.pretrained:
-            load_pretrained(self.model, self.hparams.pretrained)
-            if self.model_ema is not None:
-                self.model_ema.module.load_state_dict(self.model.state_dict())
+        if stage == "fit":
+            load_into(self)  # once: `vit fit` loads the weights before the run starts (vit.checkpoints.pretrained)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture with one message listing its missing, unexpected and

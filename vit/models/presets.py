@@ -141,13 +141,17 @@ def preset_cfg(preset: str, **overrides: Any) -> dict[str, Any]:
     return preset_pretrained_cfg(preset, default_pretrained_cfg(*(args[key] for key in keys)))
 
 
-def build(preset: str, variant: str | None = None, features_only: bool = False, **kwargs: Any) -> torch.nn.Module:
+def build(
+    preset: str, variant: str | None = None, features_only: bool = False, pretrained: bool = False, **kwargs: Any
+) -> torch.nn.Module:
     """Preset ``preset`` built by timm's ``build_model_with_cfg``, as timm builds its ViTs.
 
     Args:
         preset: The preset's name in :func:`~vit.models.list_models`.
         variant: The name timm knows it by (default: ``preset``).
         features_only: A timm ``FeatureGetterNet`` over the model's blocks (see :data:`FEATURE_OPTIONS`).
+        pretrained: Load the weights file that ``pretrained_cfg`` names (timm's ``load_pretrained``: a ``local-dir:``
+            export folder, or ``pretrained_cfg_overlay=dict(file=...)``).
         **kwargs: :class:`~vit.models.VisionTransformer` arguments, timm's ``device`` and ``dtype``, the
             ``features_only`` options, and what timm's ``create_model`` passes (``pretrained_cfg``, ...).
 
@@ -167,7 +171,7 @@ def build(preset: str, variant: str | None = None, features_only: bool = False, 
     return build_model_with_cfg(
         _construct,
         variant or preset,
-        pretrained=False,
+        pretrained=pretrained,
         feature_cfg=dict(out_indices=features.pop("out_indices", 3), feature_cls=feature_cls, **features),
         features_only=features_only,
         **{**model_config(preset), **kwargs},

@@ -49,17 +49,28 @@ def register_timm_models(prefix: str = DEFAULT_PREFIX) -> list[str]:
     return names
 
 
+def _weights_file(cfg: Any, overlay: Any) -> str | None:
+    """The local weights that timm's ``create_model`` names for a model: ``pretrained_cfg_overlay``'s ``file``, or the
+    ``file`` of its ``pretrained_cfg`` (a ``local-dir:`` folder's, or one given)."""
+    for source in (overlay, cfg):
+        found = source.get("file") if isinstance(source, dict) else getattr(source, "file", None)
+        if found:
+            return str(found)
+    return None
+
+
 def _entrypoint(preset: str, name: str):
     """timm's entrypoint of preset ``preset`` registered as ``name``."""
 
     def entrypoint(pretrained: bool = False, **kwargs: Any) -> torch.nn.Module:
-        if pretrained:
+        if pretrained and not _weights_file(kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay")):
             raise ValueError(
-                f"{name} has no weights in timm's registry: create it with pretrained=False, then load weights with "
-                "vit.load_pretrained (timm's checkpoints of the same architecture load as they are)"
+                f"{name} has no weights in timm's registry: open a `vit export` folder with "
+                f'timm.create_model("local-dir:DIR", pretrained=True), give a weights file with '
+                "pretrained_cfg_overlay=dict(file=PATH), or load weights with vit.load_pretrained"
             )
         kwargs.pop("cache_dir", None)  # where timm would download weights to: there are none
-        return build(preset, name, features_only=kwargs.pop("features_only", False), **kwargs)
+        return build(preset, name, features_only=kwargs.pop("features_only", False), pretrained=pretrained, **kwargs)
 
     entrypoint.__name__ = entrypoint.__qualname__ = name
     entrypoint.__module__ = vision_transformer.__name__
