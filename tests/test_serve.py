@@ -34,6 +34,13 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 requests = pytest.importorskip("requests")
 
 
+def require(module: str):
+    """``module``, skipping the test without it, except under CI where it must be installed."""
+    if os.environ.get("CI"):
+        return __import__(module, fromlist=["_"])
+    return pytest.importorskip(module)
+
+
 def save_checkpoint(path: Path) -> Path:
     """A tiny 7-class model as ``vit fit`` writes its inference entry, calibrated (temperature 1.7)."""
     torch.manual_seed(0)
@@ -100,6 +107,7 @@ def files(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def server(files):
     """``vit serve`` of the checkpoint on a free loopback port, with an API key and small limits."""
+    require("litserve")
     port = free_port()
     limits = ["--max_body", "200000", "--max_image_pixels", "20000"]
     command = [sys.executable, "-m", "vit", "serve", str(files["checkpoint"]), "--port", str(port), "--api_key", KEY]
@@ -207,10 +215,7 @@ def test_explanations_and_metrics(server):
 
 
 def test_open_inference_protocol_with_tritonclient(server):
-    if os.environ.get("CI"):
-        import tritonclient.http as triton
-    else:
-        triton = pytest.importorskip("tritonclient.http")
+    triton = require("tritonclient.http")
     # headers=dict(AUTH): the client writes its binary header into the dict it is given
     client = triton.InferenceServerClient(f"127.0.0.1:{server['port']}", connection_timeout=30, network_timeout=60)
     assert client.is_server_live() and client.is_model_ready("tiny", headers=dict(AUTH))
@@ -245,6 +250,7 @@ def test_open_inference_protocol_with_tritonclient(server):
 def test_a_full_queue_answers_503_at_once_and_sigterm_drains(files, tmp_path):
     """max_queue 1 and a model held busy (tests/serve_gate.py): the second request is refused with Retry-After; on
     SIGTERM new requests get 503, the one in flight finishes, the server exits 0."""
+    require("litserve")
     checkpoint = tmp_path / "gated.ckpt"
     checkpoint.write_bytes(files["checkpoint"].read_bytes())
     port = free_port()
@@ -278,7 +284,7 @@ def test_a_full_queue_answers_503_at_once_and_sigterm_drains(files, tmp_path):
 
 
 def test_onnx_backend_agrees_with_torch(files, tmp_path):
-    pytest.importorskip("onnxruntime")
+    require("onnxruntime")
     from vit.export import export
     from vit.serve.model import ServeModel
 

@@ -90,6 +90,8 @@ def check_options(args: argparse.Namespace, source: Path) -> None:
     for name in ("batch_timeout", "timeout", "grace"):
         if getattr(args, name) < 0:
             raise UsageError(f"--{name} must not be negative, got {getattr(args, name)}")
+    if args.engine == "litserve" and importlib.util.find_spec("litserve") is None:
+        raise UsageError("vit serve needs LitServe and prometheus-client: pip install 'vit[serve]'")
     if args.engine == "litserve" and args.host not in ("127.0.0.1", "localhost", "0.0.0.0", "::"):
         raise UsageError(f"--host {args.host}: LitServe binds 127.0.0.1, 0.0.0.0 (every IPv4 interface) or ::")
     if args.backend == "onnx":
