@@ -90,7 +90,7 @@ class Gate:
             return
         from .metrics import observe_request
 
-        start, status = time.perf_counter(), [500]
+        start, status = time.perf_counter(), [500]  # 500 until the answer starts
 
         async def sending(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
@@ -105,6 +105,8 @@ class Gate:
                 self.enter()
             await self.app(scope, self.limited(scope, receive), sending)
         except RequestError as err:
+            if status[0] != 500:  # the answer has started (a body cut past max_body while it streams): too late
+                raise
             await reply(sending, err)
         finally:
             if counted:
