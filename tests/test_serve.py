@@ -208,6 +208,9 @@ def test_explanations_and_metrics(server):
     assert explanation["overlay"].startswith("data:image/png;base64,")
     overlay = Image.open(io.BytesIO(base64.b64decode(explanation["overlay"].partition(",")[2])))
     assert overlay.size[1] >= 224
+    rollout = raw(server, server["images"][0], explain="rollout", explorer="1").json()[0]["explanation"]
+    assert rollout["method"] == "rollout" and rollout["signed"] is False
+    assert "rollout" in rollout["explorer"]["map_names"]
     text = requests.get(server["url"] + "/metrics", headers=AUTH, timeout=30).text
     assert 'vit_serve_requests_total{endpoint="/predict",status="200"}' in text
     assert "vit_serve_batch_size_count" in text and "vit_serve_images_total" in text
@@ -247,6 +250,7 @@ def test_open_inference_protocol_with_tritonclient(server):
         client.infer("nope", [tensor], headers=dict(AUTH))
 
 
+@pytest.mark.slow  # a second server
 def test_a_full_queue_answers_503_at_once_and_sigterm_drains(files, tmp_path):
     """max_queue 1 and a model held busy (tests/serve_gate.py): the second request is refused with Retry-After; on
     SIGTERM new requests get 503, the one in flight finishes, the server exits 0."""
