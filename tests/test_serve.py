@@ -325,14 +325,18 @@ def test_a_public_bind_needs_an_api_key(monkeypatch):
         (["{ckpt}", "--host", "0.0.0.0"], "--api_key"),
         (["{ckpt}", "--max_queue", "0"], "--max_queue"),
         (["{ckpt}", "--max_queu", "3"], "did you mean --max_queue"),
+        (["{ckpt}", "--port", "{busy}"], "cannot be bound"),
     ],
 )
 def test_bad_command_lines_are_one_error_line(files, argv, words, capsys, monkeypatch):
     from vit.main import main
 
     monkeypatch.delenv("VIT_SERVE_API_KEY", raising=False)
-    with pytest.raises(SystemExit) as exit_info:
-        main(["serve", *[a.format(ckpt=files["checkpoint"]) for a in argv]])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", *[a.format(ckpt=files["checkpoint"], busy=busy.getsockname()[1]) for a in argv]])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and err.startswith("error:") and "\n" not in err and words in err
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -87,6 +88,8 @@ def check_options(args: argparse.Namespace, source: Path) -> None:
     for name in ("max_batch_size", "workers", "max_queue", "port"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.max_image_pixels is not None and args.max_image_pixels < 1:
+        raise UsageError(f"--max_image_pixels must be at least 1, got {args.max_image_pixels}")
     for name in ("batch_timeout", "timeout", "grace"):
         if getattr(args, name) < 0:
             raise UsageError(f"--{name} must not be negative, got {getattr(args, name)}")
@@ -102,6 +105,25 @@ def check_options(args: argparse.Namespace, source: Path) -> None:
             )
         if importlib.util.find_spec("onnxruntime") is None:
             raise UsageError("--backend onnx needs onnxruntime: pip install 'vit[export]'")
+    check_port(args.host, args.port)
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port another process listens on, before the model loads.
+
+    Raises:
+        UsageError: Naming the port and the fix.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind(("127.0.0.1" if host == "localhost" else host, port))
+        except OSError as err:
+            raise UsageError(
+                f"--port {port} on {host} cannot be bound ({err.strerror}): another server holds it? "
+                "Pass another --port"
+            ) from None
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "vit serve") -> int:
@@ -114,8 +136,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit serve") -> int:
 
     args = build_parser(prog).parse_args(argv)
     source = resolve_model(args.model, args.config, args.runs_dir)
-    check_options(args, source)
     api_key = check_bind(args.host, args.api_key, args.insecure)
+    check_options(args, source)
     options = dict(backend=args.backend, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout,
                    workers=args.workers, threads=args.threads, max_queue=args.max_queue, timeout=args.timeout,
                    max_body=args.max_body or None, max_image_pixels=args.max_image_pixels, api_key=api_key)  # fmt: skip
