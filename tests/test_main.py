@@ -17,7 +17,10 @@ from vit.errors import ArgumentParser, UsageError, suggest
 from vit.main import SUBCOMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[1]
-EXPECTED = ("fit", "validate", "test", "predict", "calibrate", "explain", "compare", "sweep", "bench", "export", "data")
+EXPECTED = (
+    "fit", "validate", "test", "predict", "calibrate", "explain", "compare", "sweep", "bench", "export", "data",
+    "serve",
+)  # fmt: skip
 
 
 def test_help_lists_every_subcommand_with_one_line(capsys):

@@ -96,6 +96,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
         _command("vit.export", "vit export"),
     ),
     "data": ("prepare datasets: `vit data prepare` writes streaming shards", _data),
+    "serve": ("serve a model over HTTP: batching, explanations, metrics", _command("vit.serve.command", "vit serve")),
 }
 """``vit SUB``: its one-line description and the function that runs it on the remaining arguments."""
 

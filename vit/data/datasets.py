@@ -103,7 +103,7 @@ def load_rgb(path: str | Path, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.
     RGB and grayscale JPEGs are decoded by OpenCV's libjpeg-turbo: the same pixels PIL gives, about 1.3x as fast
     (PIL's mode conversion and copies are skipped; ``scripts/benchmark.py --suite data`` measures both).
     EXIF orientation is ignored, as PIL does. PIL still reads every header first, so each file gets its format
-    check and the pixel limit before it is decoded; PIL decodes all other files.
+    check and the pixel limit before it is decoded; PIL decodes all other files. :func:`decode_rgb` reads bytes.
 
     Args:
         path: Image file readable by PIL.
@@ -114,13 +114,18 @@ def load_rgb(path: str | Path, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.
         ImageTooLargeError: ``cannot read image <path>: <W>x<H> pixels ...`` above ``max_pixels`` (an ``OSError``).
         OSError: ``cannot read image <path>: <reason>`` when the file is missing, truncated, corrupt, or not an image.
     """
+    return decode_rgb(path, path, max_pixels)
+
+
+def decode_rgb(data: bytes | str | Path, name: str | Path, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """:func:`load_rgb` of a file's contents (or of a file), ``name`` naming it in the messages."""
     try:
-        data = np.fromfile(path, dtype=np.uint8)
+        data = np.fromfile(data, dtype=np.uint8) if isinstance(data, (str, Path)) else np.frombuffer(data, np.uint8)
         with _open_without_pil_limit(data) as image:
             width, height = image.size
             if max_pixels is not None and width * height > max_pixels:
                 raise ImageTooLargeError(
-                    f"cannot read image {path}: {width}x{height} pixels ({width * height / 1e6:g} megapixels) is "
+                    f"cannot read image {name}: {width}x{height} pixels ({width * height / 1e6:g} megapixels) is "
                     f"above the limit of {max_pixels:,} pixels ({max_pixels / 1e6:g} megapixels)"
                 )
             if image.format == "JPEG" and image.mode in ("RGB", "L"):
@@ -134,9 +139,9 @@ def load_rgb(path: str | Path, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.
     except ImageTooLargeError:
         raise
     except UnidentifiedImageError:  # its message names the BytesIO object, not the file
-        raise OSError(f"cannot read image {path}: not an image file (no image format PIL knows)") from None
+        raise OSError(f"cannot read image {name}: not an image file (no image format PIL knows)") from None
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-        raise OSError(f"cannot read image {path}: {err}") from err
+        raise OSError(f"cannot read image {name}: {err}") from err
 
 
 def unreadable_message(err: OSError) -> str:

@@ -1,0 +1,352 @@
+"""``vit serve``: a server started on loopback answers as :class:`vit.Predictor` does (raw, multipart and base64
+bodies, top-k, the Open Inference Protocol through Triton's client), refuses bad requests with one JSON line and keeps
+serving, fails only the bad image of a batch, refuses a full queue at once, drains on SIGTERM and exits 0; the ONNX
+backend agrees with PyTorch; a public bind needs an API key."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vit
+from vit import ImageClassifier
+from vit.checkpoints import METADATA_KEY, inference_metadata
+from vit.errors import UsageError
+from vit.serve.gate import check_bind, is_loopback
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ["cat", "dog", "ship", "frog", "bird", "tree", "car"]
+KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+requests = pytest.importorskip("requests")
+
+
+def require(module: str):
+    """``module``, skipping the test without it, except under CI where it must be installed."""
+    if os.environ.get("CI"):
+        return __import__(module, fromlist=["_"])
+    return pytest.importorskip(module)
+
+
+def save_checkpoint(path: Path) -> Path:
+    """A tiny 7-class model as ``vit fit`` writes its inference entry, calibrated (temperature 1.7)."""
+    torch.manual_seed(0)
+    module = ImageClassifier("vit_tiny_patch4_32", num_classes=7, model_overrides={"embed_dim": 32, "depth": 2,
+                                                                                    "num_heads": 2})  # fmt: skip
+    checkpoint = {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}
+    meta = inference_metadata(module.model, module.hparams, NAMES, (0.4, 0.5, 0.6), (0.2, 0.25, 0.3), "cifar")
+    checkpoint[METADATA_KEY] = {**meta, "temperature": 1.7}
+    torch.save(checkpoint, path)
+    return path
+
+
+def encode(array: np.ndarray, kind: str) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, kind)
+    return buffer.getvalue()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, process: subprocess.Popen, headers: dict | None = None, limit: float = 240) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read() if process.stdout else "the server exited"
+        try:
+            if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.5)
+    pytest.fail("the server did not become ready")
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VIT_SERVE_API_KEY": ""}
+    return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("serve")
+    rng = np.random.default_rng(0)
+    images = {"a.png": rng.integers(0, 256, (40, 50, 3), dtype=np.uint8),
+              "b.jpg": rng.integers(0, 256, (64, 48, 3), dtype=np.uint8)}  # fmt: skip
+    for name, array in images.items():
+        (folder / name).write_bytes(encode(array, "PNG" if name.endswith("png") else "JPEG"))
+    return {"folder": folder, "checkpoint": save_checkpoint(folder / "tiny.ckpt"), "images": list(images)}
+
+
+@pytest.fixture(scope="module")
+def server(files):
+    """``vit serve`` of the checkpoint on a free loopback port, with an API key and small limits."""
+    require("litserve")
+    port = free_port()
+    limits = ["--max_body", "200000", "--max_image_pixels", "20000"]
+    command = [sys.executable, "-m", "vit", "serve", str(files["checkpoint"]), "--port", str(port), "--api_key", KEY]
+    process = start([*command, *limits], files["folder"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process)
+        yield {"url": url, "port": port, **files}
+    finally:
+        stop(process)
+
+
+def post(server: dict, path: str = "/predict", **kwargs):
+    return requests.post(f"{server['url']}{path}", headers={**AUTH, **kwargs.pop("headers", {})}, timeout=60, **kwargs)
+
+
+def raw(server: dict, name: str, **params):
+    kind = "image/png" if name.endswith("png") else "image/jpeg"
+    data = (server["folder"] / name).read_bytes()
+    return post(server, headers={"Content-Type": kind}, data=data, params=params)
+
+
+def assert_matches(answer: list[dict], expected: list[tuple[str, float]]) -> None:
+    assert [a["label"] for a in answer] == [label for label, _ in expected]
+    np.testing.assert_allclose([a["score"] for a in answer], [p for _, p in expected], atol=1e-5)
+
+
+def test_predict_answers_as_the_predictor_does(server):
+    reference = vit.Predictor(server["checkpoint"])([server["folder"] / n for n in server["images"]])
+    for name, expected in zip(server["images"], reference, strict=True):
+        response = raw(server, name)
+        assert response.status_code == 200, response.text
+        assert_matches(response.json(), expected.top5)
+    three = raw(server, server["images"][0], top_k=3).json()
+    assert_matches(three, reference[0].top5[:3])
+
+
+def test_multipart_and_base64_agree_with_raw_bytes(server):
+    names = server["images"]
+    reference = vit.Predictor(server["checkpoint"])([server["folder"] / n for n in names])
+    uploads = [("files", (n, (server["folder"] / n).read_bytes())) for n in names]
+    multipart = post(server, files=uploads, data={"top_k": "2"}).json()
+    texts = [base64.b64encode((server["folder"] / n).read_bytes()).decode() for n in names]
+    as_json = post(server, json={"images": texts, "top_k": 2}).json()
+    one = post(server, json={"image": "data:image/png;base64," + texts[0]}).json()
+    for answers in (multipart, as_json):
+        assert len(answers) == 2
+        for answer, expected in zip(answers, reference, strict=True):
+            assert_matches(answer, expected.top5[:2])
+    assert_matches(one, reference[0].top5)
+
+
+def test_a_bad_image_among_several_fails_only_itself(server):
+    good = (server["folder"] / server["images"][0]).read_bytes()
+    uploads = [("file", ("a.png", good)), ("file", ("x.png", b"not an image")), ("file", ("c.png", good))]
+    answers = post(server, files=uploads, params={"top_k": 1}).json()
+    assert "error" in answers[1] and "not an image" in answers[1]["error"]
+    assert answers[0] == answers[2] and answers[0][0]["label"] in NAMES
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "status", "words"),
+    [
+        ({"headers": {"Content-Type": "image/png"}, "data": b"\x89PNG not really"}, 400, "not an image"),
+        ({"headers": {"Content-Type": "image/png"}, "data": b"x" * 300_000}, 413, "--max_body"),
+        ({"headers": {"Content-Type": "text/plain"}, "data": b"hello"}, 415, "Content-Type text/plain"),
+        ({"headers": {"Content-Type": "application/json"}, "data": b"{}"}, 400, "no images"),
+        ({"params": {"top_k": "zero"}, "json": {"image": ""}}, 400, "top_k"),
+        ({"params": {"explain": "magic"}, "json": {"image": ""}}, 400, "unknown method"),
+    ],
+)
+def test_bad_requests_get_one_json_line_and_the_server_keeps_serving(server, request_kwargs, status, words):
+    response = post(server, **request_kwargs)
+    assert response.status_code == status, response.text
+    assert list(response.json()) == ["error"] and words in response.json()["error"]
+    assert "\n" not in response.json()["error"]
+    assert raw(server, server["images"][0]).status_code == 200
+
+
+def test_too_many_pixels_unknown_models_and_the_api_key(server):
+    big = encode(np.zeros((200, 200, 3), np.uint8), "PNG")  # 40,000 pixels > --max_image_pixels 20000
+    response = post(server, headers={"Content-Type": "image/png"}, data=big)
+    assert response.status_code == 413 and "above the limit" in response.json()["error"]
+    for path in ("/v2/models/nope", "/nowhere"):
+        response = requests.get(server["url"] + path, headers=AUTH, timeout=30)
+        assert response.status_code == 404 and list(response.json()) == ["error"]
+    assert requests.get(server["url"] + "/info", timeout=30).status_code == 401
+    assert requests.get(server["url"] + "/health", timeout=30).status_code == 200  # probes need no key
+    info = requests.get(server["url"] + "/info", headers=AUTH, timeout=30).json()
+    assert info["classes"] == NAMES and info["temperature"] == pytest.approx(1.7) and info["input_size"] == [3, 32, 32]
+
+
+def test_explanations_and_metrics(server):
+    answer = raw(server, server["images"][0], explain="default", top_k=2).json()
+    explanation = answer[0]["explanation"]
+    assert explanation["method"] == "attnlrp" and explanation["signed"] is True
+    assert np.asarray(explanation["grid"]).shape == (8, 8)  # 32 px in 4 px patches
+    assert explanation["overlay"].startswith("data:image/png;base64,")
+    overlay = Image.open(io.BytesIO(base64.b64decode(explanation["overlay"].partition(",")[2])))
+    assert overlay.size[1] >= 224
+    rollout = raw(server, server["images"][0], explain="rollout", explorer="1").json()[0]["explanation"]
+    assert rollout["method"] == "rollout" and rollout["signed"] is False
+    assert "rollout" in rollout["explorer"]["map_names"]
+    text = requests.get(server["url"] + "/metrics", headers=AUTH, timeout=30).text
+    assert 'vit_serve_requests_total{endpoint="/predict",status="200"}' in text
+    assert "vit_serve_batch_size_count" in text and "vit_serve_images_total" in text
+    assert "vit_serve_queue_depth" in text
+
+
+def test_open_inference_protocol_with_tritonclient(server):
+    triton = require("tritonclient.http")
+    # headers=dict(AUTH): the client writes its binary header into the dict it is given
+    client = triton.InferenceServerClient(f"127.0.0.1:{server['port']}", connection_timeout=30, network_timeout=60)
+    assert client.is_server_live() and client.is_model_ready("tiny", headers=dict(AUTH))
+    predictor = vit.Predictor(server["checkpoint"])
+    paths = [server["folder"] / n for n in server["images"]]
+    expected = predictor.probabilities(paths).numpy()
+    inputs = predictor.preprocess(paths).numpy()  # FP32: the eval transform and normalisation, done by the client
+    for binary in (True, False):
+        tensor = triton.InferInput("images", list(inputs.shape), "FP32")
+        tensor.set_data_from_numpy(inputs, binary_data=binary)
+        outputs = [triton.InferRequestedOutput("probabilities", binary_data=binary),
+                   triton.InferRequestedOutput("logits", binary_data=binary, class_count=2)]  # fmt: skip
+        result = client.infer("tiny", [tensor], outputs=outputs, headers=dict(AUTH))
+        np.testing.assert_allclose(result.as_numpy("probabilities"), expected, atol=1e-5)
+        top = expected.argmax(1)
+        labels = [str(row[0], "utf-8") if isinstance(row[0], bytes) else row[0] for row in result.as_numpy("logits")]
+        assert [int(s.split(":")[1]) for s in labels] == list(top)
+        assert [s.split(":")[2] for s in labels] == [NAMES[i] for i in top]
+    encoded = np.array([p.read_bytes() for p in paths], dtype=object)
+    tensor = triton.InferInput("image_bytes", [len(paths)], "BYTES")
+    tensor.set_data_from_numpy(encoded, binary_data=True)
+    result = client.infer("tiny", [tensor], outputs=[triton.InferRequestedOutput("probabilities", class_count=3)],
+                          headers=dict(AUTH))  # fmt: skip
+    rows = [[s.decode().split(":") for s in row] for row in result.as_numpy("probabilities")]
+    for row, probs in zip(rows, expected, strict=True):
+        assert [NAMES[int(i)] for _, i, _ in row] == [NAMES[i] for i in np.argsort(-probs)[:3]]
+        np.testing.assert_allclose([float(v) for v, _, _ in row], np.sort(probs)[::-1][:3], atol=1e-5)
+    with pytest.raises(triton.InferenceServerException, match="unknown model"):
+        client.infer("nope", [tensor], headers=dict(AUTH))
+
+
+@pytest.mark.slow  # a second server
+def test_a_full_queue_answers_503_at_once_and_sigterm_drains(files, tmp_path):
+    """max_queue 1 and a model held busy (tests/serve_gate.py): the second request is refused with Retry-After; on
+    SIGTERM new requests get 503, the one in flight finishes, the server exits 0."""
+    require("litserve")
+    checkpoint = tmp_path / "gated.ckpt"
+    checkpoint.write_bytes(files["checkpoint"].read_bytes())
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start([sys.executable, str(ROOT / "tests" / "serve_gate.py"), str(checkpoint), str(port)], tmp_path)
+    image = (files["folder"] / files["images"][0]).read_bytes()
+    try:
+        wait_ready(url, process)
+        held: dict = {}
+        first = threading.Thread(target=lambda: held.update(response=requests.post(
+            f"{url}/predict", data=image, headers={"Content-Type": "image/png"}, timeout=120)))  # fmt: skip
+        first.start()
+        deadline = time.monotonic() + 60
+        while "vit_serve_queue_depth 1.0" not in requests.get(f"{url}/metrics", timeout=10).text:
+            assert time.monotonic() < deadline, "the first request never reached the model"
+            time.sleep(0.1)
+        full = requests.post(f"{url}/predict", data=image, headers={"Content-Type": "image/png"}, timeout=10)
+        assert full.status_code == 503 and full.headers["Retry-After"] == "1" and "--max_queue" in full.json()["error"]
+        process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while requests.get(f"{url}/metrics", timeout=10).status_code != 503:
+            assert time.monotonic() < deadline, "new requests were still accepted after SIGTERM"
+            time.sleep(0.1)
+        Path(str(checkpoint) + ".gate").touch()
+        first.join(timeout=120)
+        assert held["response"].status_code == 200 and held["response"].json()[0]["label"] in NAMES
+        assert process.wait(timeout=60) == 0
+    finally:
+        Path(str(checkpoint) + ".gate").touch()
+        stop(process)
+
+
+def test_onnx_backend_agrees_with_torch(files, tmp_path):
+    require("onnxruntime")
+    from vit.export import export
+    from vit.serve.model import ServeModel
+
+    export(files["checkpoint"], tmp_path / "exported", onnx=True)
+    torch_model = ServeModel(tmp_path / "exported", "torch", threads=1)
+    onnx_model = ServeModel(tmp_path / "exported", "onnx", threads=1)
+    images = [torch_model.decode((files["folder"] / n).read_bytes()) for n in files["images"]]
+    inputs = torch.stack([torch_model.predictor.preprocess([image])[0] for image in images])
+    expected, got = torch_model.logits(inputs), onnx_model.logits(inputs)
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    assert (got.argmax(1) == expected.argmax(1)).all()
+    reference = vit.Predictor(files["checkpoint"]).probabilities(images).numpy()  # the temperature applies to both
+    np.testing.assert_allclose(onnx_model.probabilities(images), reference, atol=1e-5)
+    assert onnx_model.info()["backend"] == "onnx" and onnx_model.name == "exported"
+
+
+def test_a_public_bind_needs_an_api_key(monkeypatch):
+    monkeypatch.delenv("VIT_SERVE_API_KEY", raising=False)
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("example.org")
+    assert check_bind("127.0.0.1", None) is None
+    with pytest.raises(UsageError, match="--api_key"):
+        check_bind("0.0.0.0", None)
+    assert check_bind("0.0.0.0", "k") == "k" and check_bind("::", None, insecure=True) is None
+    monkeypatch.setenv("VIT_SERVE_API_KEY", "from-env")
+    assert check_bind("0.0.0.0", None) == "from-env"
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["nope.ckpt"], "nope.ckpt"),
+        (["{ckpt}", "--backend", "onnx"], "vit export"),
+        (["{ckpt}", "--host", "0.0.0.0"], "--api_key"),
+        (["{ckpt}", "--max_queue", "0"], "--max_queue"),
+        (["{ckpt}", "--max_queu", "3"], "did you mean --max_queue"),
+        (["{ckpt}", "--port", "{busy}"], "cannot be bound"),
+    ],
+)
+def test_bad_command_lines_are_one_error_line(files, argv, words, capsys, monkeypatch):
+    from vit.main import main
+
+    monkeypatch.delenv("VIT_SERVE_API_KEY", raising=False)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", *[a.format(ckpt=files["checkpoint"], busy=busy.getsockname()[1]) for a in argv]])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith("error:") and "\n" not in err and words in err
+
+
+def test_help_and_bad_options_answer_before_torch_loads():
+    code = "import sys; from vit.serve.command import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)  # fmt: skip
+    assert out.stdout.strip() == "False"
+    from vit.checkpoints.loading import CONFIG_FILE
+    from vit.serve.command import EXPORT_CONFIG
+
+    assert EXPORT_CONFIG == CONFIG_FILE

@@ -1,0 +1,279 @@
+"""The LitServe app of ``vit serve``: :func:`build_server` returns the ``litserve.LitServer``, :func:`run` runs it.
+
+The model runs in LitServe's worker processes (:class:`~vit.serve.api.VitAPI`, batching concurrent requests); the
+HTTP process parses the requests (:mod:`vit.serve.payloads`, :mod:`vit.serve.v2`), hands LitServe plain payloads
+and writes the answers. Endpoints: ``POST /predict``, ``GET /info``, ``GET /metrics`` (Prometheus),
+``GET /health`` (LitServe's), ``GET /`` (the web page of :mod:`vit.serve.page`), ``GET /docs`` (OpenAPI), and the
+Open Inference Protocol's ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}``,
+``/v2/models/{name}/ready`` and ``POST /v2/models/{name}/infer``. Every error is its status and
+``{"error": "<one line>"}``. :mod:`vit.serve.gate` guards the door (API key, bounded queue, body limit, shutdown).
+
+SIGTERM and Ctrl-C drain the server: requests in flight finish, new ones get 503, and the process exits 0 once none
+is left or after ``grace`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+
+from .errors import RequestError
+from .gate import Gate, Shared
+
+MAX_BODY = 64 * 1024 * 1024
+"""``--max_body``'s default: 64 MiB, a few large photographs in one request."""
+PLACEHOLDER_PAGE = "<!doctype html><title>vit serve</title><p>vit serve is running: POST images to /predict.</p>"
+
+
+def build_server(
+    model_source: str | Path,
+    *,
+    backend: str = "torch",
+    max_batch_size: int = 8,
+    batch_timeout: float = 0.01,
+    workers: int = 1,
+    threads: int | None = None,
+    max_queue: int = 64,
+    timeout: float = 30.0,
+    max_body: int | None = MAX_BODY,
+    max_image_pixels: int | None = None,
+    api_key: str | None = None,
+    accelerator: str = "auto",
+    model_class: type | None = None,
+) -> Any:
+    """The ``litserve.LitServer`` of a model (not started: :func:`run` or its ``run()``).
+
+    Args:
+        model_source: A ``.ckpt`` or export folder (resolved: :mod:`vit.serve.command` resolves ``last`` / ``best``).
+        backend: ``"torch"`` or ``"onnx"`` (``model.onnx`` of an export folder).
+        max_batch_size: Requests batched into one forward pass at most.
+        batch_timeout: Seconds a batch waits to fill.
+        workers: Worker processes per device, each with the model.
+        threads: Intra-op threads per worker; ``None``: the cores this process may use divided among the workers.
+        max_queue: Inference requests in flight at most; the next gets 503 at once.
+        timeout: Seconds a request may take (queue and model) before it gets 504.
+        max_body: Largest request body in bytes (413 above); ``None``: no limit.
+        max_image_pixels: The pixel limit of the images; ``None``: :data:`vit.data.datasets.MAX_IMAGE_PIXELS`.
+        api_key: The bearer key every endpoint but the health checks requires; ``None``: none.
+        accelerator: LitServe's accelerator (``"auto"``, ``"cpu"``, ``"cuda"``).
+        model_class: The predictor class instead of :class:`~vit.serve.model.ServeModel` (a subclass).
+    """
+    from . import metrics
+
+    metrics_folder = metrics.prepare()  # before prometheus-client is imported anywhere
+    import litserve as ls
+
+    from ..env import available_cores
+    from .api import VitAPI
+
+    if max_image_pixels is None:
+        from ..data.datasets import MAX_IMAGE_PIXELS as max_image_pixels
+    threads = threads or max(1, available_cores() // max(1, workers))
+    api = VitAPI(str(model_source), backend, threads, max_image_pixels, model_class, max_batch_size, batch_timeout)
+    shared = Shared(max_queue=max_queue, max_body=max_body, api_key=api_key)
+    server = ls.LitServer(api, accelerator=accelerator, workers_per_device=workers, timeout=timeout,
+                          middlewares=[(Gate, {"shared": shared})])  # fmt: skip
+    server.vit_shared, server.vit_metrics_folder, server.vit_timeout = shared, metrics_folder, timeout
+    add_routes(server, api)
+    return server
+
+
+def add_routes(server: Any, api: Any) -> None:
+    """Replace LitServe's ``/``, ``/info`` and ``/predict`` with ours and add ``/metrics`` and the V2 endpoints."""
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    app, routes = server.app, Endpoints(server, api)
+    app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in ("/", "/info", "/predict")]
+    for path, endpoint, methods in (
+        ("/predict", routes.predict, ["POST"]), ("/info", routes.info, ["GET"]), ("/metrics", routes.metrics, ["GET"]),
+        ("/", routes.page, ["GET"]), ("/v2", routes.server_metadata, ["GET"]),
+        ("/v2/health/live", routes.live, ["GET"]),
+        ("/v2/health/ready", routes.ready, ["GET"]), ("/v2/models/{name}", routes.model_metadata, ["GET"]),
+        ("/v2/models/{name}/ready", routes.model_ready, ["GET"]), ("/v2/models/{name}/infer", routes.infer, ["POST"]),
+        ("/v2/models/{name}/versions/{version}/infer", routes.infer, ["POST"]),
+    ):  # fmt: skip
+        app.add_api_route(path, endpoint, methods=methods)
+    app.add_exception_handler(RequestError, lambda request, err: JSONResponse({"error": err.message}, err.status))
+    app.add_exception_handler(HTTPException, http_error)
+
+
+class Endpoints:
+    """The endpoints of the HTTP process: each request's payload goes to LitServe's workers (:meth:`submit`), and the
+    model's description is asked of them once (:meth:`description`)."""
+
+    def __init__(self, server: Any, api: Any) -> None:
+        from litserve.server import RegularRequestHandler
+
+        self.server, self.handler, self.cache = server, RegularRequestHandler(api, server), {}
+
+    async def submit(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The workers' answer to ``payload``; 504 after ``timeout`` seconds."""
+        timeout = self.server.vit_timeout
+        try:
+            return await asyncio.wait_for(self.handler.handle_request(payload, dict), timeout)
+        except asyncio.TimeoutError:
+            raise RequestError(504, f"no answer within {timeout:g} s (--timeout)") from None
+
+    async def description(self, name: str | None = None) -> dict[str, Any]:
+        """:meth:`ServeModel.info <vit.serve.model.ServeModel.info>`; 404 if ``name`` is not the model's."""
+        if "info" not in self.cache:
+            self.cache["info"] = await self.submit({"kind": "info"})
+        info = self.cache["info"]
+        if name is not None and name != info["model"]:
+            raise RequestError(404, f"unknown model {name!r}: this server serves {info['model']!r}")
+        return info
+
+    async def predict(self, request: Request) -> Any:
+        from fastapi.responses import JSONResponse
+
+        from .payloads import predict_answer, read_predict
+
+        payload = await read_predict(request)
+        status, content = predict_answer(payload, await self.submit(payload))
+        return JSONResponse(content, status_code=status)
+
+    async def infer(self, name: str, request: Request) -> Any:
+        from fastapi.responses import Response
+
+        from . import v2
+
+        info = await self.description(name)
+        payload, parsed = v2.parse_infer(await request.body(), request.headers)
+        answer = await self.submit(payload)
+        if "error" in answer:
+            raise RequestError(int(answer.get("status", 500)), answer["error"])
+        body, headers = v2.infer_response(parsed, answer["logits"], info)
+        return Response(body, headers=headers)
+
+    async def info(self) -> Any:
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse(await self.description())
+
+    async def ready(self) -> Any:
+        from fastapi.responses import Response
+
+        states = dict(getattr(self.server, "workers_setup_status", None) or {})
+        draining = self.server.vit_shared.draining.is_set()
+        ok = bool(states) and all(v == "ready" for v in states.values()) and not draining
+        return Response(status_code=200 if ok else 503)
+
+    async def live(self) -> Any:
+        from fastapi.responses import Response
+
+        return Response(status_code=200)
+
+    async def model_ready(self, name: str) -> Any:
+        await self.description(name)
+        return await self.ready()
+
+    async def model_metadata(self, name: str) -> Any:
+        from fastapi.responses import JSONResponse
+
+        from .v2 import model_metadata
+
+        return JSONResponse(model_metadata(await self.description(name)))
+
+    async def server_metadata(self) -> Any:
+        from fastapi.responses import JSONResponse
+
+        import vit
+
+        from .v2 import EXTENSIONS
+
+        return JSONResponse({"name": "vit", "version": vit.__version__, "extensions": EXTENSIONS})
+
+    async def metrics(self) -> Any:
+        from fastapi.responses import Response
+
+        from .metrics import exposition
+
+        body, content_type = exposition()
+        return Response(body, media_type=content_type)
+
+    async def page(self) -> Any:
+        from fastapi.responses import HTMLResponse
+
+        try:
+            from .page import page_html
+        except ImportError:
+            return HTMLResponse(PLACEHOLDER_PAGE)
+        return HTMLResponse(page_html())
+
+
+def http_error(request: Any, err: Any) -> Any:
+    """Starlette's and LitServe's HTTP errors as ``{"error": ...}`` (404 of unknown paths, LitServe's 504, 500)."""
+    from fastapi.responses import JSONResponse
+
+    detail = err.detail if isinstance(err.detail, str) else str(err.detail)
+    return JSONResponse({"error": detail}, status_code=err.status_code, headers=getattr(err, "headers", None))
+
+
+def run(model_source: str | Path, *, host: str = "127.0.0.1", port: int = 8000, grace: float = 10.0,
+        log_level: str = "warning", **options: Any) -> int:  # fmt: skip
+    """Build (:func:`build_server`, ``options``) and serve until SIGTERM or Ctrl-C, then drain: requests in flight
+    finish within ``grace`` seconds, new ones get 503; returns 0."""
+    from . import metrics
+
+    server = build_server(model_source, **options)
+    server.uvicorn_graceful_timeout = grace
+    logging.getLogger("litserve.server").addFilter(lambda record: not stopping_noise(server, record))
+    drain_on_signals(server, grace)
+    bind = "127.0.0.1" if host == "localhost" else host
+    try:
+        server.run(host=bind, port=port, num_api_servers=1, generate_client_file=False, log_level=log_level)
+    finally:
+        metrics.cleanup(server.vit_metrics_folder)
+    return 0
+
+
+def stopping_noise(server: Any, record: logging.LogRecord) -> bool:
+    """LitServe's log lines of a drained stop that say nothing wrong: its monitor thread losing the stopped manager,
+    the HTTP process that already exited."""
+    text = record.getMessage()
+    return server.vit_shared.draining.is_set() and ("Monitoring worker crashed" in text or "not alive" in text)
+
+
+def drain_on_signals(server: Any, grace: float) -> None:
+    """SIGTERM and SIGINT start the drain (:func:`drain`); a second one stops at once."""
+
+    def handle(signum: int, frame: Any) -> None:
+        shared = server.vit_shared
+        if shared.draining.is_set():
+            stop(server)
+            return
+        shared.draining.set()
+        name = signal.Signals(signum).name
+        print(f"vit serve: {name}: finishing {shared.in_flight.value} requests in flight (at most {grace:g} s), "
+              "refusing new ones", file=sys.stderr, flush=True)  # fmt: skip
+        threading.Thread(target=drain, args=(server, grace), daemon=True, name="vit-serve-drain").start()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def drain(server: Any, grace: float) -> None:
+    """Wait until no request is in flight or ``grace`` seconds have passed, then stop the server."""
+    deadline = time.monotonic() + grace
+    while server.vit_shared.in_flight.value > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop(server)
+
+
+def stop(server: Any) -> None:
+    """Stop LitServe (its HTTP process, then its workers) as its own shutdown endpoint does."""
+    event = getattr(server, "_shutdown_event", None)
+    if event is not None:
+        event.set()
+
+
+__all__ = ["build_server", "run"]
