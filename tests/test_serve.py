@@ -196,6 +196,7 @@ def test_too_many_pixels_unknown_models_and_the_api_key(server):
         assert response.status_code == 404 and list(response.json()) == ["error"]
     assert requests.get(server["url"] + "/info", timeout=30).status_code == 401
     assert requests.get(server["url"] + "/health", timeout=30).status_code == 200  # probes need no key
+    assert requests.get(server["url"] + "/", timeout=30).status_code == 200  # nor the page: it asks for the key
     info = requests.get(server["url"] + "/info", headers=AUTH, timeout=30).json()
     assert info["classes"] == NAMES and info["temperature"] == pytest.approx(1.7) and info["input_size"] == [3, 32, 32]
 

@@ -22,8 +22,10 @@ from ..errors import UsageError
 from .errors import RequestError
 
 API_KEY_ENV = "VIT_SERVE_API_KEY"
-PUBLIC_PATHS = ("/health", "/v2/health/live", "/v2/health/ready")
-"""Answered without the API key (load balancers and orchestrators probe them)."""
+PUBLIC_PATHS = ("/", "/health", "/v2/health/live", "/v2/health/ready")
+"""Answered without the API key: the health checks (load balancers and orchestrators probe them) and the page, which a
+browser loads without a header and which holds no data (it asks for the key when ``/info`` or ``/predict`` answer
+401)."""
 RETRY_AFTER_FULL = 1
 """Seconds a client is asked to wait when the queue is full."""
 
