@@ -58,10 +58,11 @@ from .checkpoints.writing import with_atomic_checkpoint_io
 from .cli_errors import SUBCOMMANDS, VitArgumentParser, config_files, value_source
 from .configs import cpu_config_names, resolve_config_args
 from .data import ImageDataModule
-from .errors import UsageError, VitError, exit_with
+from .errors import EXIT_BAD_INPUT, UsageError, VitError, exit_with
 from .lit_module import ImageClassifier
 from .loggers import (
     configured_wandb_loggers,
+    finish_wandb_run,
     log_config,
     name_wandb_runs,
     offline_without_server,
@@ -417,7 +418,10 @@ def cli_main(args: ArgsType = None) -> VitCLI | None:
             parser_kwargs=parser_kwargs(command_line),
         )
     except VitError as err:
-        remove_unused_folders()
+        refused = err.exit_status == EXIT_BAD_INPUT
+        if refused:
+            finish_wandb_run(failed=True)  # its files are closed before its folder goes
+        remove_unused_folders(refused_input=refused)
         exit_with(err)
     except BaseException:
         remove_unused_folders()  # a crash or an interrupt before any output leaves no empty run folder either

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -179,6 +180,15 @@ def wandb_run_folders(trainer: Trainer) -> list[tuple[Path, bool]]:
         except Exception:  # a disabled or failed run has no folder
             continue
     return folders
+
+
+def finish_wandb_run(failed: bool = False) -> None:
+    """Finish the W&B run this process has open, if any (Lightning leaves it open when a run fails): its files are
+    written and closed, e.g. before a run folder that bad input made useless is removed."""
+    wandb = sys.modules.get("wandb")  # never imported here: without it, no run is open
+    run = getattr(wandb, "run", None)
+    if run is not None:
+        run.finish(exit_code=1 if failed else 0)
 
 
 def log_images(

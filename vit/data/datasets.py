@@ -114,6 +114,9 @@ def load_rgb(path: str | Path, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.
         ImageTooLargeError: ``cannot read image <path>: <W>x<H> pixels ...`` above ``max_pixels`` (an ``OSError``).
         OSError: ``cannot read image <path>: <reason>`` when the file is missing, truncated, corrupt, or not an image.
     """
+    if os.path.islink(path) and not os.path.exists(path):
+        target = os.readlink(path)
+        raise OSError(f"cannot read image {path}: a broken symbolic link (to {target}, which does not exist)")
     try:
         data = np.fromfile(path, dtype=np.uint8)
         with _open_without_pil_limit(data) as image:
