@@ -110,7 +110,7 @@ def test_a_second_start_resumes_and_a_changed_plan_is_refused(tmp_path):
     again = open_storage(None, tmp_path, max_retry=1)  # another process: the journal file read back
     assert open_sweep(again, plan, sampler(plan.sweep, 0))[1] is True
     changed = plan_of({"a": {"min": 0.0, "max": 1.0}}, budgets=(20, 90))
-    with pytest.raises(UsageError, match="budgets differs"):
+    with pytest.raises(UsageError, match=r"--budget \[20, 60\] there, \[20, 90\] now"):
         open_sweep(again, changed, sampler(changed.sweep, 0))
 
 

@@ -378,6 +378,19 @@ class _WithoutLitLoggerTip(logging.Filter):
 _QUIET = _WithoutLitLoggerTip()
 
 
+def cli_kwargs(command_line: list[str] | None) -> dict[str, Any]:
+    """The :class:`VitCLI` arguments of ``vit`` besides its classes and ``args`` (also what a parse-only check of a
+    command line, as ``vit sweep`` makes, builds its parser with)."""
+    return {
+        "seed_everything_default": 0,
+        "save_config_callback": LogConfig,
+        "save_config_kwargs": {"overwrite": True},
+        "auto_configure_optimizers": False,
+        "parser_class": VitArgumentParser,
+        "parser_kwargs": parser_kwargs(command_line),
+    }
+
+
 def cli_main(args: ArgsType = None) -> VitCLI | None:
     """Entry point of ``vit``, ``python -m vit`` and ``scripts/fit.py``.
 
@@ -406,17 +419,7 @@ def cli_main(args: ArgsType = None) -> VitCLI | None:
     # Lightning 2.6 calls a torch.utils._pytree API that torch 2.14 deprecates, on every command: not the user's to fix.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     try:
-        cli = VitCLI(
-            ImageClassifier,
-            ImageDataModule,
-            args=argv,
-            seed_everything_default=0,
-            save_config_callback=LogConfig,
-            save_config_kwargs={"overwrite": True},
-            auto_configure_optimizers=False,
-            parser_class=VitArgumentParser,
-            parser_kwargs=parser_kwargs(command_line),
-        )
+        cli = VitCLI(ImageClassifier, ImageDataModule, args=argv, **cli_kwargs(command_line))
     except VitError as err:
         refused = err.exit_status == EXIT_BAD_INPUT
         if refused:

@@ -56,8 +56,8 @@ class Sweeper:
     def run(self, workers: int) -> int:
         """Open or resume the study, run ``workers`` workers until the last rung is finished, then report."""
         plan = self.plan
-        study, resumed = open_sweep(self.storage, plan, sampler(plan.sweep, plan.seed))
         where = describe(self.storage, self.folder)
+        study, resumed = open_sweep(self.storage, plan, sampler(plan.sweep, plan.seed), self.remedy())
         if resumed:
             lost = reap_lost_trials(study, self.max_retry)
             again = f"; trials {', '.join(map(str, lost))} had lost their worker: enqueued again" if lost else ""
@@ -86,6 +86,15 @@ class Sweeper:
             raise UsageError(f"{len(failed)} of {workers} workers stopped (exit status {failed[0]}) before the sweep "
                              f"finished; `vit sweep {plan.sweep.source}` again resumes it")  # fmt: skip
         return status
+
+    def remedy(self) -> str:
+        """What to do about a study of the same name started with another sweep file or options."""
+        name, source = self.plan.sweep.name, self.plan.sweep.source
+        if self.url is None:
+            return (f"Run this one under another name (vit sweep {source} --name NEW), or remove {self.folder} to "
+                    "start this one in its place")  # fmt: skip
+        return (f"Run this one under another name (vit sweep {source} --name NEW), or delete the study {name} (and "
+                f"its {name}.rungN) from --storage to start this one in its place")  # fmt: skip
 
     def write_plan(self) -> Path:
         """``plan.json`` in the sweep folder: what this machine's workers run (the storage URL goes through their
