@@ -38,6 +38,11 @@ WANDB_LOGGER_CLASSES = ("lightning.pytorch.loggers.WandbLogger", "lightning.pyto
 SUMMARY_METRICS = {"val/acc": "max", "val/acc_top5": "max", "val/loss": "min"}
 """How W&B summarises these metrics in the runs table (``wandb.define_metric(name, summary=...)``)."""
 
+STATUS_KEY = "run/status"
+"""W&B summary key of how a fit ended (:class:`~vit.callbacks.RunSummary` writes it, ``vit compare`` reads it):
+``running`` while it runs, then ``finished``, ``interrupted`` (Ctrl-C, SIGTERM: a partial ``last.ckpt``) or
+``failed``. W&B's own state says ``finished`` for a run stopped by a signal whose process then exited."""
+
 DEFAULT_WANDB_URL = "https://api.wandb.ai"
 """The W&B server when ``WANDB_BASE_URL`` is not set (the only place it is written)."""
 

@@ -16,6 +16,7 @@ import optuna
 
 from vit.atomic import write_text
 from vit.errors import EXIT_BAD_INPUT, EXIT_OK, UsageError
+from vit.text import plural
 
 from .budget import format_duration
 from .halving import Plan, load_rung, open_sweep, rung_status
@@ -65,7 +66,7 @@ class Sweeper:
                 stamp(f"resuming sweep {plan.sweep.name} ({where}): {summary(rows(self.storage, plan), plan)}{again}")
             )
         else:
-            print(stamp(f"starting sweep {plan.sweep.name} ({where}): {plan.count} configurations, method "
+            print(stamp(f"starting sweep {plan.sweep.name} ({where}): {plural(plan.count, 'configuration')}, method "
                         f"{plan.sweep.method}, {plan.sweep.metric} ({plan.sweep.goal}), budgets "
                         f"{budget_text(plan.budgets)}, keep 1/{plan.eta} per rung, "
                         f"{workers} worker{'s' * (workers != 1)}"))  # fmt: skip
