@@ -6,7 +6,7 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassi
 - looks a bare ``--config`` name up in ``configs/`` (``--config vit_small`` finds ``configs/vit_small.yaml``;
   :mod:`vit.configs`);
 - gives every ``fit`` its own folder ``runs/<config>/<run name>/`` (checkpoints, ``config.yaml``, W&B files,
-  rollout PNGs; :mod:`vit.runs` names, claims and finds them), named like its W&B run, so runs never overwrite
+  explanation maps; :mod:`vit.runs` names, claims and finds them), named like its W&B run, so runs never overwrite
   each other; ``--ckpt_path last`` resumes the most recent run of the config in its own folder (``--ckpt_path`` takes
   a file, a run folder, ``last`` or ``best``, as every subcommand does: :mod:`vit.checkpoints.naming`);
   ``validate``/``test``/``predict`` write below the checkpoint's run;
