@@ -37,7 +37,9 @@ def test_a_sweep_of_one_configuration_says_so():
     trial = study.ask()
     suggest(trial, sweep)
     study.tell(trial, 0.5)
-    assert summary([Row(0, t) for t in study.trials], plan).startswith("1 configuration, 1 trial: 1 done")
+    line = summary([Row(0, t) for t in study.trials], plan)
+    assert line.startswith("1 configuration, 1 trial: 1 done")
+    assert line.endswith("; best val/acc (last) 0.5000 (rung 0, trial 0)")  # the trial's value: its fit's last
 
 
 def test_the_end_of_a_fit_names_the_newest_explorer_page(tmp_path):

@@ -127,7 +127,7 @@ class Sweeper:
             line = (f"rung {rung + 1}/{plan.rungs}{budget}: {s.complete} done, {s.running} running, {s.failed} failed,"
                     f" {s.waiting} waiting of {s.size}")  # fmt: skip
             if s.best is not None:
-                line += f"; best {plan.sweep.metric} {s.best.value:.4f} (trial {s.best.number})"
+                line += f"; best {plan.sweep.metric} (last) {s.best.value:.4f} (trial {s.best.number})"
             if not s.done:
                 break
         return line

@@ -278,7 +278,8 @@ def summary(found: Sequence[Row], plan: Plan) -> str:
             f"{states.count(TrialState.COMPLETE)} done, {states.count(TrialState.FAIL)} failed, "
             f"{states.count(TrialState.RUNNING)} running, {states.count(TrialState.WAITING)} waiting")  # fmt: skip
     if best is not None:
-        text += f"; best {plan.sweep.metric} {best.trial.value:.4f} (rung {best.rung}, trial {best.trial.number})"
+        value = f"{plan.sweep.metric} (last) {best.trial.value:.4f}"  # a trial's value is its fit's last
+        text += f"; best {value} (rung {best.rung}, trial {best.trial.number})"
     return text
 
 
