@@ -76,6 +76,7 @@ def _wandb_run(
     exit_code: int = 0,
     run_folder: bool = True,
     img_per_sec: float | None = None,
+    status: str | None = None,
 ) -> None:
     """One real offline W&B run through Lightning's WandbLogger: config, per-epoch val/acc and train loss.
 
@@ -98,6 +99,8 @@ def _wandb_run(
         logger.log_metrics(metrics, step=epoch)
     if img_per_sec is not None:  # as `vit fit` does at the end: the mean over the fit into the summary
         logger.experiment.summary["train/img_per_sec"] = img_per_sec
+    if status is not None:  # as vit.callbacks.RunSummary records how the fit ended
+        logger.experiment.summary["run/status"] = status
     logger.experiment.finish(exit_code=exit_code)
 
 
@@ -118,6 +121,8 @@ def offline_runs(tmp_path_factory) -> Path:
         _wandb_run(root / "quickstart" / "w", "w", range(2, 4), window_size=2, img_per_sec=150.0)
         _wandb_run(root / "quickstart" / "v", "v", range(1), job_type="validate", window_size=2)
         _wandb_run(root / "quickstart" / "c", "c", range(2), exit_code=1, window_size=4)
+        # Ctrl-C in epoch 2: a partial last.ckpt; the process exits normally, so W&B says "finished"
+        _wandb_run(root / "quickstart" / "i", "i", range(2), window_size=5, status="interrupted")
         _wandb_run(root / "loose", "s", range(3), window_size=3, run_folder=False)
     return root
 
@@ -134,16 +139,17 @@ def test_compare_keeps_finished_fit_runs_and_counts_a_resumed_run_once(offline_r
     assert result.returncode == 0, result.stderr
     rows = _rows(result.stdout)
     assert rows.pop("run")[:3] == ["run", "attention", "model.model_overrides.window_size"]
-    assert sorted(rows) == ["g", "s", "w"]  # validate run v and crashed run c left out, g and w once each
+    assert sorted(rows) == ["g", "s", "w"]  # validate v, crashed c, interrupted i left out; g and w once each
     assert rows["g"][1:3] == ["global", "0"] and rows["w"][1:3] == ["window", "2"] and rows["s"][1] == "window"
     # best val/acc over both parts of a resumed run: g reached epoch 4 (0.4), w epoch 3 (0.3 + 0.02)
     assert float(rows["g"][3]) == pytest.approx(0.4) and float(rows["w"][3]) == pytest.approx(0.32)
     assert float(rows["g"][4]) == pytest.approx(1.6)  # the final train loss is the resumed part's last
     # img/s: the summary's train/img_per_sec of the last part (W&B keeps the last value unless set: epoch 4)
     assert float(rows["g"][5]) == 104 and float(rows["w"][5]) == 150
-    assert "left out 2 run(s): 1 failed, 1 validate; --all shows them" in result.stderr
-    plot = offline_runs / "compare" / "val_acc.png"
-    assert f"wrote {Path('runs') / 'compare' / 'val_acc.png'}" in result.stdout and plot.is_file()
+    assert "left out 3 runs: 1 failed, 1 interrupted, 1 validate; --all shows them" in result.stderr
+    assert "val/acc (best)" in result.stdout.splitlines()[0] and "train/loss (last)" in result.stdout.splitlines()[0]
+    (plot,) = (offline_runs / "compare").glob("val_acc-*.png")  # a new file per comparison, named by its time
+    assert f"wrote {Path('runs') / 'compare' / plot.name}" in result.stdout
     with Image.open(plot) as image:
         assert image.format == "PNG" and image.size == (700, 450)
 
@@ -160,8 +166,26 @@ def test_compare_all_shows_validate_and_crashed_runs(offline_runs, compare, tmp_
         "s": ["fit", "finished"],
         "v": ["validate", "finished"],
         "c": ["fit", "failed"],
+        "i": ["fit", "interrupted"],
     }
     assert (tmp_path / "all.png").is_file() and not (offline_runs / "compare" / "all.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("wandb_state", "recorded", "state"),
+    [
+        ("finished", "interrupted", "interrupted"),  # Ctrl-C / SIGTERM: the process ended normally
+        ("finished", "running", "interrupted"),  # never reached its end, nor said how it stopped
+        ("crashed", "failed", "failed"),
+        ("finished", "finished", "finished"),
+        ("finished", None, "finished"),  # a run of another program, or from before the status was recorded
+        ("running", "running", "running"),  # still running
+    ],
+)
+def test_a_run_state_is_what_vit_fit_recorded_over_what_wandb_says(wandb_state, recorded, state):
+    from vit.compare.runs import recorded_state
+
+    assert recorded_state(wandb_state, {} if recorded is None else {"run/status": recorded}) == state
 
 
 def test_compare_series_keeps_the_resumed_value_of_a_repeated_epoch(offline_runs):
@@ -204,8 +228,21 @@ def test_compare_plots_against_minutes(offline_runs, compare, monkeypatch):
     monkeypatch.chdir(offline_runs.parent)
     result = compare(offline_runs, "--x", "minutes")
     assert result.returncode == 0, result.stderr
-    plot = offline_runs / "compare" / "val_acc_minutes.png"
-    assert f"wrote {Path('runs') / 'compare' / 'val_acc_minutes.png'}" in result.stdout and plot.is_file()
+    plots = list((offline_runs / "compare").glob("val_acc_minutes-*.png"))
+    assert plots and f"wrote {Path('runs') / 'compare' / plots[-1].name}" in result.stdout
+
+
+def test_each_comparison_writes_a_plot_of_its_own():
+    from datetime import datetime
+
+    from vit.compare import default_plot
+
+    first = default_plot("val/acc", when=datetime(2026, 12, 6, 5, 0, 0))
+    assert first == Path("runs", "compare", "val_acc-1206-050000.png")
+    assert (
+        default_plot("val/acc", "minutes", when=datetime(2026, 12, 6, 5, 0, 1)).name
+        == "val_acc_minutes-1206-050001.png"
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ sweeps
@@ -290,7 +327,7 @@ def test_compare_select_and_merge_without_wandb(tmp_path, compare):
         ("p", 1, "finished"),
     ]
     kept, note = select(merged)
-    assert [run.name for run in kept] == ["b"] and note == "left out 2 run(s): 1 non-fit, 1 validate; --all shows them"
+    assert [run.name for run in kept] == ["b"] and note == "left out 2 runs: 1 non-fit, 1 validate; --all shows them"
     assert select(merged, everything=True) == (merged, None)
 
 
@@ -311,7 +348,7 @@ def test_compare_leaves_out_settings_that_only_name_files():
 def test_compare_with_only_a_validate_run_is_one_error(offline_runs, compare):
     result = compare(offline_runs / "quickstart" / "v")
     assert result.returncode == 2
-    assert result.stderr == "error: no finished fit run to compare (1 run(s): 1 validate; --all shows them)\n"
+    assert result.stderr == "error: no finished fit run to compare (1 run: 1 validate; --all shows them)\n"
 
 
 def test_compare_reads_the_attention_from_tags_else_the_config():

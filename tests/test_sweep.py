@@ -110,7 +110,7 @@ def test_a_second_start_resumes_and_a_changed_plan_is_refused(tmp_path):
     again = open_storage(None, tmp_path, max_retry=1)  # another process: the journal file read back
     assert open_sweep(again, plan, sampler(plan.sweep, 0))[1] is True
     changed = plan_of({"a": {"min": 0.0, "max": 1.0}}, budgets=(20, 90))
-    with pytest.raises(UsageError, match="budgets differs"):
+    with pytest.raises(UsageError, match=r"--budget \[20, 60\] there, \[20, 90\] now"):
         open_sweep(again, changed, sampler(changed.sweep, 0))
 
 
@@ -186,13 +186,29 @@ def test_the_table_and_best_yaml_carry_the_best_trial(tmp_path):
     best = best_row(found, plan)
     assert best.trial.params["model.lr"] == 0.004
     lines = table(found, plan).splitlines()
-    assert lines[0].split() == ["rung", "budget", "trial", "config", "lr", "val/acc", "run", "folder", "/", "state"]
+    assert lines[0].split() == ["rung", "budget", "trial", "config", "lr", "val/acc", "(last)", "run", "folder", "/",
+                                "state"]  # fmt: skip
     assert lines[1].split() == ["0", "20s", "1", "1", "0.004", "0.8000", "runs/lr0.004"]
     written = yaml.safe_load(write_best_config(tmp_path / "best.yaml", plan, best).read_text())
     base, _ = fit_config(["--config", "quickstart"])
     assert written["model"]["lr"] == 0.004 and written["model"]["model_overrides"]["depth"] == 2
     assert written["data"] == base["data"] and written["trainer"] == base["trainer"]  # not the trials' --data...
     assert written["model"]["model_overrides"]["embed_dim"] == base["model"]["model_overrides"]["embed_dim"]
+
+
+def test_the_progress_figure_ticks_whole_trial_numbers():
+    from vit.sweep.report import progress_figure
+
+    plan = plan_of({"model.lr": {"values": [0.001, 0.004]}}, count=2)
+    study, _ = open_sweep(optuna.storages.InMemoryStorage(), plan, sampler(plan.sweep, 0))
+    for value in (0.6, 0.8):
+        trial = study.ask()
+        suggest(trial, plan.sweep)
+        study.tell(trial, value)
+    figure = progress_figure([Row(0, t) for t in study.trials], plan)
+    figure.canvas.draw()
+    ticks = [tick for tick in figure.axes[0].get_xticks() if 0 <= tick <= 1]
+    assert ticks and all(float(tick).is_integer() for tick in ticks), ticks  # 0, 1: never 0.2, 0.4...
 
 
 def test_vit_compare_shows_the_table_of_a_sweep_folder(tmp_path, capsys):
@@ -210,7 +226,7 @@ def test_vit_compare_shows_the_table_of_a_sweep_folder(tmp_path, capsys):
     assert compare([str(tmp_path)]) == 0  # its trials logged no W&B run: the table is the comparison
     out = capsys.readouterr().out
     assert out.startswith("sweep cmp: 2 configurations, 2 trials: 1 done, 0 failed, 0 running, 1 waiting")
-    assert "0     20s     0      0       0.1  0.7500   runs/cmp/a" in out
+    assert "0     20s     0      0       0.1  0.7500          runs/cmp/a" in out
 
 
 def test_a_trial_validates_again_when_its_last_validation_came_before_the_end():

@@ -53,7 +53,7 @@ def test_machines_join_one_study_and_a_changed_plan_is_refused(postgres_url, pla
     joined, resumed = open_sweep(second, plan, sampler(plan.sweep, 0))
     assert resumed and [t.value for t in joined.trials] == [0.5]
     other = Plan(plan.sweep, [30.0], 3, 3, [], 0, plan.raw)
-    with pytest.raises(UsageError, match="budgets differs"):
+    with pytest.raises(UsageError, match=r"--budget \[20.0\] there, \[30.0\] now"):
         open_sweep(second, other, sampler(plan.sweep, 0))
     optuna.delete_study(study_name=plan.sweep.name, storage=first)
 

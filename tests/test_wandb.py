@@ -173,7 +173,12 @@ def test_vit_test_ends_with_its_wandb_folder_and_sync_command(offline_runs, tmp_
     cli = cli_main([*argv, "--trainer.limit_test_batches=1", f"--ckpt_path={run}"])
     cli.trainer.logger.experiment.finish()
     (folder,) = Path(cli.trainer.default_root_dir, "wandb").glob("offline-run-*")
-    assert f"W&B run: {folder}  (upload: wandb sync {folder})\n" in capsys.readouterr().out
+    page = Path(cli.trainer.default_root_dir, "evaluation.html")
+    # the last lines, after the evaluation's table: the page a person opens, then the W&B run and its upload
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        f"evaluation: {page}  (open in a browser; evaluation.json, confusion_matrix.png, reliability.png beside it)",
+        f"W&B run: {folder}  (upload: wandb sync {folder})",
+    ]
 
 
 def test_the_sync_command_of_a_resumed_offline_run_uploads_every_part(tmp_path, monkeypatch):

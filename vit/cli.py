@@ -6,7 +6,7 @@ A thin :class:`~lightning.pytorch.cli.LightningCLI` over :class:`vit.ImageClassi
 - looks a bare ``--config`` name up in ``configs/`` (``--config vit_small`` finds ``configs/vit_small.yaml``;
   :mod:`vit.configs`);
 - gives every ``fit`` its own folder ``runs/<config>/<run name>/`` (checkpoints, ``config.yaml``, W&B files,
-  rollout PNGs; :mod:`vit.runs` names, claims and finds them), named like its W&B run, so runs never overwrite
+  explanation maps; :mod:`vit.runs` names, claims and finds them), named like its W&B run, so runs never overwrite
   each other; ``--ckpt_path last`` resumes the most recent run of the config in its own folder (``--ckpt_path`` takes
   a file, a run folder, ``last`` or ``best``, as every subcommand does: :mod:`vit.checkpoints.naming`);
   ``validate``/``test``/``predict`` write below the checkpoint's run;
@@ -59,10 +59,11 @@ from .checkpoints.writing import with_atomic_checkpoint_io
 from .cli_errors import SUBCOMMANDS, VitArgumentParser, config_files, value_source
 from .configs import cpu_config_names, resolve_config_args
 from .data import ImageDataModule
-from .errors import UsageError, VitError, exit_with
+from .errors import EXIT_BAD_INPUT, UsageError, VitError, exit_with
 from .lit_module import ImageClassifier
 from .loggers import (
     configured_wandb_loggers,
+    finish_wandb_run,
     log_config,
     name_wandb_runs,
     offline_without_server,
@@ -379,6 +380,19 @@ class _WithoutLitLoggerTip(logging.Filter):
 _QUIET = _WithoutLitLoggerTip()
 
 
+def cli_kwargs(command_line: list[str] | None) -> dict[str, Any]:
+    """The :class:`VitCLI` arguments of ``vit`` besides its classes and ``args`` (also what a parse-only check of a
+    command line, as ``vit sweep`` makes, builds its parser with)."""
+    return {
+        "seed_everything_default": 0,
+        "save_config_callback": LogConfig,
+        "save_config_kwargs": {"overwrite": True},
+        "auto_configure_optimizers": False,
+        "parser_class": VitArgumentParser,
+        "parser_kwargs": parser_kwargs(command_line),
+    }
+
+
 def cli_main(args: ArgsType = None) -> VitCLI | None:
     """Entry point of ``vit``, ``python -m vit`` and ``scripts/fit.py``.
 
@@ -407,19 +421,12 @@ def cli_main(args: ArgsType = None) -> VitCLI | None:
     # Lightning 2.6 calls a torch.utils._pytree API that torch 2.14 deprecates, on every command: not the user's to fix.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     try:
-        cli = VitCLI(
-            ImageClassifier,
-            ImageDataModule,
-            args=argv,
-            seed_everything_default=0,
-            save_config_callback=LogConfig,
-            save_config_kwargs={"overwrite": True},
-            auto_configure_optimizers=False,
-            parser_class=VitArgumentParser,
-            parser_kwargs=parser_kwargs(command_line),
-        )
+        cli = VitCLI(ImageClassifier, ImageDataModule, args=argv, **cli_kwargs(command_line))
     except VitError as err:
-        remove_unused_folders()
+        refused = err.exit_status == EXIT_BAD_INPUT
+        if refused:
+            finish_wandb_run(failed=True)  # its files are closed before its folder goes
+        remove_unused_folders(refused_input=refused)
         exit_with(err)
     except BaseException:
         remove_unused_folders()  # a crash or an interrupt before any output leaves no empty run folder either

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,6 +37,11 @@ WANDB_LOGGER_CLASSES = ("lightning.pytorch.loggers.WandbLogger", "lightning.pyto
 
 SUMMARY_METRICS = {"val/acc": "max", "val/acc_top5": "max", "val/loss": "min"}
 """How W&B summarises these metrics in the runs table (``wandb.define_metric(name, summary=...)``)."""
+
+STATUS_KEY = "run/status"
+"""W&B summary key of how a fit ended (:class:`~vit.callbacks.RunSummary` writes it, ``vit compare`` reads it):
+``running`` while it runs, then ``finished``, ``interrupted`` (Ctrl-C, SIGTERM: a partial ``last.ckpt``) or
+``failed``. W&B's own state says ``finished`` for a run stopped by a signal whose process then exited."""
 
 DEFAULT_WANDB_URL = "https://api.wandb.ai"
 """The W&B server when ``WANDB_BASE_URL`` is not set (the only place it is written)."""
@@ -179,6 +185,15 @@ def wandb_run_folders(trainer: Trainer) -> list[tuple[Path, bool]]:
         except Exception:  # a disabled or failed run has no folder
             continue
     return folders
+
+
+def finish_wandb_run(failed: bool = False) -> None:
+    """Finish the W&B run this process has open, if any (Lightning leaves it open when a run fails): its files are
+    written and closed, e.g. before a run folder that bad input made useless is removed."""
+    wandb = sys.modules.get("wandb")  # never imported here: without it, no run is open
+    run = getattr(wandb, "run", None)
+    if run is not None:
+        run.finish(exit_code=1 if failed else 0)
 
 
 def log_images(

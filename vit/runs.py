@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import warnings
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ RUN_CONFIG_FILE = "config.yaml"
 """The run's config, which Lightning writes into the run folder as a run starts (``SaveConfigCallback``'s default)."""
 
 _CLAIMED: list[Path] = []  # folders created by this process for runs, removed again if a run fails before using them
+_RUN_FOLDERS: list[Path] = []  # of those, the runs' own folders (not the parents created with them)
 
 
 def _get(namespace: Any, key: str, default: Any = None) -> Any:
@@ -140,6 +142,7 @@ def claim_folder(folder: Path) -> Path:
         try:
             candidate.mkdir(parents=True)
             _CLAIMED.extend(created)  # innermost first, the order in which empty ones are removed
+            _RUN_FOLDERS.append(candidate)
             return candidate
         except FileExistsError:
             n += 1
@@ -157,20 +160,31 @@ def first_process_of_job() -> bool:
     return int(node) == 0 and int(os.environ.get("LOCAL_RANK", "0")) == 0
 
 
-def remove_unused_folders() -> None:
+def remove_unused_folders(refused_input: bool = False) -> None:
     """Remove the run folders this process claimed and left unused (a run that failed before it wrote any output:
-    empty, or holding only the :data:`RUN_CONFIG_FILE` written at its start), and forget them."""
+    empty, or holding only the :data:`RUN_CONFIG_FILE` written at its start), and forget them.
+
+    Args:
+        refused_input: The run stopped at bad input (a :class:`~vit.errors.VitError` of exit status 2: unreadable
+            data, a bad setting): its own folders go whatever they hold (W&B's ``wandb/`` of the run just begun, its
+            config), unless a checkpoint was written there. Only folders this process created are ever removed.
+    """
+    for folder in _RUN_FOLDERS if refused_input else ():
+        with contextlib.suppress(OSError):
+            if folder.is_dir() and not any(folder.rglob("*.ckpt")):
+                shutil.rmtree(folder)
     for folder in _CLAIMED:
         with contextlib.suppress(OSError):
             if [p.name for p in folder.iterdir()] == [RUN_CONFIG_FILE]:
                 (folder / RUN_CONFIG_FILE).unlink()
             folder.rmdir()  # only succeeds when empty
-    _CLAIMED.clear()
+    forget_claimed_folders()
 
 
 def forget_claimed_folders() -> None:
     """Keep the folders claimed so far (the run that claimed them has used them)."""
     _CLAIMED.clear()
+    _RUN_FOLDERS.clear()
 
 
 def last_checkpoint_path(trainer: Trainer) -> Path:

@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from ..env import available_cores
 from ..errors import UsageError
 from ..loggers import log_summary, wandb_loggers
+from .run_summary import wandb_lines
 
 
 def corruptions_in_one_process(config: Any) -> None:
@@ -62,6 +63,10 @@ class EvaluationReport(Callback):
         corruption_seed: Seed of the random corruptions.
         corruption_cache: A folder that keeps the generated corruptions for the next evaluation of the same images.
     """
+
+    reports_wandb_run = True
+    """Its report ends with the W&B run's folder and ``wandb sync`` command (:class:`~vit.callbacks.RunSummary`
+    leaves them to it, so that they come after the table)."""
 
     def __init__(
         self,
@@ -149,7 +154,10 @@ class EvaluationReport(Callback):
         folder = Path(trainer.default_root_dir)
         written = write_evaluation(folder, result, names, examples)
         self._log_wandb(trainer, result, names, folder)
-        self._report = [summary_table(result), f"evaluation: {written[0]} (and {len(written) - 1} more files there)"]
+        page = next((path for path in written if path.suffix == ".html"), written[0])
+        others = ", ".join(path.name for path in written if path != page)
+        self._report = [summary_table(result), f"evaluation: {page}  (open in a browser; {others} beside it)"]
+        self._report += wandb_lines(trainer)  # last, after the table: where the run went and how to upload it
 
     def _corruptions(self, trainer: Trainer, pl_module: LightningModule) -> tuple[dict[str, Any], Any]:
         from ..evaluation import evaluate_corruptions

@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 
-from ..loggers import log_summary, wandb_run_folders
+from ..loggers import STATUS_KEY, log_summary, wandb_run_folders
 from ..models.flops import forward_flops
 from ..runs import last_checkpoint_path
 from .throughput import training_throughput
@@ -34,12 +34,14 @@ class RunSummary(Callback):
     """Put the model's size in the W&B run summary at fit start, and print what the fit achieved at its end.
 
     Summary columns (W&B runs table): ``model/params``, ``model/trainable_params``, ``model/gflops``,
-    ``model/gmacs`` (one forward pass of one image), ``train/img_per_sec`` (the mean over the fit). The report at the
-    end of a fit names the best ``val/acc`` and its epoch, the final ``val/acc``, with a time budget
-    (``model.schedule: time``) the steps and epochs it bought (also ``train/budget_steps`` and
-    ``train/budget_epochs`` in the W&B summary), the best and last checkpoints, the W&B run folder with its
-    ``wandb sync`` command and the rollout PNG folder; ``vit validate`` and ``vit test`` end with the W&B run folder
-    and its ``wandb sync`` command.
+    ``model/gmacs`` (one forward pass of one image), ``train/img_per_sec`` (the mean over the fit), and
+    :data:`~vit.loggers.STATUS_KEY`: ``running`` from the fit's start, then ``finished``, ``interrupted``
+    (Ctrl-C, SIGTERM: a partial ``last.ckpt``) or ``failed``, which ``vit compare`` reads. The report at the end of a
+    fit names the best ``val/acc`` and its epoch, the final ``val/acc``, with a time budget (``model.schedule: time``)
+    the steps and epochs it bought (also ``train/budget_steps`` and ``train/budget_epochs`` in the W&B summary), the
+    best and last checkpoints, the W&B run folder with its ``wandb sync`` command and the attention explorer of the
+    explanation maps (:func:`explanation_lines`); ``vit validate`` and ``vit test`` end with the W&B run folder and
+    its ``wandb sync`` command.
 
     Args:
         flops: Count the forward FLOPs (one extra forward pass of one image at fit start).
@@ -72,6 +74,12 @@ class RunSummary(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.is_global_zero:
             log_summary(trainer, {f"model/{k}": v for k, v in self.model_statistics(pl_module).items()})
+            log_summary(trainer, {STATUS_KEY: "running"})
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if trainer.is_global_zero and trainer.state.fn == TrainerFn.FITTING:
+            stopped = isinstance(exception, (KeyboardInterrupt, SystemExit))  # Ctrl-C, SIGTERM (Preempted)
+            log_summary(trainer, {STATUS_KEY: "interrupted" if stopped else "failed"})
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         acc = trainer.callback_metrics.get("val/acc")
@@ -88,6 +96,7 @@ class RunSummary(Callback):
         if budget is not None:
             bought = budget.summary(trainer)
             log_summary(trainer, {"train/budget_steps": bought["steps"], "train/budget_epochs": bought["epochs"]})
+        log_summary(trainer, {STATUS_KEY: "interrupted" if trainer.interrupted else "finished"})
         sys.stdout.write(self.report(trainer, throughput) + "\n")
         sys.stdout.flush()
 
@@ -96,7 +105,8 @@ class RunSummary(Callback):
             self.report_wandb(trainer)
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.report_wandb(trainer)
+        if not any(getattr(callback, "reports_wandb_run", False) for callback in trainer.callbacks):
+            self.report_wandb(trainer)  # else the evaluation's report ends with it, after its table
 
     def report_wandb(self, trainer: Trainer) -> None:
         """The end of ``vit validate`` / ``vit test``: where its W&B run went and, offline, how to upload it."""
@@ -106,7 +116,7 @@ class RunSummary(Callback):
             sys.stdout.flush()
 
     def report(self, trainer: Trainer, throughput: float = float("nan")) -> str:
-        """The end-of-fit text: accuracies, checkpoints, W&B folder and sync command, rollout folder."""
+        """The end-of-fit text: accuracies, checkpoints, W&B folder and sync command, the explanations' page."""
         lines = [f"Run folder: {trainer.default_root_dir}"]
         if self.val_acc:
             best_epoch = max(self.val_acc, key=lambda epoch: (self.val_acc[epoch], -epoch))
@@ -131,10 +141,19 @@ class RunSummary(Callback):
         if last.is_file():
             lines.append(f"last checkpoint: {shown_path(last)}  (resume: --ckpt_path last)")
         lines += wandb_lines(trainer)
-        rollout = Path(trainer.default_root_dir) / "rollout"
-        if rollout.is_dir():
-            lines.append(f"rollout PNGs: {rollout}")
+        lines += explanation_lines(Path(trainer.default_root_dir) / "rollout")
         return "\n".join(lines)
+
+
+def explanation_lines(folder: Path) -> list[str]:
+    """What :class:`~vit.callbacks.ExplanationLogger` left in ``folder``: the newest attention explorer, the page a
+    person opens, with the maps of every epoch (AttnLRP, attribution, rollout, distance: PNGs) beside it."""
+    if not folder.is_dir():
+        return []
+    pages = sorted(folder.glob("explorer*.html"))
+    if pages:
+        return [f"explanations: {pages[-1]}  (open in a browser; each epoch's maps as PNGs beside it)"]
+    return [f"explanation maps (PNGs of each epoch): {folder}"] if any(folder.glob("*.png")) else []
 
 
 def wandb_lines(trainer: Trainer) -> list[str]:

@@ -27,7 +27,10 @@ def build_parser(prog: str = "vit compare") -> argparse.ArgumentParser:
     parser.add_argument("--metric", default="val/acc", help="metric to rank and plot (default: val/acc)")
     parser.add_argument("--all", action="store_true", help="also validate/test/predict runs and unfinished runs")
     parser.add_argument(
-        "--plot", type=Path, default=None, help="PNG to write (default: runs/compare/<metric>[_minutes].png)"
+        "--plot",
+        type=Path,
+        default=None,
+        help="PNG to write (default: runs/compare/<metric>[_minutes]-<MMDD-HHMMSS>.png, a new one each time)",
     )
     parser.add_argument(
         "--x", dest="x_axis", choices=sorted(X_AXES), default="epoch", help="plot against the epoch or the minutes"

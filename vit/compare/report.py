@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, get_args
 
 from vit.compare.runs import X_AXES, Run, number
 from vit.runs import AttentionKind, attention_of
+from vit.text import plural
 
 IGNORED_PREFIXES = ("_wandb", "trainer.logger", "config", "trainer.default_root_dir", "checkpoint.dirpath")
 """Config keys never compared: W&B's own, the logger's settings (run name, save folder), the config file paths and
@@ -140,7 +142,8 @@ def _cell(value: Any) -> str:
 
 
 def table(runs: list[Run], metric: str, status: bool = False) -> str:
-    """Aligned text table: run name, attention, the differing config keys, best ``metric``, final loss, throughput.
+    """Aligned text table: run name, attention, the differing config keys, the best ``metric`` (``val/acc (best)``),
+    the last training loss (``train/loss (last)``), throughput.
 
     Args:
         runs: The runs, one row each.
@@ -149,7 +152,7 @@ def table(runs: list[Run], metric: str, status: bool = False) -> str:
     """
     keys = differing_keys(runs)
     extra = ["job", "state"] if status else []
-    header = ["run", "attention", *extra, *keys, f"best {metric}", "final train/loss", "img/s"]
+    header = ["run", "attention", *extra, *keys, f"{metric} (best)", "train/loss (last)", "img/s"]
     rows = [
         [
             run.name,
@@ -192,7 +195,7 @@ def plot(runs: list[Run], metric: str, path: Path, x_axis: str = "epoch") -> boo
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(X_AXES[x_axis])
     ax.set_ylabel(metric)
-    ax.set_title(f"{metric} of {drawn} run(s)")
+    ax.set_title(f"{metric} of {plural(drawn, 'run')}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     figure.tight_layout()
@@ -201,8 +204,8 @@ def plot(runs: list[Run], metric: str, path: Path, x_axis: str = "epoch") -> boo
     return True
 
 
-def default_plot(metric: str, x_axis: str = "epoch") -> Path:
-    """``runs/compare/<metric>.png`` (``val/acc`` -> ``val_acc``; ``val_acc_minutes.png`` against time), beside the
-    runs and never in the repository root."""
+def default_plot(metric: str, x_axis: str = "epoch", when: datetime | None = None) -> Path:
+    """``runs/compare/<metric>-<MMDD-HHMMSS>.png`` (``val/acc`` -> ``val_acc``; ``val_acc_minutes-...`` against
+    time): a new file per comparison, beside the runs and never in the repository root."""
     suffix = "" if x_axis == "epoch" else f"_{x_axis}"
-    return Path("runs") / "compare" / f"{metric.replace('/', '_')}{suffix}.png"
+    return Path("runs") / "compare" / f"{metric.replace('/', '_')}{suffix}-{when or datetime.now():%m%d-%H%M%S}.png"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vit.errors import InputError
+from vit.text import plural
 
 X_AXES = {"epoch": "epoch", "minutes": "minutes of run time (W&B _runtime)"}
 """What a curve can be drawn against, and the axis label."""
@@ -146,6 +147,7 @@ def read_offline_run(file: Path) -> Run:
     status = state.get("state") or "running"
     if status == "finished" and (state.get("exit_code") or 0) != 0:
         status = "failed"
+    status = recorded_state(status, state.get("summary") or {})
     return Run(
         name=state.get("name") or state.get("run_id") or file.parent.name,
         source=str(file.parent),
@@ -159,6 +161,20 @@ def read_offline_run(file: Path) -> Run:
         tags=list(state.get("tags") or []),
         start=state.get("start_time") or "",
     )
+
+
+def recorded_state(state: str, summary: Mapping[str, Any]) -> str:
+    """A run's state from W&B's (``finished``, ``failed``, ``crashed``, ``running``) and what ``vit fit`` recorded in
+    its summary (:data:`vit.loggers.STATUS_KEY`): a fit stopped by Ctrl-C or SIGTERM ends its process normally, so
+    W&B says ``finished`` of a run that left a partial ``last.ckpt``; ``vit fit`` says ``interrupted``."""
+    from vit.loggers import STATUS_KEY
+
+    recorded = summary.get(STATUS_KEY)
+    if recorded in ("interrupted", "failed") and state in ("finished", "crashed", "failed"):
+        return str(recorded)
+    if recorded == "running" and state == "finished":  # ended without saying how: killed before its end
+        return "interrupted"
+    return state
 
 
 def read_offline_runs(paths: Iterable[str | Path]) -> list[Run]:
@@ -263,7 +279,7 @@ def read_online_runs(project: str, group: str | None, last: int | None, metric: 
                     history=history,
                     run_id=run.id,
                     kind=run.job_type or "",
-                    state=run.state,
+                    state=recorded_state(run.state, summary),
                     tags=list(run.tags or []),
                 )
             )
@@ -291,4 +307,4 @@ def select(runs: list[Run], everything: bool = False) -> tuple[list[Run], str | 
     if not left:
         return kept, None
     what = ", ".join(f"{count} {reason}" for reason, count in sorted(left.items()))
-    return kept, f"left out {sum(left.values())} run(s): {what}; --all shows them"
+    return kept, f"left out {plural(sum(left.values()), 'run')}: {what}; --all shows them"

@@ -114,6 +114,8 @@ def load_rgb(path: str | Path, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.
         ImageTooLargeError: ``cannot read image <path>: <W>x<H> pixels ...`` above ``max_pixels`` (an ``OSError``).
         OSError: ``cannot read image <path>: <reason>`` when the file is missing, truncated, corrupt, or not an image.
     """
+    if os.path.islink(path) and not os.path.exists(path):
+        raise OSError(f"cannot read image {path}: a broken symbolic link (to {os.readlink(path)}, which is missing)")
     return decode_rgb(path, path, max_pixels)
 
 

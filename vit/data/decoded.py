@@ -112,7 +112,10 @@ def listing_hash(files: Sequence[str | Path], root: str | Path, *extra: object) 
     """
     digest = hashlib.sha256(json.dumps([CACHE_VERSION, [str(e) for e in extra]]).encode())
     for file in files:
-        stat = os.stat(file)
+        try:
+            stat = os.stat(file)
+        except FileNotFoundError:  # a broken symbolic link: the link itself; decoding names it (or skips it)
+            stat = os.lstat(file)
         digest.update(f"{os.path.relpath(file, root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import write_bytes, write_text
+from ..text import plural
 
 EVALUATION_FILE = "evaluation.json"
 MAX_TABLE_CLASSES = 20
@@ -68,7 +69,7 @@ def render_html(result: Mapping[str, Any], pictures: Mapping[str, bytes]) -> str
 
 def summary_table(result: Mapping[str, Any]) -> str:
     """The terminal's short table: the headline numbers, then precision / recall / F1 / support per class."""
-    lines = [f"evaluation of {result['num_images']} images"]
+    lines = [f"evaluation of {plural(result['num_images'], 'image')}"]
     head = [("accuracy", result["accuracy"]), ("top-5", result.get("top5")), ("macro F1", result["macro"]["f1"])]
     head += [("NLL", result["nll"]), ("Brier", result["brier"]), ("ECE", result["ece"]), ("MCE", result["mce"])]
     lines.append("  ".join(f"{name} {value:.4f}" for name, value in head if value is not None))

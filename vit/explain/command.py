@@ -38,6 +38,7 @@ from pathlib import Path
 
 from ..checkpoints.naming import add_checkpoint_arguments, find_checkpoint
 from ..errors import ArgumentParser, InputError, UsageError, VitError, add_switch, error_message, fail
+from ..text import plural
 from .arguments import explorer_bits, find_images, new_folder, pixel_limit
 from .choice import choice_path, stored_choice, stored_line
 from .progress import stop_all
@@ -307,7 +308,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     written += [f"mistakes {out / 'mistakes.png'}"] if mistakes is not None and len(mistakes) else []
     written += [f"report {args.html}"] if args.html else []
     seconds = time.perf_counter() - start
-    print(f"explained {len(files)} images in {seconds:.1f} s: {', '.join(written)}", file=sys.stderr)
+    print(f"explained {plural(len(files), 'image')} in {seconds:.1f} s: {', '.join(written)}", file=sys.stderr)
     return 0
 
 
@@ -336,7 +337,7 @@ def run(
         files, pixels, labels = load_split(explainer, args.limit)
     else:
         pixels = load_images(explainer, files, args.max_image_pixels)
-    progress.close(f"checkpoint and {len(files)} images in {progress.seconds:.1f} s; {threads}")
+    progress.close(f"checkpoint and {plural(len(files), 'image')} in {progress.seconds:.1f} s; {threads}")
     removals = removals_for(explainer.model, args.removals)  # without --removal: mean, which every model has
     tuning = tune(explainer, methods if named else None, args, removals if args.removal else TUNE_REMOVALS, command)
     if tuning is not None:

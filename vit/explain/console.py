@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..text import plural
+
 MISTAKE = "<- wrong"
 """The mark after an image whose prediction is not its true class."""
 
@@ -32,7 +34,7 @@ def prediction_lines(explanation: Any, files: Sequence[Any]) -> list[str]:
             line += f"  true {explanation.class_name(label)}" + (f"  {MISTAKE}" if pred != label else "")
         lines.append(line.rstrip())
     if known:
-        lines.append(f"accuracy {(known - wrong) / known:.1%}: {wrong} of {known} images wrong")
+        lines.append(f"accuracy {(known - wrong) / known:.1%}: {wrong} of {plural(known, 'image')} wrong")
     return lines
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from vit.errors import ArgumentParser, UsageError
 
 from .budget import BUDGET_KEYS, rung_budgets
-from .spec import Sweep, read_sweep
+from .spec import Sweep, parse_sweep, read_sweep
 
 
 def build_parser(prog: str = "vit sweep") -> argparse.ArgumentParser:
@@ -29,6 +29,10 @@ def build_parser(prog: str = "vit sweep") -> argparse.ArgumentParser:
     parser.add_argument("--budget", help="time of every trial (5m), or of each rung of successive halving (5m,15m,45m)")
     parser.add_argument("--workers", type=int, default=1, help="worker processes on this machine (default 1)")
     parser.add_argument("--storage", help="an SQLAlchemy URL (postgresql://...) for workers on many machines")
+    parser.add_argument(
+        "--name",
+        help="the sweep's name: its folder, Optuna study and W&B group (default: the file's name, else its stem)",
+    )
     parser.add_argument("--out", type=Path, help="the sweep folder (default runs/sweeps/<name>)")
     parser.add_argument("--trials", type=int, help="configurations of rung 0 (default: run_cap, or the whole grid)")
     parser.add_argument("--eta", type=int, help="keep the best 1/eta of a rung (default: early_terminate's eta, or 3)")
@@ -80,9 +84,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit sweep") -> int:
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = build_parser(prog).parse_args(argv[: len(argv) - len(extra) - (1 if "--" in argv else 0)])
     sweep = read_sweep(args.file)
+    if args.name:  # in the file's keys, so that the study's record and the workers have it
+        sweep = parse_sweep({**sweep.raw, "name": args.name}, sweep.source)
     budgets = check(args, sweep)
     count = rung_zero_size(sweep, args.trials)
     folder = args.out or Path("runs", "sweeps", sweep.name)
+    if not args.report:  # every parameter and value against the config, before anything is created
+        from .check import check_against_config
+
+        check_against_config(sweep, [*sweep.fit_args, *extra], budgets[0] if budgets else None)
     from .driver import Sweeper
 
     plan_args = {"budgets": budgets, "count": count, "eta": args.eta or sweep.eta or 3, "seed": args.seed}

@@ -16,6 +16,7 @@ import optuna
 
 from vit.atomic import write_text
 from vit.errors import EXIT_BAD_INPUT, EXIT_OK, UsageError
+from vit.text import plural
 
 from .budget import format_duration
 from .halving import Plan, load_rung, open_sweep, rung_status
@@ -56,8 +57,8 @@ class Sweeper:
     def run(self, workers: int) -> int:
         """Open or resume the study, run ``workers`` workers until the last rung is finished, then report."""
         plan = self.plan
-        study, resumed = open_sweep(self.storage, plan, sampler(plan.sweep, plan.seed))
         where = describe(self.storage, self.folder)
+        study, resumed = open_sweep(self.storage, plan, sampler(plan.sweep, plan.seed), self.remedy())
         if resumed:
             lost = reap_lost_trials(study, self.max_retry)
             again = f"; trials {', '.join(map(str, lost))} had lost their worker: enqueued again" if lost else ""
@@ -65,7 +66,7 @@ class Sweeper:
                 stamp(f"resuming sweep {plan.sweep.name} ({where}): {summary(rows(self.storage, plan), plan)}{again}")
             )
         else:
-            print(stamp(f"starting sweep {plan.sweep.name} ({where}): {plan.count} configurations, method "
+            print(stamp(f"starting sweep {plan.sweep.name} ({where}): {plural(plan.count, 'configuration')}, method "
                         f"{plan.sweep.method}, {plan.sweep.metric} ({plan.sweep.goal}), budgets "
                         f"{budget_text(plan.budgets)}, keep 1/{plan.eta} per rung, "
                         f"{workers} worker{'s' * (workers != 1)}"))  # fmt: skip
@@ -86,6 +87,15 @@ class Sweeper:
             raise UsageError(f"{len(failed)} of {workers} workers stopped (exit status {failed[0]}) before the sweep "
                              f"finished; `vit sweep {plan.sweep.source}` again resumes it")  # fmt: skip
         return status
+
+    def remedy(self) -> str:
+        """What to do about a study of the same name started with another sweep file or options."""
+        name, source = self.plan.sweep.name, self.plan.sweep.source
+        if self.url is None:
+            return (f"Run this one under another name (vit sweep {source} --name NEW), or remove {self.folder} to "
+                    "start this one in its place")  # fmt: skip
+        return (f"Run this one under another name (vit sweep {source} --name NEW), or delete the study {name} (and "
+                f"its {name}.rungN) from --storage to start this one in its place")  # fmt: skip
 
     def write_plan(self) -> Path:
         """``plan.json`` in the sweep folder: what this machine's workers run (the storage URL goes through their
@@ -117,7 +127,7 @@ class Sweeper:
             line = (f"rung {rung + 1}/{plan.rungs}{budget}: {s.complete} done, {s.running} running, {s.failed} failed,"
                     f" {s.waiting} waiting of {s.size}")  # fmt: skip
             if s.best is not None:
-                line += f"; best {plan.sweep.metric} {s.best.value:.4f} (trial {s.best.number})"
+                line += f"; best {plan.sweep.metric} (last) {s.best.value:.4f} (trial {s.best.number})"
             if not s.done:
                 break
         return line

@@ -81,13 +81,19 @@ class Plan:
         return cls(sweep, data["budgets"], data["count"], data["eta"], fit_args, data["seed"], data["sweep"])
 
 
-def open_sweep(storage: Any, plan: Plan, sampler: Any) -> tuple[optuna.Study, bool]:
+def open_sweep(storage: Any, plan: Plan, sampler: Any, remedy: str = "") -> tuple[optuna.Study, bool]:
     """The rung-0 study of ``plan``: created (a grid's combinations enqueued), or loaded when it exists; ``True`` when
     it existed.
 
+    Args:
+        storage: The study's storage.
+        plan: The plan of this start.
+        sampler: The sampler of rung 0.
+        remedy: What to do about a study that holds another plan (a sentence), after its differences.
+
     Raises:
-        UsageError: When the study holds another plan (a changed sweep file, budget, count, eta or seed): a sweep is
-            never silently replaced, nor mixed with another.
+        UsageError: When the study holds another plan (a changed sweep file, budget, count, eta or seed), naming the
+            keys that differ: a sweep is never silently replaced, nor mixed with another.
     """
     study = load_rung(storage, plan, 0)
     if study is None:
@@ -96,14 +102,45 @@ def open_sweep(storage: Any, plan: Plan, sampler: Any) -> tuple[optuna.Study, bo
         if study.user_attrs.get(PLAN_ATTR) == plan.fingerprint():
             return study, False
     stored = study.user_attrs.get(PLAN_ATTR) or {}
-    mine = plan.fingerprint()
-    if stored != mine:
-        key = next((k for k in mine if stored.get(k) != mine[k]), "plan")
+    if stored != plan.fingerprint():
         raise UsageError(
-            f"the study {plan.sweep.name!r} already holds a sweep whose {key} differs ({stored.get(key)!r} there, "
-            f"{mine[key]!r} now): resume it with the same sweep file and options, or give this one another name"
+            f"the study {plan.sweep.name!r} was started with another sweep: {plan_differences(stored, plan)}. "
+            f"{remedy or 'Give this one another name'}"
         )
     return study, True
+
+
+_OPTIONS = {"budgets": "--budget", "count": "configurations (--trials, run_cap)", "eta": "--eta", "seed": "--seed"}
+
+
+def plan_differences(stored: dict[str, Any], plan: Plan, most: int = 3) -> str:
+    """The keys where the ``stored`` plan differs from ``plan``'s, with both values (the sweep file's keys by their
+    dotted path, ``parameters.model.lr.max``; the options by their flag), at most ``most`` of them."""
+    mine = plan.fingerprint()
+    found = _differences(stored.get("sweep"), mine["sweep"], "")
+    found += [(_OPTIONS[key], stored.get(key), mine[key]) for key in _OPTIONS if stored.get(key) != mine[key]]
+    parts = [f"{key} {_short(old)} there, {_short(new)} now" for key, old, new in found[:most]]
+    more = len(found) - most
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+_ABSENT = object()
+
+
+def _differences(old: Any, new: Any, key: str) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, old, new)`` of every leaf where two loaded YAML mappings differ."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        found = []
+        for name in [*old, *(k for k in new if k not in old)]:
+            child = f"{key}.{name}" if key else str(name)
+            found += _differences(old.get(name, _ABSENT), new.get(name, _ABSENT), child)
+        return found
+    return [] if old == new else [(key or "the sweep file", old, new)]
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = "absent" if value is _ABSENT else json.dumps(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def load_rung(storage: Any, plan: Plan, rung: int) -> optuna.Study | None:

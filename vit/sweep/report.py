@@ -19,6 +19,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from vit.atomic import write_bytes, write_text
+from vit.text import plural
 
 from .budget import format_duration
 from .halving import CONFIG_ATTR, Plan, counted, is_retry, load_rung
@@ -69,12 +70,13 @@ def _cell(value: Any) -> str:
 
 def table(found: Sequence[Row], plan: Plan) -> str:
     """The trials as a text table, each rung best first: rung, budget, trial, configuration, the searched values,
-    the metric, and the run folder or what stopped the trial."""
+    the metric as the trial's fit ended (``val/acc (last)``: a trial's value is its last, not its best), and the run
+    folder or what stopped the trial."""
     names = [p.name for p in plan.sweep.searched]
     short = {n: n.rsplit(".", 1)[-1] for n in names}
     if len(set(short.values())) < len(names):
         short = {n: n for n in names}
-    header = ["rung", "budget", "trial", "config", *short.values(), plan.sweep.metric, "run folder / state"]
+    header = ["rung", "budget", "trial", "config", *short.values(), f"{plan.sweep.metric} (last)", "run folder / state"]
     body = []
     order = sorted(found, key=lambda r: (r.rung, r.trial.state != TrialState.COMPLETE, _rank(r, plan)))
     for r in order:
@@ -245,6 +247,9 @@ def progress_figure(found: Sequence[Row], plan: Plan):
         by_trial.scatter([index[id(r)] for r in done], [r.trial.value for r in done], label=label, s=28)
         minutes = [(r.trial.datetime_complete - origin).total_seconds() / 60 for r in done]
         by_time.scatter(minutes, [r.trial.value for r in done], label=label, s=28)
+    from matplotlib.ticker import MaxNLocator
+
+    by_trial.xaxis.set_major_locator(MaxNLocator(integer=True))  # trial 1, 2, 3: never 1.2
     by_trial.set_xlabel("trial (in the order started)")
     by_time.set_xlabel("minutes since the sweep started (trial's end)")
     by_trial.set_ylabel(plan.sweep.metric)
@@ -269,11 +274,12 @@ def summary(found: Sequence[Row], plan: Plan) -> str:
     """One line: configurations, trials by state, the best trial."""
     states = [r.trial.state for r in found]
     best = best_row(found, plan)
-    text = (f"{len({r.config for r in found})} configurations, {len(found)} trials: "
+    text = (f"{plural(len({r.config for r in found}), 'configuration')}, {plural(len(found), 'trial')}: "
             f"{states.count(TrialState.COMPLETE)} done, {states.count(TrialState.FAIL)} failed, "
             f"{states.count(TrialState.RUNNING)} running, {states.count(TrialState.WAITING)} waiting")  # fmt: skip
     if best is not None:
-        text += f"; best {plan.sweep.metric} {best.trial.value:.4f} (rung {best.rung}, trial {best.trial.number})"
+        value = f"{plan.sweep.metric} (last) {best.trial.value:.4f}"  # a trial's value is its fit's last
+        text += f"; best {value} (rung {best.rung}, trial {best.trial.number})"
     return text
 
 
