@@ -300,6 +300,10 @@ def deploy_config(
     }
 
 
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def run(
     model_source: str | Path, *, host: str = "127.0.0.1", port: int = 8000, print_config: bool = False, **options: Any
 ) -> int:
@@ -313,14 +317,21 @@ def run(
         config = deploy_config(model_source, host=host, port=port, auth=api_key is not None, **options)
         print(yaml.safe_dump(config, sort_keys=False), end="")
         return 0
+    import signal
+
     import ray
 
     ray.init(include_dashboard=False, ignore_reinit_error=True)
-    serve.start(http_options={"host": host, "port": port})
+    # SIGTERM as Ctrl-C: the replicas finish their calls (``grace`` seconds) and a local Ray instance is stopped
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
+        serve.start(http_options={"host": host, "port": port})
+        print(f"vit serve (Ray Serve): {model_source} on http://{host}:{port}: POST /predict, GET /info /health",
+              flush=True)  # fmt: skip
         serve.run(build_app(model_source, **options), name="vit", route_prefix="/", blocking=True)
     except KeyboardInterrupt:
         pass
     finally:
         serve.shutdown()
+        ray.shutdown()
     return 0
