@@ -312,7 +312,8 @@ def plot_load(entry: dict[str, Any], path: str | Path) -> None:
     thr.plot([sat], [sat], "D", color="k", label="saturation (closed loop)")
     thr.plot([0, max(offered)], [0, max(offered)], color="grey", lw=0.8, label="served = offered")
     thr.axhline(entry["offline"]["images_per_s"], color="k", lw=1, ls=":", label="offline batched forward (limit)")
-    thr.set(xlabel="offered load (requests/s)", ylabel="images/s", title="Throughput")
+    top = max(entry["offline"]["images_per_s"], max(offered), *(s["served_ips"] for s in steps))
+    thr.set(xlabel="offered load (requests/s)", ylabel="images/s", title="Throughput", ylim=(0, 1.6 * top))
     thr.legend(fontsize=8)
     fig.suptitle(
         f"vit serve {Path(entry['model']).name}: batches of {entry['max_batch_size']}, queue {entry['max_queue']}, "
