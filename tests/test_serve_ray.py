@@ -163,6 +163,33 @@ def test_a_killed_replica_loses_no_request(ray_url):
     assert after.status_code == 200
 
 
+def test_a_full_queue_answers_503_at_once(ray_url, trained_checkpoint):
+    """A second application with one replica, batches of 1 and a queue of 1: 16 clients at once overflow it, and
+    the overflow is answered 503 with Retry-After, the rest 200; nothing else."""
+    from ray import serve
+
+    from vit.serve.ray_app import build_app
+
+    small = build_app(trained_checkpoint, workers=1, threads=1, cpus_per_replica=0.5, max_batch_size=1, max_queue=1)
+    serve.run(small, name="small", route_prefix="/small")
+    try:
+        image = _png(3)
+
+        def ask(_: int) -> tuple[int, str | None]:
+            answer = requests.post(
+                f"{ray_url}/small/predict", data=image, headers={"Content-Type": "image/png"}, timeout=120
+            )
+            return answer.status_code, answer.headers.get("Retry-After")
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(ask, range(48)))
+    finally:
+        serve.delete("small")
+    codes = [code for code, _ in answers]
+    assert set(codes) == {200, 503}, sorted(set(codes))
+    assert all(retry == "1" for code, retry in answers if code == 503)
+
+
 def test_deploy_config_round_trips(trained_checkpoint):
     """The Serve config is valid for Ray's own schema, and its args rebuild the application through app_builder."""
     import yaml
