@@ -164,25 +164,31 @@ def test_a_killed_replica_loses_no_request(ray_url):
 
 
 def test_a_full_queue_answers_503_at_once(ray_url, trained_checkpoint):
-    """A second application with one replica, batches of 1 and a queue of 1: 16 clients at once overflow it, and
-    the overflow is answered 503 with Retry-After, the rest 200; nothing else."""
+    """A second application with one replica, batches of 1, a queue of 1 and an API key: 16 clients at once overflow
+    it, and the overflow is answered 503 with Retry-After, the rest 200; nothing else. Without the key: 401."""
     from ray import serve
 
     from vit.serve.ray_app import build_app
 
-    small = build_app(trained_checkpoint, workers=1, threads=1, cpus_per_replica=0.5, max_batch_size=1, max_queue=1)
+    small = build_app(
+        trained_checkpoint, workers=1, threads=1, cpus_per_replica=0.5, max_batch_size=1, max_queue=1, api_key="k3y"
+    )
     serve.run(small, name="small", route_prefix="/small")
     try:
         image = _png(3)
 
         def ask(_: int) -> tuple[int, str | None]:
-            answer = requests.post(
-                f"{ray_url}/small/predict", data=image, headers={"Content-Type": "image/png"}, timeout=120
-            )
+            headers = {"Content-Type": "image/png", "Authorization": "Bearer k3y"}
+            answer = requests.post(f"{ray_url}/small/predict", data=image, headers=headers, timeout=120)
             return answer.status_code, answer.headers.get("Retry-After")
 
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(ask, range(48)))
+        denied = requests.post(
+            f"{ray_url}/small/predict", data=image, headers={"Content-Type": "image/png"}, timeout=60
+        )
+        assert denied.status_code == 401 and "error" in denied.json()
+        assert requests.get(f"{ray_url}/small/health", timeout=30).status_code == 200  # health needs no key
     finally:
         serve.delete("small")
     codes = [code for code, _ in answers]

@@ -231,9 +231,9 @@ def build_app(model_source: str | Path, *, api_key: str | None = None, **options
         api_key: Asked of every request but ``/health`` (``Authorization: Bearer KEY``); ``None``: the replicas read
             ``VIT_SERVE_API_KEY`` when ``auth=True`` is given, else no key.
         **options: ``backend``, ``threads``, ``max_batch_size``, ``batch_timeout``, ``max_image_pixels`` (the model
-            replicas);
-            ``timeout``, ``max_body``, ``auth`` (the front); ``workers`` (replicas), ``autoscale`` (``(min, max)``
-            replicas instead), ``max_queue``, ``cpus_per_replica``, ``grace`` (the deployments).
+            replicas); ``timeout``, ``max_body``, ``auth`` (the front); ``workers`` (replicas), ``autoscale``
+            (``(min, max)`` replicas instead), ``max_queue``, ``cpus_per_replica`` (default: ``threads``, else 1),
+            ``grace`` (the deployments).
     """
     auth = bool(options.pop("auth", False)) or api_key is not None
     model, front, shape = _split(dict(options))
