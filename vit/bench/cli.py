@@ -23,6 +23,10 @@ Suites (``--suite model|attention|data|explorer|recipe|all``), each printing a t
   attention entropy, gradient norm and update/weight ratio; per variant the largest stable learning rate
   (Wortsman et al., 2023). It trains dozens of models (minutes each on a CPU), so ``--suite all`` leaves it out:
   ask for it with ``--suite recipe``.
+- ``serve``: ``vit serve`` under load from locust on the loopback interface: the offline batched rate (the limit),
+  images/s at saturation, latency percentiles against offered load, 200 or 503 only (none lost) at twice the
+  saturation rate, an optional soak, torch against ONNX Runtime at batch 1 (:mod:`vit.bench.serve_suite`); ask for
+  it with ``--suite serve --serve_model MODEL``.
 - ``corruption``: generation time of the 15 common corruptions x 5 severities on real CIFAR-10 test images
   (``--corruption_data``), per corruption with where its time goes, and the disk cache's write and read; ask for it
   with ``--suite corruption``.
@@ -239,6 +243,35 @@ def _corruption_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {"data_dir": args.corruption_data, "images": args.corruption_images}
 
 
+def _serve_options(parser: argparse.ArgumentParser) -> None:
+    serve = parser.add_argument_group("serve suite (vit serve under load, locust on 127.0.0.1)")
+    serve.add_argument("--serve_model", help="what vit serve takes: a checkpoint or a vit export folder")
+    serve.add_argument("--serve_batch_size", type=int, default=8, help="the server's --max_batch_size (default: 8)")
+    serve.add_argument("--serve_queue", type=int, default=64, help="the server's --max_queue (default: 64)")
+    serve.add_argument("--serve_seconds", type=float, default=20.0, help="seconds of each load run (default: 20)")
+    serve.add_argument(
+        "--serve_loads", nargs="+", type=float, default=[0.25, 0.5, 0.75, 1.0, 1.5, 2.0],
+        help="offered loads, fractions of the saturation rate (default: %(default)s)",
+    )  # fmt: skip
+    serve.add_argument("--serve_backends", nargs="*", choices=("torch", "onnx"), default=["torch", "onnx"])
+    serve.add_argument("--serve_soak_s", type=float, default=0.0, help="seconds at half load, memory before/after")
+    serve.add_argument("--serve_figure", help="the figure (default: beside --json, else serve_load.png)")
+    serve.add_argument(
+        "--serve_short", action="store_true", help="a quick check: 3 s runs, loads 0.5 and 2, torch only"
+    )
+
+
+def _serve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    short = args.serve_short
+    return {
+        "model": args.serve_model, "threads": args.threads, "max_batch_size": args.serve_batch_size,
+        "max_queue": args.serve_queue, "seconds": 3.0 if short else args.serve_seconds,
+        "fractions": [0.5, 2.0] if short else args.serve_loads,
+        "backends": ["torch"] if short else args.serve_backends, "soak_s": args.serve_soak_s,
+        "figure": args.serve_figure,
+    }  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Suite:
     """One suite of the command: the function that measures and reports (``"module:function"``, imported only when
@@ -276,6 +309,10 @@ SUITES: dict[str, Suite] = {
         _corruption_settings,
         device=False,
         in_all=False,
+    ),
+    # starts vit serve and locust as subprocesses for minutes: only when asked for
+    "serve": Suite(
+        "vit.bench.serve_suite:run_serve_suite", _serve_options, _serve_settings, device=False, in_all=False
     ),
 }
 """The suites in the order ``--suite all`` runs them; a new suite is one entry here (and its module)."""

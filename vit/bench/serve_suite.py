@@ -1,0 +1,432 @@
+"""``vit bench --suite serve``: ``vit serve`` under load, driven by locust on the loopback interface.
+
+The suite starts ``vit serve MODEL`` as a subprocess on ``127.0.0.1`` (a free port), waits for ``/health`` and then
+measures, each number against the one it should be compared with:
+
+- ``offline_images_per_s``: the model's own rate, :meth:`ServeModel.predict` on full batches (``max_batch_size``)
+  in this process with the server's thread count: the limit no server on these cores can pass.
+- ``saturation``: images/s the server answers 200 when ``4 x max_batch_size`` clients (at most ``max_queue``) ask
+  without pause (closed loop); its ratio to the offline rate is what HTTP, decoding and batching cost.
+- ``unloaded``: the latency of single requests one after another (nothing else in flight), against ``loads``:
+  latency percentiles (p50, p90, p99 of the 200 answers) and served images/s at offered loads that are fractions
+  of the saturation rate (0.5: half; 2: twice what the server can do). Above saturation the clients outnumber
+  ``max_queue``, so the server must shed load: every request must be answered 200 or 503 (``lost`` counts the
+  requests refused, reset, timed out or never answered).
+- ``backends``: torch against ONNX Runtime at batch 1 (a ``vit export --onnx`` folder, exported to a temporary
+  folder when MODEL is a checkpoint): offline forward time and served unloaded latency.
+- ``soak`` (``soak_s > 0``): half the saturation rate for ``soak_s`` seconds; the server's resident memory (its
+  process and children) at the start and the end.
+
+Every locust run is bounded in clients, requests and seconds and stops by itself. The report goes to the JSON
+(``report["serve"]``) and a figure (latency percentiles and throughput against offered load).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vit.bench.harness import BenchError, check, log, print_table, write_report
+
+LOCUSTFILE = Path(__file__).with_name("serve_locustfile.py")
+STARTUP_S = 300.0
+"""Seconds ``vit serve`` may take to answer ``/health`` (loading torch and the model on a busy machine)."""
+
+
+def free_port() -> int:
+    """A TCP port of the loopback interface that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    """A running ``vit serve`` subprocess: its URL and process."""
+
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+
+@contextlib.contextmanager
+def serving(
+    model: str | Path, folder: Path, *, options: Sequence[str] = (), startup_s: float = STARTUP_S
+) -> Iterator[Server]:
+    """``vit serve model`` on ``127.0.0.1`` and a free port, ready (``/health`` answers 200); stopped (SIGTERM, then
+    SIGKILL after 30 s) on exit. Its output goes to a log file in ``folder``."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "vit", "serve", str(model), "--host", "127.0.0.1", "--port", str(port), *options]
+    log_path = folder / f"serve-{port}.log"
+    with open(log_path, "wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(url, process, log_path)
+    try:
+        deadline = time.monotonic() + startup_s
+        while not _healthy(url):
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise BenchError(f"vit serve {model} did not become ready on {url}:\n{tail}")
+            time.sleep(0.5)
+        yield server
+    finally:
+        _stop(process)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+            return answer.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its children (LitServe's workers are processes)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += process.memory_info().rss
+    return total
+
+
+def unloaded_ms(url: str, image: Path, requests: int) -> list[float]:
+    """Milliseconds of ``requests`` single requests one after another (the first, a warm-up, is left out)."""
+    data, headers = image.read_bytes(), {"Content-Type": "image/png"}
+    times = []
+    for _ in range(requests + 1):
+        start = time.perf_counter()
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/predict", data, headers), timeout=60) as answer:
+            answer.read()
+        times.append((time.perf_counter() - start) * 1000)
+    return times[1:]
+
+
+def drive(
+    server: Server,
+    image: Path,
+    folder: Path,
+    *,
+    users: int,
+    rate: float,
+    seconds: float,
+    timeout: float = 60.0,
+    bad_every: int = 0,
+    max_requests: int = 0,
+) -> dict[str, Any]:
+    """One bounded locust run against ``server``: ``users`` clients of ``rate`` requests/s each (``0``: no pause)
+    for ``seconds`` (then the answers still out are awaited); the answers by status, the latencies of the 200
+    answers and the server's memory.
+
+    Returns:
+        ``offered_rps`` (``users x rate``, ``None`` without pause), ``sent``, ``bad`` (of them without an image),
+        ``status`` (count per status code as a string; ``"0"``: no answer), ``lost`` (sent but not answered by the
+        server), ``errors`` (client-side kinds), ``served_ips`` (200 answers per second), ``p50_ms``, ``p90_ms``,
+        ``p99_ms``, ``rss_start``, ``rss_end``.
+    """
+    out = folder / f"locust-{time.monotonic_ns()}.json"
+    env = {**os.environ, "VIT_LOCUST_IMAGE": str(image), "VIT_LOCUST_RATE": str(rate),
+           "VIT_LOCUST_TIMEOUT": str(timeout), "VIT_LOCUST_BAD_EVERY": str(bad_every),
+           "VIT_LOCUST_MAX_REQUESTS": str(max_requests), "VIT_LOCUST_OUT": str(out),
+           "VIT_LOCUST_SECONDS": str(seconds)}  # fmt: skip
+    command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(users), "-r",
+               str(users), "--run-time", f"{round(seconds + timeout) + 10}s", "--stop-timeout", "5",
+               "--host", server.url, "--only-summary", "--loglevel", "WARNING"]  # fmt: skip
+    rss_start = rss_bytes(server.process.pid)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=seconds + timeout + 60)
+    except subprocess.TimeoutExpired as err:
+        raise BenchError(f"locust did not stop by itself within {seconds + timeout + 60:.0f} s") from err
+    if not out.exists():
+        raise BenchError(f"locust wrote no record (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    record = json.loads(out.read_text())
+    status = {k: int(v) for k, v in record["status"].items()}
+    answered = sum(v for k, v in status.items() if k != "0")
+    ok = np.asarray(record["ok_ms"], dtype=float)
+    span = (record["last"] - record["first"]) if record["first"] is not None else 0.0
+    return {
+        "users": users,
+        "offered_rps": users * rate if rate > 0 else None,
+        "seconds": seconds,
+        "sent": record["sent"],
+        "bad": record["bad"],
+        "status": status,
+        "lost": record["sent"] - answered,
+        "errors": record["errors"],
+        "served_ips": status.get("200", 0) / span if span > 0 else 0.0,
+        **{f"p{q}_ms": float(np.percentile(ok, q)) if ok.size else None for q in (50, 90, 99)},
+        "rss_start": rss_start,
+        "rss_end": rss_bytes(server.process.pid),
+    }
+
+
+def noise_image(folder: Path, size: int, seed: int = 0) -> Path:
+    """A PNG of random pixels, ``size`` square: every request decodes, resizes and classifies it."""
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    path = folder / f"image-{size}.png"
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def offline_rate(served: Any, image: Path, *, batch: int, seconds: float) -> dict[str, Any]:
+    """:meth:`ServeModel.predict` of ``served`` on batches of ``batch`` copies of ``image`` in this process for about
+    ``seconds`` (after one warm-up batch): images/s and milliseconds per batch."""
+    images = [served.decode(image.read_bytes())] * batch
+    served.predict(images)
+    times = []
+    start = time.perf_counter()
+    while not times or time.perf_counter() - start < seconds:
+        tick = time.perf_counter()
+        served.predict(images)
+        times.append(time.perf_counter() - tick)
+    return {"backend": served.backend, "batch": batch, "images_per_s": batch * len(times) / sum(times),
+            "batch_ms": 1000 * float(np.median(times))}  # fmt: skip
+
+
+def load_model(model: str | Path, backend: str, threads: int | None) -> Any:
+    """The :class:`~vit.serve.model.ServeModel` the server runs, in this process (with ``threads``, torch's thread
+    count: the bench's own, ``--threads``)."""
+    from vit.serve.model import ServeModel
+
+    return ServeModel(model, backend=backend, threads=threads)
+
+
+def onnx_folder(model: str | Path, folder: Path) -> Path:
+    """``model`` itself when it is a ``vit export --onnx`` folder, else its export to ``folder/onnx``."""
+    from vit.export import ONNX_FILE
+
+    source = Path(model)
+    if source.is_dir() and (source / ONNX_FILE).is_file():
+        return source
+    out = folder / "onnx"
+    command = [sys.executable, "-m", "vit", "export", "--ckpt_path", str(source), "--out", str(out), "--onnx"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise BenchError(f"vit export --onnx of {source} failed:\n{done.stderr[-1500:]}")
+    return out
+
+
+def server_options(*, backend: str, threads: int | None, max_batch_size: int, max_queue: int) -> list[str]:
+    """``vit serve``'s options of the suite's server: one worker with the suite's threads."""
+    options = ["--backend", backend, "--max_batch_size", str(max_batch_size), "--max_queue", str(max_queue)]
+    return options + (["--threads", str(threads)] if threads else [])
+
+
+def load_sweep(
+    server: Server, image: Path, folder: Path, *, fractions: Sequence[float], saturation: float,
+    max_batch_size: int, max_queue: int, seconds: float,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """One locust run per offered load, ``fraction x saturation`` requests/s: up to saturation ``2 x
+    max_batch_size`` clients (enough to keep batches full), above it more clients than ``max_queue`` holds."""
+    steps = []
+    for fraction in fractions:
+        users = 2 * max_batch_size if fraction <= 1 else max_queue + 2 * max_batch_size
+        step = drive(server, image, folder, users=users, rate=fraction * saturation / users, seconds=seconds)
+        step["fraction"] = fraction
+        steps.append(step)
+        log(f"serve: {fraction:g} x saturation ({step['offered_rps']:.1f} req/s offered): {step['served_ips']:.1f} "
+            f"img/s, p50 {step['p50_ms'] or float('nan'):.0f} ms, p99 {step['p99_ms'] or float('nan'):.0f} ms, "
+            f"status {step['status']}, lost {step['lost']}")  # fmt: skip
+    return steps
+
+
+def compare_backends(
+    model: str | Path, image: Path, folder: Path, *, backends: Sequence[str], threads: int | None, requests: int
+) -> list[dict[str, Any]]:
+    """Per backend at batch 1: the offline forward time and the served latency of single requests, unloaded."""
+    rows = []
+    for backend in backends:
+        try:
+            source = onnx_folder(model, folder) if backend == "onnx" else model
+            row = offline_rate(load_model(source, backend, threads), image, batch=1, seconds=2.0)
+            options = server_options(backend=backend, threads=threads, max_batch_size=1, max_queue=8)
+            with serving(source, folder, options=options) as server:
+                times = unloaded_ms(server.url, image, requests)
+            row.update(served_p50_ms=float(np.median(times)), served_p90_ms=float(np.percentile(times, 90)))
+        except (BenchError, ImportError) as err:
+            row = {"backend": backend, "skipped": str(err).splitlines()[0]}
+        log(f"serve: backend {backend} at batch 1: {row}")
+        rows.append(row)
+    return rows
+
+
+def plot_load(entry: dict[str, Any], path: str | Path) -> None:
+    """Latency percentiles (left) and served images/s with 503 answers/s (right) against offered requests/s."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted(entry["loads"], key=lambda s: s["offered_rps"])
+    offered = [s["offered_rps"] for s in steps]
+    fig, (lat, thr) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for q, style in ((50, "o-"), (90, "s--"), (99, "^:")):
+        lat.plot(offered, [s[f"p{q}_ms"] for s in steps], style, label=f"p{q} (200 answers)")
+    lat.axhline(entry["unloaded_p50_ms"], color="grey", lw=1, label="one unloaded request (p50)")
+    lat.axvline(entry["saturation"]["served_ips"], color="k", lw=0.8, ls="--", label="saturation")
+    lat.set(xlabel="offered load (requests/s)", ylabel="latency (ms)", yscale="log", title="Latency")
+    lat.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    lat.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    lat.legend(fontsize=8)
+    thr.plot(offered, [s["served_ips"] for s in steps], "o-", label="served (200/s)")
+    busy = [s["status"].get("503", 0) / s["seconds"] for s in steps]
+    thr.plot(offered, busy, "x--", color="tab:red", label="shed (503/s)")
+    sat = entry["saturation"]["served_ips"]
+    thr.plot([sat], [sat], "D", color="k", label="saturation (closed loop)")
+    thr.plot([0, max(offered)], [0, max(offered)], color="grey", lw=0.8, label="served = offered")
+    thr.axhline(entry["offline"]["images_per_s"], color="k", lw=1, ls=":", label="offline batched forward (limit)")
+    top = max(entry["offline"]["images_per_s"], max(offered), *(s["served_ips"] for s in steps))
+    thr.set(xlabel="offered load (requests/s)", ylabel="images/s", title="Throughput", ylim=(0, 1.6 * top))
+    thr.legend(fontsize=8)
+    fig.suptitle(
+        f"vit serve {Path(entry['model']).name}: batches of {entry['max_batch_size']}, queue {entry['max_queue']}, "
+        f"threads {entry['threads'] or 'default'}, load average {entry['load_before'][0]:.1f} before"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def print_loads(entry: dict[str, Any]) -> None:
+    """The load sweep as a table."""
+    rows = [{**s, "200": s["status"].get("200", 0), "503": s["status"].get("503", 0)} for s in entry["loads"]]
+    print_table(
+        f"vit serve under load ({Path(entry['model']).name}, batches of {entry['max_batch_size']}, "
+        f"queue {entry['max_queue']}; offline limit {entry['offline']['images_per_s']:.1f} img/s)",
+        rows,
+        [("fraction", "x saturation", "g"), ("offered_rps", "offered req/s", ".1f"),
+         ("served_ips", "served img/s", ".1f"), ("p50_ms", "p50 ms", ".1f"), ("p99_ms", "p99 ms", ".1f"),
+         ("200", "200", "d"), ("503", "503", "d"), ("lost", "lost", "d")],
+    )  # fmt: skip
+
+
+def serve_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The suite's PASS / FAIL lines: overloads shed with 503 and lose nothing; the other numbers as details."""
+    over = [s for s in entry["loads"] if s["fraction"] > 1]
+    codes = sorted({code for s in over for code in s["status"]})
+    lost = sum(s["lost"] for s in over)
+    half = min(entry["loads"], key=lambda s: abs(s["fraction"] - 0.5))
+    checks = [
+        check("serve: overload answered 200 or 503 only, none lost", bool(over) and set(codes) <= {"200", "503"}
+              and lost == 0, f"status codes {codes}, lost {lost}"),  # fmt: skip
+        check("serve: saturation against the offline limit", True,
+              f"{entry['saturation']['served_ips']:.1f} img/s served, {entry['offline']['images_per_s']:.1f} offline"),
+        check("serve: latency at half load against unloaded", True,
+              f"p50 {half['p50_ms'] or float('nan'):.1f} ms, p99 {half['p99_ms'] or float('nan'):.1f} ms at "
+              f"{half['offered_rps']:.1f} req/s; unloaded p50 {entry['unloaded_p50_ms']:.1f} ms"),
+    ]  # fmt: skip
+    if entry.get("soak"):
+        soak = entry["soak"]
+        rss = f"RSS {soak['rss_start'] / 2**20:.0f} -> {soak['rss_end'] / 2**20:.0f} MiB"
+        checks.append(check("serve: soak", soak["lost"] == 0, f"{soak['seconds']:.0f} s, {rss}, lost {soak['lost']}"))
+    return checks
+
+
+def run_serve_suite(
+    *,
+    report: dict[str, Any],
+    model: str | None,
+    threads: int | None = None,
+    max_batch_size: int = 8,
+    max_queue: int = 64,
+    seconds: float = 20.0,
+    fractions: Sequence[float] = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0),
+    backends: Sequence[str] = ("torch", "onnx"),
+    soak_s: float = 0.0,
+    figure: str | None = None,
+    seed: int = 0,
+    json_path: str | None = None,
+) -> dict[str, Any]:
+    """Measure ``vit serve model`` under load (see the module's docstring), print the table and checks, fill
+    ``report["serve"]``, write the JSON and the figure; returns ``report["serve"]``.
+
+    Args:
+        report: The report to fill (written to ``json_path`` after each stage).
+        model: What ``vit serve`` takes: a checkpoint or a ``vit export`` folder.
+        threads: Threads of the server's worker and of the offline measurement (``None``: the server's default).
+        max_batch_size: The server's ``--max_batch_size`` (and the offline batch).
+        max_queue: The server's ``--max_queue``.
+        seconds: Length of each locust run (saturation and every offered load).
+        fractions: Offered loads as fractions of the saturation rate.
+        backends: Compared at batch 1 (``()``: no comparison).
+        soak_s: Seconds at half the saturation rate, memory measured before and after (``0``: no soak).
+        figure: The PNG (default: beside ``json_path``, else ``serve_load.png``).
+        seed: Seed of the test image.
+        json_path: Where the report is written.
+    """
+    if not model:
+        raise BenchError("--suite serve needs --serve_model: a checkpoint or a vit export folder to serve")
+    if not Path(model).exists():
+        raise BenchError(f"--serve_model {model}: no such file or folder")
+    figure = figure or (str(Path(json_path).with_suffix(".png")) if json_path else "serve_load.png")
+    entry: dict[str, Any] = {"model": str(model), "threads": threads, "max_batch_size": max_batch_size,
+                             "max_queue": max_queue, "seconds": seconds, "load_before": os.getloadavg()}  # fmt: skip
+    report["serve"] = entry
+    with tempfile.TemporaryDirectory(prefix="vit-bench-serve-") as tmp:
+        folder = Path(tmp)
+        served = load_model(model, "torch", threads)
+        image = noise_image(folder, served.input_size[-1], seed)
+        entry["offline"] = offline_rate(served, image, batch=max_batch_size, seconds=min(10.0, seconds))
+        del served
+        log(f"serve: offline batched forward {entry['offline']['images_per_s']:.1f} img/s")
+        options = server_options(backend="torch", threads=threads, max_batch_size=max_batch_size, max_queue=max_queue)
+        with serving(model, folder, options=options) as server:
+            entry["unloaded_ms"] = unloaded_ms(server.url, image, 20)
+            entry["unloaded_p50_ms"] = float(np.median(entry["unloaded_ms"]))
+            users = min(4 * max_batch_size, max_queue)
+            entry["saturation"] = drive(server, image, folder, users=users, rate=0, seconds=seconds)
+            log(f"serve: saturation {entry['saturation']['served_ips']:.1f} img/s")
+            saturation = max(entry["saturation"]["served_ips"], 1.0)
+            entry["loads"] = load_sweep(
+                server, image, folder, fractions=fractions, saturation=saturation,
+                max_batch_size=max_batch_size, max_queue=max_queue, seconds=seconds,
+            )  # fmt: skip
+            write_report(json_path, report)
+            if soak_s > 0:
+                users = 2 * max_batch_size
+                entry["soak"] = drive(server, image, folder, users=users, rate=0.5 * saturation / users, seconds=soak_s)
+        entry["backends"] = compare_backends(model, image, folder, backends=backends, threads=threads, requests=20)
+    entry["load_after"] = os.getloadavg()
+    entry["figure"] = figure
+    plot_load(entry, figure)
+    print_loads(entry)
+    entry["checks"] = serve_checks(entry)
+    write_report(json_path, report)
+    return entry
