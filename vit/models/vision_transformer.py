@@ -5,7 +5,9 @@ training-friendly defaults from Touvron et al., "Training data-efficient image t
 register tokens from Darcet et al., "Vision Transformers Need Registers" (ICLR 2024); local-window blocks
 interleaved with global ones from Li et al., ViTDet (ECCV 2022); sliding windows from Hassani et al.,
 "Neighborhood Attention Transformer" (CVPR 2023) and its dilated form, DiNAT (Hassani & Shi, 2022); linear
-attention from Katharopoulos et al. (ICML 2020); the attention-pooling (MAP) head of SigLIP (Zhai et al., ICCV 2023).
+attention from Katharopoulos et al. (ICML 2020); the attention-pooling (MAP) head of SigLIP (Zhai et al., ICCV 2023);
+for small data, locality self-attention and shifted patch tokens from Lee, Lee & Song (2021) and sequence pooling from
+CCT (Hassani et al., 2021).
 
 Parameter names and shapes follow timm's ``VisionTransformer``, so timm checkpoints load with a plain
 ``load_state_dict``.
@@ -23,23 +25,15 @@ from timm.layers import PatchDropout, trunc_normal_
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import (
-    Attention,
-    AttentionPoolLatent,
-    Block,
-    LinearAttention,
-    NeighborhoodAttention,
-    PatchEmbed,
-    WindowAttention,
-    build_sincos_2d_pos_embed,
-    resample_pos_embed,
-)
+from ..layers import AttentionPoolLatent, Block, SequencePool, build_sincos_2d_pos_embed, resample_pos_embed
 from ..layers.linear_attention import FeatureMap
+from .assembly import AttentionKind, attention_layers, patch_embedding, pool_head
 from .checks import check_arguments, check_sliding
 from .intermediates import IntermediatesMixin
 from .pretrained_cfg import block_feature_info, default_pretrained_cfg
 
-AttentionKind = Literal["global", "window", "sliding", "linear"]
+__all__ = ["AttentionKind", "VisionTransformer", "block_attention_kinds"]
+GlobalPool = Literal["token", "avg", "map", "seqpool"]
 
 
 class VisionTransformer(IntermediatesMixin, nn.Module):
@@ -65,12 +59,17 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         reg_tokens: Number of register tokens after the class token.
         global_pool: ``"token"`` pools the class token, ``"avg"`` the mean of the patch tokens, ``"map"`` a learned
             latent query attending to the patch tokens (:class:`~vit.layers.AttentionPoolLatent`, timm's
-            ``attn_pool``; prefix tokens are not attended to, as in timm).
+            ``attn_pool``; prefix tokens are not attended to, as in timm), ``"seqpool"`` CCT's sequence pooling, a
+            softmax-weighted average of the patch tokens by a learned linear score (:class:`~vit.layers.SequencePool`,
+            as ``attn_pool``).
         latent_len: Number of latent queries of the ``"map"`` head (their outputs are averaged).
         pos_embed: ``"learn"`` (learned table), ``"sincos"`` (fixed 2-D sine-cosine over patches), ``"none"``.
         no_embed_class: With ``"learn"``, give position embeddings to patches only, not to prefix tokens.
         conv_stem: Embed patches with a convolutional stem (3x3 stride-2 convolutions + BatchNorm + ReLU, then a
             1x1 projection; Xiao et al. 2021) instead of one patchify convolution. See :class:`PatchEmbed`.
+        shifted_patches: Shifted patch tokenization (Lee et al. 2021): the image and its four half-patch-shifted
+            copies are embedded together (:class:`~vit.layers.ShiftedPatchEmbed`); with ``conv_stem`` they are the
+            stem's input.
         init_values: Layer-scale initial value; ``None`` disables layer scale.
         fc_norm: Normalise the pooled features instead of the tokens; ``None`` means ``global_pool == "avg"``.
         drop_rate: Dropout before the head.
@@ -92,6 +91,9 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         linear_attention: Every block not in ``global_attn_indexes`` uses :class:`~vit.layers.LinearAttention`
             (same parameters as :class:`~vit.layers.Attention`); needs ``window_size=0``.
         linear_feature_map: Feature map of the linear blocks: ``"elu"`` (``elu + 1``) or ``"relu"``.
+        locality_attention: Locality self-attention (Lee et al. 2021) in the global and block-window blocks: each
+            token's own key masked out, a learned scale per head (:class:`~vit.layers.LocalityAttention`, one more
+            parameter per block). Not with sliding windows or linear attention.
         shift_windows: Shift the window grid by ``w // 2`` in every second window block (Swin); block windows only.
         fused_attn: Use PyTorch's fused attention kernels; ``False`` selects the explicit path.
         norm_layer: Normalisation layer class; default ``LayerNorm(eps=1e-6)`` as in timm and big_vision.
@@ -121,11 +123,12 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         qk_norm: bool = False,
         class_token: bool = True,
         reg_tokens: int = 0,
-        global_pool: Literal["token", "avg", "map"] = "token",
+        global_pool: GlobalPool = "token",
         latent_len: int = 1,
         pos_embed: Literal["learn", "sincos", "none"] = "learn",
         no_embed_class: bool = False,
         conv_stem: bool = False,
+        shifted_patches: bool = False,
         init_values: float | None = None,
         fc_norm: bool | None = None,
         drop_rate: float = 0.0,
@@ -141,6 +144,7 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         shift_windows: bool = False,
         linear_attention: bool = False,
         linear_feature_map: FeatureMap = "elu",
+        locality_attention: bool = False,
         fused_attn: bool = True,
         norm_layer: type[nn.Module] | None = None,
         dynamic_img_size: bool = False,
@@ -162,6 +166,7 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         self.window_dilation = window_dilation
         self.global_attn_indexes = tuple(global_attn_indexes)
         self.linear_attention = linear_attention
+        self.locality_attention = locality_attention
         self.dynamic_img_size = dynamic_img_size
         self.grad_checkpointing = False
         check_arguments(
@@ -170,7 +175,7 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
 
-        self._build_embedding(img_size, patch_size, in_chans, conv_stem, dynamic_img_pad, pos_embed)
+        self._build_embedding(img_size, patch_size, in_chans, conv_stem, shifted_patches, dynamic_img_pad, pos_embed)
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.patch_drop: nn.Module = nn.Identity()
         if patch_drop_rate:
@@ -190,21 +195,17 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         )
         dpr = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # stochastic depth, linear in depth
         kinds = block_attention_kinds({**vars(self), "depth": depth})
-        layers = self._attention_layers(kinds, shift_windows, linear_feature_map)
+        grid, P = self.patch_embed.grid_size, self.num_prefix_tokens
+        layers = attention_layers(
+            kinds, grid, P, window_size, window_dilation, shift_windows, linear_feature_map, locality_attention
+        )
         self.blocks = nn.Sequential(
             *(block(drop_path=rate, attn_layer=layer) for rate, layer in zip(dpr, layers, strict=True))
         )
         self.norm = norm_layer(embed_dim) if not use_fc_norm else nn.Identity()
-        self.attn_pool: AttentionPoolLatent | None = None
-        if global_pool == "map":
-            self.attn_pool = AttentionPoolLatent(
-                embed_dim,
-                num_heads=num_heads,
-                mlp_ratio=mlp_ratio,
-                latent_len=latent_len,
-                norm_layer=norm_layer,
-                fused_attn=fused_attn,
-            )
+        self.attn_pool: AttentionPoolLatent | SequencePool | None = pool_head(
+            global_pool, embed_dim, num_heads, mlp_ratio, latent_len, norm_layer, fused_attn
+        )
         self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -218,16 +219,18 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         patch_size: int | tuple[int, int],
         in_chans: int,
         conv_stem: bool,
+        shifted_patches: bool,
         dynamic_img_pad: bool,
         pos_embed: str,
     ) -> None:
         """The patch embedding, the prefix tokens and the position embedding (zeros until :meth:`init_weights`)."""
         embed_dim = self.embed_dim
-        self.patch_embed = PatchEmbed(
+        self.patch_embed = patch_embedding(
             img_size,
             patch_size,
             in_chans,
             embed_dim,
+            shifted_patches,
             conv_stem=conv_stem,
             dynamic_img_size=self.dynamic_img_size,
             dynamic_img_pad=dynamic_img_pad,
@@ -245,27 +248,6 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
             self.register_buffer("pos_embed", build_sincos_2d_pos_embed(grid_size, embed_dim), persistent=False)
         else:
             self.pos_embed = None
-
-    def _attention_layers(
-        self, kinds: list[AttentionKind], shift_windows: bool, feature_map: FeatureMap
-    ) -> list[type[nn.Module]]:
-        """The attention layer of each block, of its kind; every second window block is shifted by half a window with
-        ``shift_windows`` (Swin)."""
-        grid = dict(grid_size=self.patch_embed.grid_size, num_prefix_tokens=self.num_prefix_tokens)
-        layers: list[type[nn.Module]] = []
-        for i, kind in enumerate(kinds):
-            if kind == "linear":
-                layers.append(partial(LinearAttention, feature_map=feature_map))
-            elif kind == "sliding":
-                layers.append(
-                    partial(NeighborhoodAttention, kernel_size=self.window_size, dilation=self.window_dilation, **grid)
-                )
-            elif kind == "window":
-                shift = self.window_size // 2 if shift_windows and kinds[:i].count("window") % 2 == 1 else 0
-                layers.append(partial(WindowAttention, window_size=self.window_size, shift=shift, **grid))
-            else:
-                layers.append(Attention)
-        return layers
 
     def attention_kinds(self) -> list[AttentionKind]:
         """The attention of each block, in order: ``"global"`` (softmax over all tokens), ``"window"`` (fixed windows,
@@ -313,17 +295,19 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         """The classification head."""
         return self.head
 
-    def reset_classifier(self, num_classes: int, global_pool: Literal["", "token", "avg", "map"] | None = None) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: Literal["", GlobalPool] | None = None) -> None:
         """Replace the head with a freshly initialised one for ``num_classes`` classes (0 for none); leaving
-        ``"map"`` drops the attention-pooling head, and ``"map"`` needs a model built with it. ``""`` pools
+        ``"map"`` or ``"seqpool"`` drops the learned pooling head, and each needs a model built with it. ``""`` pools
         nothing: ``forward_head`` then maps every token (timm's convention, used by ``prune_intermediate_layers``)."""
         self.num_classes = num_classes
         if global_pool is not None:
             if global_pool == "token" and not self.has_class_token:
                 raise ValueError("global_pool='token' needs a class token")
-            if global_pool == "map" and self.attn_pool is None:
-                raise ValueError("global_pool='map' needs the attention-pooling head: build the model with it")
-            if global_pool != "map":
+            if global_pool in ("map", "seqpool") and global_pool != self.global_pool:
+                raise ValueError(
+                    f"global_pool={global_pool!r} needs the attention-pooling head: build the model with it"
+                )
+            if global_pool not in ("map", "seqpool"):
                 self.attn_pool = None
             self.global_pool = global_pool
         head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -402,7 +386,7 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         if self.global_pool == "":
             return x
         if self.attn_pool is not None:
-            return self.attn_pool(x[:, self.num_prefix_tokens :])  # the latent attends to the patch tokens
+            return self.attn_pool(x[:, self.num_prefix_tokens :])  # MAP or sequence pooling over the patch tokens
         if self.global_pool == "avg":
             return x[:, self.num_prefix_tokens :].mean(dim=1)
         return x[:, 0]
