@@ -7,7 +7,7 @@ interleaved with global ones from Li et al., ViTDet (ECCV 2022); sliding windows
 "Neighborhood Attention Transformer" (CVPR 2023) and its dilated form, DiNAT (Hassani & Shi, 2022); linear
 attention from Katharopoulos et al. (ICML 2020); the attention-pooling (MAP) head of SigLIP (Zhai et al., ICCV 2023);
 for small data, locality self-attention and shifted patch tokens from Lee, Lee & Song (2021) and sequence pooling from
-CCT (Hassani et al., 2021).
+CCT (Hassani et al., 2021); DeiT's distillation token (:mod:`vit.models.heads`).
 
 Parameter names and shapes follow timm's ``VisionTransformer``, so timm checkpoints load with a plain
 ``load_state_dict``.
@@ -29,14 +29,15 @@ from ..layers import AttentionPoolLatent, Block, SequencePool, build_sincos_2d_p
 from ..layers.linear_attention import FeatureMap
 from .assembly import AttentionKind, attention_layers, patch_embedding, pool_head
 from .checks import check_arguments, check_sliding
+from .heads import GlobalPool, HeadMixin
+from .heads import init_vit_weights as _init_vit_weights
 from .intermediates import IntermediatesMixin
 from .pretrained_cfg import block_feature_info, default_pretrained_cfg
 
 __all__ = ["AttentionKind", "VisionTransformer", "block_attention_kinds"]
-GlobalPool = Literal["token", "avg", "map", "seqpool"]
 
 
-class VisionTransformer(IntermediatesMixin, nn.Module):
+class VisionTransformer(IntermediatesMixin, HeadMixin, nn.Module):
     """Vision Transformer with optional class/register tokens and local-window or sliding-window blocks.
 
     Initialisation follows ViT/DeiT: every linear layer (and the patch projection, a linear map over
@@ -57,6 +58,8 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         qk_norm: Normalise queries and keys per head.
         class_token: Prepend a learned class token.
         reg_tokens: Number of register tokens after the class token.
+        distilled: DeiT's distillation token after the class token, with its own head ``head_dist``; the logits are
+            the mean of both heads' (:mod:`vit.models.heads`, timm's ``VisionTransformerDistilled``).
         global_pool: ``"token"`` pools the class token, ``"avg"`` the mean of the patch tokens, ``"map"`` a learned
             latent query attending to the patch tokens (:class:`~vit.layers.AttentionPoolLatent`, timm's
             ``attn_pool``; prefix tokens are not attended to, as in timm), ``"seqpool"`` CCT's sequence pooling, a
@@ -123,6 +126,7 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         qk_norm: bool = False,
         class_token: bool = True,
         reg_tokens: int = 0,
+        distilled: bool = False,
         global_pool: GlobalPool = "token",
         latent_len: int = 1,
         pos_embed: Literal["learn", "sincos", "none"] = "learn",
@@ -159,7 +163,7 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         self.in_chans = in_chans
         self.has_class_token = class_token
         self.num_reg_tokens = reg_tokens
-        self.num_prefix_tokens = int(class_token) + reg_tokens
+        self.num_prefix_tokens = int(class_token) + int(distilled) + reg_tokens
         self.no_embed_class = no_embed_class or pos_embed == "sincos"
         self.window_size = window_size
         self.window_type = window_type
@@ -175,7 +179,9 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
 
-        self._build_embedding(img_size, patch_size, in_chans, conv_stem, shifted_patches, dynamic_img_pad, pos_embed)
+        self._build_embedding(
+            distilled, img_size, patch_size, in_chans, conv_stem, shifted_patches, dynamic_img_pad, pos_embed
+        )
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.patch_drop: nn.Module = nn.Identity()
         if patch_drop_rate:
@@ -209,12 +215,16 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head_dist = None
+        if distilled:
+            self.head_dist = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
         self.feature_info = block_feature_info(depth, embed_dim, self.patch_embed.patch_size)
         self.pretrained_cfg = default_pretrained_cfg(img_size, in_chans, num_classes, dynamic_img_size, conv_stem)
 
     def _build_embedding(
         self,
+        distilled: bool,
         img_size: int | tuple[int, int],
         patch_size: int | tuple[int, int],
         in_chans: int,
@@ -240,6 +250,7 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         if self.window_size and self.window_type == "sliding":
             check_sliding(grid_size, self.window_size, self.window_dilation)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if self.has_class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, self.num_reg_tokens, embed_dim)) if self.num_reg_tokens else None
         embed_len = self.patch_embed.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
         if pos_embed == "learn":
@@ -262,6 +273,8 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         for token in (self.cls_token, self.reg_token):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
+        if self.dist_token is not None:
+            trunc_normal_(self.dist_token, std=0.02)  # timm's distilled DeiT
         self.apply(_init_vit_weights)
         if self.attn_pool is not None:
             self.attn_pool.init_weights()
@@ -281,39 +294,15 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Names of parameters that take no weight decay (position embedding and prefix tokens), timm's hook."""
-        return {"pos_embed", "cls_token", "reg_token"}
+        return {"pos_embed", "cls_token", "dist_token", "reg_token"}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         """Parameter groups by depth for layer-wise learning-rate decay (timm's ``param_groups_layer_decay``)."""
         return {
-            "stem": r"^cls_token|^pos_embed|^patch_embed|^reg_token",
+            "stem": r"^cls_token|^dist_token|^pos_embed|^patch_embed|^reg_token",
             "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         }
-
-    def get_classifier(self) -> nn.Module:
-        """The classification head."""
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: Literal["", GlobalPool] | None = None) -> None:
-        """Replace the head with a freshly initialised one for ``num_classes`` classes (0 for none); leaving
-        ``"map"`` or ``"seqpool"`` drops the learned pooling head, and each needs a model built with it. ``""`` pools
-        nothing: ``forward_head`` then maps every token (timm's convention, used by ``prune_intermediate_layers``)."""
-        self.num_classes = num_classes
-        if global_pool is not None:
-            if global_pool == "token" and not self.has_class_token:
-                raise ValueError("global_pool='token' needs a class token")
-            if global_pool in ("map", "seqpool") and global_pool != self.global_pool:
-                raise ValueError(
-                    f"global_pool={global_pool!r} needs the attention-pooling head: build the model with it"
-                )
-            if global_pool not in ("map", "seqpool"):
-                self.attn_pool = None
-            self.global_pool = global_pool
-        head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        head.apply(_init_vit_weights)  # drawn as at construction, then moved to the model's device, dtype and mode
-        weight = self.patch_embed.proj.weight
-        self.head = head.to(device=weight.device, dtype=weight.dtype).train(self.training)
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -335,6 +324,8 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         prefix = []
         if self.cls_token is not None:
             prefix.append(self.cls_token.expand(B, -1, -1))
+        if self.dist_token is not None:
+            prefix.append(self.dist_token.expand(B, -1, -1))
         if self.reg_token is not None:
             prefix.append(self.reg_token.expand(B, -1, -1))
         pos_embed = self.pos_embed
@@ -380,22 +371,6 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
             x = self.run_block(block, x, grid_size)
         return self.norm(x)
 
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens ``(B, prefix + N, C)`` to one vector per image ``(B, C)``; ``global_pool=""``: the tokens as they
-        are."""
-        if self.global_pool == "":
-            return x
-        if self.attn_pool is not None:
-            return self.attn_pool(x[:, self.num_prefix_tokens :])  # MAP or sequence pooling over the patch tokens
-        if self.global_pool == "avg":
-            return x[:, self.num_prefix_tokens :].mean(dim=1)
-        return x[:, 0]
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Pool tokens and classify; ``pre_logits=True`` returns the pooled, normalised features."""
-        x = self.head_drop(self.fc_norm(self.pool(x)))
-        return x if pre_logits else self.head(x)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Images ``(B, C, H, W)`` to logits ``(B, num_classes)``."""
         return self.forward_head(self.forward_features(x))
@@ -416,13 +391,3 @@ _DEFAULTS = {name: parameter.default for name, parameter in inspect.signature(Vi
 # timm's registry files an entrypoint under the last part of its module's name (its tests choose the models with
 # forward_intermediates by it) and reads that module's default_cfgs: vit.models.register_timm_models fills both.
 default_cfgs: dict[str, dict[str, Any]] = {}
-
-
-def _init_vit_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
-        trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
