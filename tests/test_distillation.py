@@ -120,7 +120,7 @@ def test_teachers_load_frozen_from_a_checkpoint_or_timm(trained_checkpoint):
 def test_a_fit_with_a_teacher_trains_the_distillation_head(tmp_path, tiny_classifier, cpu_trainer, digits):
     torch.manual_seed(0)
     module = tiny_classifier(model_overrides={"distilled": True}, teacher=str(tmp_path), distillation="hard")
-    module.setup = lambda stage: None  # the teacher is given below instead of loaded
+    # the teacher is given here, so fitting does not load one from the path
     module.distiller = Distiller(_Fixed(3, classes=10).requires_grad_(False), "hard", 1.0, 1.0, num_classes=10)
     module.model.set_distilled_training(True)
     trainer = cpu_trainer(max_epochs=1, limit_train_batches=4, limit_val_batches=0)
@@ -161,3 +161,15 @@ def test_explanations_of_a_distilled_model():
         with pytest.raises(ValueError, match="averages two .* explain it with lrp") as error:
             method(model, images)
         assert "\n" not in str(error.value)
+
+
+def test_a_temperature_divides_both_heads_of_a_distilled_model():
+    from vit.checkpoints.loading import apply_temperature
+
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(**SMALL, distilled=True).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        before = model(x)
+        apply_temperature(model, {"temperature": 2.0})
+        torch.testing.assert_close(model(x), before / 2)

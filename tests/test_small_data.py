@@ -300,3 +300,31 @@ def test_each_variant_is_a_model_override_and_its_arguments_are_recorded(name):
     assert {k: v.shape for k, v in rebuilt.state_dict().items()} == {
         k: v.shape for k, v in module.model.state_dict().items()
     }
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_variant_traces_with_torch_fx_forward_and_backward(name):
+    model = _model(**VARIANTS[name]).train()
+    x = torch.randn(2, 3, 16, 16)
+    graph = torch.fx.symbolic_trace(model)
+    grads = []
+    for module in (model, graph):
+        model.zero_grad()
+        module(x).square().mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for n, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][n], grad, atol=1e-6, rtol=1e-4)
+    # traced again in eval mode: timm's BatchNormAct2d of the conv stem is traced through, its mode baked in
+    graph = torch.fx.symbolic_trace(model.eval())
+    with torch.no_grad():
+        torch.testing.assert_close(graph(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["all", "locality-window", "shifted-patches-stem"])
+def test_variants_export_with_torch_export(name):
+    model = _model(**VARIANTS[name]).eval()
+    x = torch.randn(2, 3, 16, 16)
+    program = torch.export.export(model, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), model(x), atol=1e-5, rtol=1e-5)

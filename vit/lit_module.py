@@ -231,13 +231,16 @@ class ImageClassifier(LightningModule):
         return self.model(x)
 
     def check_trainer(self, trainer: Trainer) -> None:
-        """Refuse a training length this module cannot schedule (the CLI calls it before a run writes anything).
+        """Refuse a training length this module cannot schedule, and load the distillation teacher (the CLI calls it
+        before a run writes anything).
 
         Raises:
             ConfigError: For endless training (``max_epochs`` -1 without ``max_steps``: the cosine schedule needs an
                 end), ``unmasked_epochs`` without ``max_epochs`` to count back from, or ``schedule="time"`` without
                 ``trainer.max_time``.
         """
+        if self.hparams.get("teacher") and self.distiller is None:  # a teacher that does not load stops it here
+            self.distiller = make_distiller(self.hparams, self.model, self.num_classes)
         max_epochs, max_steps, unmasked = trainer.max_epochs, trainer.max_steps, self.hparams.unmasked_epochs
         endless = max_epochs in (None, -1)
         if self._time_schedule:
@@ -270,8 +273,6 @@ class ImageClassifier(LightningModule):
         trainer = self._attached_trainer()
         if stage == "fit" and trainer is not None:
             self.check_trainer(trainer)
-        if stage == "fit" and self.hparams.get("teacher") and self.distiller is None:
-            self.distiller = make_distiller(self.hparams, self.model, self.num_classes)
         if stage == "fit" and self.hparams.pretrained:
             load_pretrained(self.model, self.hparams.pretrained)
             if self.model_ema is not None:
