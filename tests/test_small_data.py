@@ -5,6 +5,9 @@ dict with each off, and the explanation methods on each."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -328,3 +331,20 @@ def test_variants_export_with_torch_export(name):
     program = torch.export.export(model, (x,))
     with torch.no_grad():
         torch.testing.assert_close(program.module()(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_no_variant_is_described_as_timms_vision_transformer(name):
+    from vit.export import timm_model_args
+
+    assert timm_model_args({**vit.models.vision_transformer._DEFAULTS, **SMALL, **VARIANTS[name]}) is None
+    assert timm_model_args({**vit.models.vision_transformer._DEFAULTS, **SMALL, "img_size": [16, 16]}) is not None
+
+
+@pytest.mark.slow
+def test_variants_export_to_onnx():
+    pytest.importorskip("onnxruntime")
+    from vit.export import export_onnx
+
+    model = _model(**VARIANTS["all"], distilled=True).eval()
+    assert export_onnx(model, Path(tempfile.mkdtemp()) / "model.onnx") < 1e-5  # worst |Δlogit| against the model

@@ -48,8 +48,8 @@ def locality_mask(
         offset: Position among the keys of the first query's own token.
     """
     L, S = q.shape[-2], k.shape[-2]
-    mask = torch.zeros(L, S, dtype=q.dtype, device=q.device)
-    mask.diagonal(offset).fill_(float("-inf"))
+    own = torch.arange(L, device=q.device)[:, None] + offset == torch.arange(S, device=q.device)  # (L, S)
+    mask = torch.zeros(L, S, dtype=q.dtype, device=q.device).masked_fill(own, float("-inf"))  # out of place: ONNX
     if attn_mask is None:
         return mask
     if attn_mask.dtype == torch.bool:
