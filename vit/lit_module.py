@@ -98,11 +98,11 @@ class ImageClassifier(LightningModule):
             reflect-padded as the training crop), six views with equal weights (airbench's mirror-and-translate
             views, which shift by 1 px and average logits). ``test`` then also logs ``test/acc_single_view``, the
             accuracy on the image alone.
-        teacher: A frozen teacher to distil from (:mod:`vit.distillation`): what :func:`vit.load` reads, or
-            ``timm:NAME`` / ``torchvision:NAME``; loaded when fitting starts. ``None``: no distillation.
-        distillation: ``"hard"`` (the teacher's class), ``"soft"`` (its probabilities at ``distillation_tau``) or
-            ``"none"``; trains the ``head_dist`` of a model with ``distilled: true``, else the class head.
-        distillation_alpha: Weight of the distillation term; the label loss gets ``1 - alpha``.
+        teacher: Frozen teacher to distil from (:mod:`vit.distillation`): a checkpoint or export folder,
+            ``timm:NAME`` or ``torchvision:NAME``.
+        distillation: ``"hard"`` (the teacher's class) or ``"soft"`` (its probabilities) with a teacher; it trains
+            ``head_dist`` (``distilled: true``), else the class head.
+        distillation_alpha: Weight of the distillation loss (the label loss: ``1 - alpha``).
         distillation_tau: Temperature of soft distillation.
 
     Raises:
