@@ -173,3 +173,18 @@ def test_a_temperature_divides_both_heads_of_a_distilled_model():
         before = model(x)
         apply_temperature(model, {"temperature": 2.0})
         torch.testing.assert_close(model(x), before / 2)
+
+
+def test_explain_offers_lrp_for_a_distilled_model_and_refuses_the_attention_methods_in_one_line():
+    from vit.explain import explain
+    from vit.explain.methods import applicable_methods, get_method
+
+    model = vit.VisionTransformer(**SMALL, distilled=True).eval()
+    assert {"attnlrp", "cp_lrp"} <= set(applicable_methods(model))
+    assert not {"rollout", "attribution", "attention"} & set(applicable_methods(model))
+    with pytest.raises(ValueError, match="method 'rollout' does not apply to this model .*distillation head") as err:
+        get_method("rollout", model)
+    assert "\n" not in str(err.value)
+    images = torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8)
+    explanation = explain(model, images, ["attnlrp"], mean=(0.5,) * 3, std=(0.25,) * 3, labels=[1, 2], heads=True)
+    assert explanation.probs.shape == (2, 5) and explanation.maps["attnlrp"].shape[0] == 2
