@@ -37,8 +37,9 @@ def identity_rule(x: torch.Tensor, y: torch.Tensor, offset: float = 0.0) -> torc
     return x * ((y - offset) / x).detach() + offset
 
 
-def attend(q, k, v, variant, mask=None, feature_map=None, eps=1e-6):
-    """(B, h, L, d) queries over (B, h, S, d) keys: softmax or linear attention under the rule of ``variant``."""
+def attend(q, k, v, variant, mask=None, feature_map=None, eps=1e-6, logit_scale=None):
+    """(B, h, L, d) queries over (B, h, S, d) keys: softmax or linear attention under the rule of ``variant``;
+    ``logit_scale (h,)``: locality self-attention (learned scale per head, the diagonal out)."""
     if variant == "cp":
         q, k = q.detach(), k.detach()
     if feature_map is not None:  # linear attention: φ by the identity rule, D constant, 1/3 to each factor
@@ -50,9 +51,12 @@ def attend(q, k, v, variant, mask=None, feature_map=None, eps=1e-6):
         return fq @ (fk.transpose(-2, -1) @ v) / den
     if variant == "attnlrp":
         q, k, v = scaled(q, 0.25), scaled(k, 0.25), scaled(v, 0.5)
-    scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    scale = q.shape[-1] ** -0.5 if logit_scale is None else logit_scale[:, None, None]
+    scores = q @ k.transpose(-2, -1) * scale
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
+    if logit_scale is not None:
+        scores = scores.masked_fill(torch.eye(scores.shape[-1], dtype=torch.bool), float("-inf"))
     return scores.softmax(-1) @ v
 
 
@@ -61,8 +65,19 @@ def reference_logits(model: VisionTransformer, x: torch.Tensor, variant: str) ->
     B = x.shape[0]
     H, P, C = model.blocks[0].attn.num_heads, model.num_prefix_tokens, model.embed_dim
     eps = model.blocks[0].norm1.eps
+    if hasattr(model.patch_embed, "shift"):  # shifted patch tokens: the image and its four diagonal shifts
+        s = model.patch_embed.patch_size[0] // 2
+        padded = F.pad(x, (s, s, s, s))
+        x = torch.cat(
+            [x] + [padded[..., r : r + x.shape[2], c : c + x.shape[3]] for r in (0, 2 * s) for c in (0, 2 * s)], 1
+        )
     if model.patch_embed.stem is not None:
         t = F.conv2d(model.patch_embed.stem(x), sd["patch_embed.proj.weight"], sd["patch_embed.proj.bias"])
+    elif "patch_embed.patch_norm.weight" in sd:
+        ps = model.patch_embed.patch_size
+        t = F.unfold(x, ps, stride=ps).transpose(1, 2)  # (B, patches, 5C * ph * pw)
+        t = layer_norm(t, sd["patch_embed.patch_norm.weight"], sd["patch_embed.patch_norm.bias"], 1e-5)
+        t = (t @ sd["patch_embed.proj.weight"].flatten(1).T + sd["patch_embed.proj.bias"]).transpose(1, 2)
     else:
         ps = model.patch_embed.patch_size
         t = F.conv2d(x, sd["patch_embed.proj.weight"], sd["patch_embed.proj.bias"], stride=ps)
@@ -89,7 +104,8 @@ def reference_logits(model: VisionTransformer, x: torch.Tensor, variant: str) ->
         q, k = qk_norm(heads(q), pre + "attn.q_norm"), qk_norm(heads(k), pre + "attn.k_norm")
         mask = block.attn.dense_mask() if hasattr(block.attn, "dense_mask") else None
         fm = block.attn.feature_map if isinstance(block.attn, LinearAttention) else None
-        o = attend(q, k, heads(v), variant, mask, fm).transpose(1, 2).reshape(B, -1, C)
+        scale = sd.get(pre + "attn.logit_scale")
+        o = attend(q, k, heads(v), variant, mask, fm, logit_scale=scale).transpose(1, 2).reshape(B, -1, C)
         ls1, ls2 = sd.get(pre + "ls1.gamma", 1.0), sd.get(pre + "ls2.gamma", 1.0)  # layer scale
         t = t + ls1 * (o @ sd[pre + "attn.proj.weight"].T + sd[pre + "attn.proj.bias"])
         t = t + ls2 * mlp(layer_norm(t, sd[pre + "norm2.weight"], sd[pre + "norm2.bias"], eps), pre + "mlp.")
@@ -104,6 +120,11 @@ def reference_logits(model: VisionTransformer, x: torch.Tensor, variant: str) ->
         z = o @ sd[pre + "proj.weight"].T + sd[pre + "proj.bias"]
         z = z + mlp(layer_norm(z, sd[pre + "norm.weight"], sd[pre + "norm.bias"], eps), pre + "mlp.")
         pooled = z.mean(1)
+    elif model.global_pool == "seqpool":  # the tokens' weights are a factor: half (AttnLRP) or constant (CP)
+        tokens = t[:, P:]
+        scores = (tokens.detach() if variant == "cp" else tokens) @ sd["attn_pool.score.weight"].T
+        pooled = scores.softmax(1).transpose(1, 2) @ tokens
+        pooled = scaled(pooled[:, 0], 0.5) if variant == "attnlrp" else pooled[:, 0]
     elif model.global_pool == "avg":
         pooled = t[:, P:].mean(1)
     else:
@@ -133,6 +154,11 @@ KINDS = {
     "map": dict(global_pool="map", class_token=False, latent_len=2),
     "map-explicit": dict(global_pool="map", reg_tokens=1, fused_attn=False),
     "conv-stem-layerscale": dict(conv_stem=True, init_values=0.5),
+    "locality": dict(locality_attention=True, reg_tokens=1),
+    "locality-window-explicit": dict(locality_attention=True, window_size=3, shift_windows=True, fused_attn=False),
+    "shifted-patches": dict(shifted_patches=True),
+    "shifted-patches-conv-stem": dict(shifted_patches=True, conv_stem=True),
+    "seqpool": dict(global_pool="seqpool", class_token=False),
 }
 
 

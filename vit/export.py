@@ -58,7 +58,8 @@ TIMM_ARCHITECTURES = {192: "vit_tiny_patch16_224", 384: "vit_small_patch16_224",
 
 def timm_model_args(args: dict[str, Any]) -> dict[str, Any] | None:
     """timm ``VisionTransformer`` arguments that build the same network as ours, or ``None`` when timm has no such
-    model (window, sliding or linear attention blocks, sin-cos positions, a convolutional stem, attention pooling)."""
+    model (window, sliding or linear attention blocks, sin-cos positions, a convolutional stem, attention or sequence
+    pooling, locality self-attention, shifted patch tokens, a distillation token)."""
     depth = args["depth"]
     local = bool(args["window_size"]) or bool(args.get("linear_attention"))
     if local and len(set(args["global_attn_indexes"])) < depth:
@@ -66,6 +67,7 @@ def timm_model_args(args: dict[str, Any]) -> dict[str, Any] | None:
     if (
         args["pos_embed"] not in ("learn", "none")
         or args.get("conv_stem")
+        or any(args.get(key) for key in ("locality_attention", "shifted_patches", "distilled"))
         or args["global_pool"] not in ("token", "avg")
     ):
         return None

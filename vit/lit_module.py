@@ -3,7 +3,7 @@
 The recipe is DeiT's (Touvron et al., "Training data-efficient image transformers", ICML 2021) and Beyer et al.'s
 "Better plain ViT baselines for ImageNet-1k" (2022): AdamW without weight decay on biases, norms, position
 embeddings and prefix tokens; linear warm-up then cosine decay per optimiser step; label smoothing; Mixup/CutMix
-(timm); optional layer-wise learning-rate decay for fine-tuning (BEiT) and an EMA of the weights.
+(timm); optional layer-wise learning-rate decay (BEiT), weight EMA, DeiT's distillation (:mod:`vit.distillation`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ from .callbacks.time_budget import TimeBudget, budget_seconds, steps_in_epoch
 from .checkpoints.metadata import METADATA_KEY, TEMPERATURE_KEY
 from .checkpoints.pretrained import load_into
 from .checkpoints.state import check_checkpoint_fits
+from .distillation import Distillation, check_distillation, make_distiller, student_logits
 from .errors import ConfigError
+from .evaluation.metrics import accuracy_metrics
 from .models import VisionTransformer, create_model
+from .normalize import check_normalized as _check_images
 from .optim import fused_adamw, param_groups
 from .schedule import TimePlan, warmup_cosine
 from .tta import TestTimeAugment, averaged_logits
@@ -96,6 +99,12 @@ class ImageClassifier(LightningModule):
             reflect-padded as the training crop), six views with equal weights (airbench's mirror-and-translate
             views, which shift by 1 px and average logits). ``test`` then also logs ``test/acc_single_view``, the
             accuracy on the image alone.
+        teacher: Frozen teacher to distil from (:mod:`vit.distillation`): a checkpoint or export folder,
+            ``timm:NAME`` or ``torchvision:NAME``.
+        distillation: ``"hard"`` (the teacher's class) or ``"soft"`` (its probabilities) with a teacher; it trains
+            ``head_dist`` (``distilled: true``), else the class head.
+        distillation_alpha: Weight of the distillation loss (the label loss: ``1 - alpha``).
+        distillation_tau: Temperature of soft distillation.
 
     Raises:
         ConfigError: For an unknown preset or override, sizes that disagree, or a decay outside its range.
@@ -128,6 +137,10 @@ class ImageClassifier(LightningModule):
         schedule: Literal["steps", "time"] = "steps",
         compile: bool = False,
         test_time_augment: TestTimeAugment = "none",
+        teacher: str | None = None,
+        distillation: Distillation = "none",
+        distillation_alpha: float = 0.5,
+        distillation_tau: float = 1.0,
     ) -> None:
         super().__init__()
         with warnings.catch_warnings():  # Lightning warns about module arguments; we drop an object just below
@@ -150,6 +163,7 @@ class ImageClassifier(LightningModule):
                 "has none: set model.model_overrides.patch_drop_rate (e.g. 0.5) or model.unmasked_epochs 0"
             )
         self.num_classes = int(self.model.num_classes)
+        self.distiller = check_distillation(teacher, distillation, distillation_alpha, distillation_tau)  # None
         self.time_plan: TimePlan | None = None  # schedule "time": made in configure_optimizers
         self.temperature: float | None = None  # `vit calibrate`'s, read with a checkpoint (on_load_checkpoint)
         self.model_ema = None
@@ -171,9 +185,9 @@ class ImageClassifier(LightningModule):
                 label_smoothing=label_smoothing,
                 num_classes=self.num_classes,
             )
-        self.train_metrics = self._metrics("train")
-        self.val_metrics = self._metrics("val")
-        self.test_metrics = self._metrics("test")
+        self.train_metrics = accuracy_metrics(self.num_classes, "train")
+        self.val_metrics = accuracy_metrics(self.num_classes, "val")
+        self.test_metrics = accuracy_metrics(self.num_classes, "test")
         self.single_view_acc = None
         if test_time_augment != "none":
             self.single_view_acc = MulticlassAccuracy(self.num_classes, average="micro")
@@ -208,15 +222,6 @@ class ImageClassifier(LightningModule):
             model.reset_classifier(num_classes)
         return model
 
-    def _metrics(self, stage: str) -> MetricCollection:
-        # torchmetrics' argument validation counts the label values on the host (torch.unique): a device
-        # synchronisation per batch, which the training path must not have. Evaluation keeps it.
-        kwargs = {"average": "micro", "validate_args": stage != "train"}
-        metrics = {"acc": MulticlassAccuracy(self.num_classes, top_k=1, **kwargs)}
-        if self.num_classes >= 5:
-            metrics["acc_top5"] = MulticlassAccuracy(self.num_classes, top_k=5, **kwargs)
-        return MetricCollection(metrics, prefix=f"{stage}/", compute_groups=False)
-
     @property
     def eval_model(self) -> nn.Module:
         """The network used for validation, test and prediction: the EMA weights when enabled."""
@@ -227,13 +232,16 @@ class ImageClassifier(LightningModule):
         return self.model(x)
 
     def check_trainer(self, trainer: Trainer) -> None:
-        """Refuse a training length this module cannot schedule (the CLI calls it before a run writes anything).
+        """Refuse a training length this module cannot schedule, and load the distillation teacher (the CLI calls it
+        before a run writes anything).
 
         Raises:
             ConfigError: For endless training (``max_epochs`` -1 without ``max_steps``: the cosine schedule needs an
                 end), ``unmasked_epochs`` without ``max_epochs`` to count back from, or ``schedule="time"`` without
                 ``trainer.max_time``.
         """
+        if self.hparams.get("teacher") and self.distiller is None:  # a teacher that does not load stops it here
+            self.distiller = make_distiller(self.hparams, self.model, self.num_classes)
         max_epochs, max_steps, unmasked = trainer.max_epochs, trainer.max_steps, self.hparams.unmasked_epochs
         endless = max_epochs in (None, -1)
         if self._time_schedule:
@@ -313,12 +321,15 @@ class ImageClassifier(LightningModule):
                 x, target = self.mixup(x, y)
             else:  # timm's Mixup needs pairs; an odd last batch keeps its images, with the same soft targets
                 target = mixup_target(y, self.num_classes, smoothing=self.hparams.label_smoothing)
-            logits = self.model(x)
+            logits, dist_logits = student_logits(self.model(x))
             loss = self.mixup_criterion(logits, target)
             y = target.argmax(dim=-1)  # accuracy against the dominant label of each mixed image
         else:
-            logits = self.model(x)
+            logits, dist_logits = student_logits(self.model(x))
             loss = self.criterion(logits, y)
+        if self.distiller is not None:
+            loss = self.distiller(x, dist_logits, loss)
+            logits = (logits + dist_logits) / 2  # the prediction: both heads' mean (the class head's, without one)
         self.train_metrics.update(logits.detach(), y)
         # The step value is this rank's loss (a sync_dist here would all-reduce, a host sync, every step); the epoch
         # mean is reduced over ranks once, at the epoch's end. The progress bar reads its values on the host at every
@@ -433,15 +444,3 @@ class ImageClassifier(LightningModule):
             factor = partial(warmup_cosine, warmup_steps=warmup, total_steps=total, min_ratio=hp.min_lr / hp.lr)
         scheduler = LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def _check_images(x: torch.Tensor) -> torch.Tensor:
-    """``x`` if it holds float images; uint8 ones mean the data module's normalisation hook was bypassed."""
-    if not x.is_floating_point():
-        raise TypeError(
-            f"the model got {x.dtype} images. ImageDataModule's loaders yield uint8 images that its "
-            "on_after_batch_transfer hook normalises, and Lightning calls that hook only when the data module itself "
-            "is given to the Trainer: use trainer.fit(model, datamodule=dm), call dm.normalize(images) in your own "
-            "loop, or build the data module with normalize_on_device=False"
-        )
-    return x

@@ -77,3 +77,19 @@ def denormalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float
         std: The per-channel standard deviation the images were normalised with.
     """
     return unnormalize(images, mean, std).clamp(0.0, 1.0)
+
+
+def check_normalized(x: torch.Tensor) -> torch.Tensor:
+    """``x`` if it holds float images; uint8 ones mean the data module's normalisation hook was bypassed.
+
+    Raises:
+        TypeError: Saying how to normalise.
+    """
+    if not x.is_floating_point():
+        raise TypeError(
+            f"the model got {x.dtype} images. ImageDataModule's loaders yield uint8 images that its "
+            "on_after_batch_transfer hook normalises, and Lightning calls that hook only when the data module itself "
+            "is given to the Trainer: use trainer.fit(model, datamodule=dm), call dm.normalize(images) in your own "
+            "loop, or build the data module with normalize_on_device=False"
+        )
+    return x

@@ -153,13 +153,16 @@ def apply_temperature(model: VisionTransformer, meta: Mapping[str, Any]) -> Visi
     temperature = meta.get(TEMPERATURE_KEY)
     if temperature is None:
         return model
-    head = model.head
-    if not isinstance(head, torch.nn.Linear):
-        raise IncompatibleCheckpointError(f"a temperature divides a linear head; this model's is {type(head).__name__}")
-    with torch.no_grad():
-        head.weight.div_(float(temperature))
-        if head.bias is not None:
-            head.bias.div_(float(temperature))
+    heads = [model.head] + ([model.head_dist] if getattr(model, "head_dist", None) is not None else [])
+    for head in heads:  # a distilled model averages two heads' logits: dividing both divides the mean
+        if not isinstance(head, torch.nn.Linear):
+            raise IncompatibleCheckpointError(
+                f"a temperature divides a linear head; this model's is {type(head).__name__}"
+            )
+        with torch.no_grad():
+            head.weight.div_(float(temperature))
+            if head.bias is not None:
+                head.bias.div_(float(temperature))
     model.pretrained_cfg = {**model.pretrained_cfg, TEMPERATURE_KEY: float(temperature)}
     return model
 

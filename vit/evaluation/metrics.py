@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torchmetrics import Metric
+from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import (
     MulticlassAccuracy,
     MulticlassCalibrationError,
@@ -26,6 +26,19 @@ from torchmetrics.classification import (
 
 N_BINS = 15
 """Equal-width confidence bins of ECE, MCE and the reliability diagram (Guo et al. 2017)."""
+
+
+def accuracy_metrics(num_classes: int, stage: str) -> MetricCollection:
+    """Top-1 (and, from 5 classes, top-5) accuracy logged as ``{stage}/acc`` and ``{stage}/acc_top5`` during a fit.
+
+    torchmetrics' argument validation counts the label values on the host (``torch.unique``): a device synchronisation
+    per batch, which the training path must not have (``stage="train"``); evaluation keeps it.
+    """
+    kwargs = {"average": "micro", "validate_args": stage != "train"}
+    metrics = {"acc": MulticlassAccuracy(num_classes, top_k=1, **kwargs)}
+    if num_classes >= 5:
+        metrics["acc_top5"] = MulticlassAccuracy(num_classes, top_k=5, **kwargs)
+    return MetricCollection(metrics, prefix=f"{stage}/", compute_groups=False)
 
 
 class _MeanPerImage(Metric):

@@ -24,6 +24,10 @@ values are the model's own (every replacement below is exact in value and change
   gives each ``1/3`` of it: the gradient reaching the attention output is divided by 3. Unlike a split into two
   products, this does not depend on the order the code multiplies in (``φ(q) (φ(k)ᵀ v)``). CP-LRP detaches ``q``
   and ``k`` (so ``φ`` and ``D`` too), ``v`` gets its full gradient.
+* **Sequence pooling** (CCT's ``"seqpool"``): the pooled vector ``Σ_i a_i x_i`` is a product of the weights
+  ``a = softmax(score(x))`` and the tokens. AttnLRP's uniform rule gives each factor half: the gradient reaching the
+  pool's output is halved (the score is linear in the tokens, so nothing more splits). CP-LRP detaches the weights
+  (the score's input), the tokens get their full gradient.
 * **Gated MLPs** (timm's ``GluMlp``, ``SwiGLUPacked``, ``SwiGLU``, ``GatedMlp``, as ``Block(mlp_layer=...)``)
   multiply two branches, a product with no rule here: :func:`relevance_rules` refuses a model holding one rather
   than give it plain autograd silently.
@@ -60,7 +64,7 @@ import torch.nn.functional as F
 from timm.layers import GatedMlp, GluMlp, SwiGLU
 from torch import nn
 
-from ..layers import Attention, CrossAttention, LinearAttention
+from ..layers import Attention, CrossAttention, LinearAttention, SequencePool
 from ..layers.linear_attention import EluPlusOne, Normalise
 from ..layers.utils import eval_mode
 from .attribution import resolve_target
@@ -246,6 +250,14 @@ def _gamma_hook(gamma: float):
     return hook
 
 
+def _sequence_pool_rule(module: SequencePool, variant: Variant) -> Any:
+    """The hook of a :class:`~vit.layers.SequencePool` (module docstring): CP-LRP stops the gradient at the score's
+    input, AttnLRP halves it at the pool's output."""
+    if variant == "cp":
+        return module.score.register_forward_pre_hook(_scale_input_hook(0.0))
+    return module.register_forward_hook(_scale_output_hook(0.5, set()))
+
+
 def _mark_ran(ran: dict[int, str], name: str):
     def hook(module: nn.Module, args: tuple) -> None:
         ran[id(module)] = name
@@ -333,6 +345,8 @@ def relevance_rules(
                 handles.append(module.register_forward_hook(_gamma_hook(gamma)))
             elif isinstance(module, nn.Conv2d) and embed_gamma > 0:
                 handles.append(module.register_forward_hook(_gamma_hook(embed_gamma)))
+            elif isinstance(module, SequencePool):
+                handles.append(_sequence_pool_rule(module, variant))
         for name, module in model.named_modules():
             if not isinstance(module, (Attention, CrossAttention)):
                 continue

@@ -189,6 +189,8 @@ def _needs_dense_attention(model: nn.Module) -> str | None:
         attention_modules(model)
     except ValueError as error:
         return str(error)
+    if getattr(model, "dist_token", None) is not None:
+        return "it averages a class and a distillation head (DeiT), which read different rows of the attention"
     return _needs_vit_tokens(model)
 
 

@@ -114,7 +114,7 @@ def forward(
             for name, options in (recorded or {}).items()}  # fmt: skip
     heads = None
     if block is not None:
-        pooled_by_token = head_pool(model) == "token"
+        pooled_by_token = head_pool(model, class_head=True) == "token"  # the class head's rows, for display
         grid = tuple(model.patch_embed.grid_size)
         heads = head_maps(attentions[block], model.num_prefix_tokens, pooled_by_token, grid).float().cpu()
     return Explanation(

@@ -197,10 +197,24 @@ def rollout_grid(
     return relevance.reshape(-1, rows, cols)
 
 
-def head_pool(model: nn.Module) -> RolloutPool:
+def head_pool(model: nn.Module, class_head: bool = False) -> RolloutPool:
     """Which rows the classifier reads: ``"map"`` (the latent query) for a model with an attention-pooling head,
     ``"token"`` (the class token) when ``global_pool == "token"`` and the model has a class token, else ``"avg"``
-    (the mean of the patch tokens). Rollout and attribution explain the same rows."""
+    (the mean of the patch tokens). Rollout and attribution explain the same rows.
+
+    Args:
+        model: The model.
+        class_head: For a model with a distillation token, the rows of its class head (to display them).
+
+    Raises:
+        ValueError: For a model with a distillation token (DeiT), whose prediction averages two heads that read
+            different rows, unless ``class_head``.
+    """
+    if getattr(model, "dist_token", None) is not None and not class_head:
+        raise ValueError(
+            "attention rollout and attribution read the rows of one head, and this model averages two (a class and a "
+            "distillation head, DeiT): explain it with lrp"
+        )
     if pool_module(model) is not None:
         return "map"
     reads_token = getattr(model, "global_pool", "token") == "token" and getattr(model, "has_class_token", True)

@@ -87,7 +87,12 @@ class AttentionBase(nn.Module):
         raise NotImplementedError
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        offset: int = 0,
     ) -> torch.Tensor:
         """Weighted sum of values, through the fused kernel or the explicit path.
 
@@ -96,6 +101,8 @@ class AttentionBase(nn.Module):
             k: Keys ``(..., S, head_dim)``.
             v: Values ``(..., S, head_dim)``.
             attn_mask: Boolean (True = may attend) or additive mask broadcastable to ``(..., L, S)``.
+            offset: Query ``i`` is the token of key ``offset + i`` (the diagonal that
+                :class:`~vit.layers.LocalityAttention` masks); plain attention does not use it.
 
         Returns:
             ``(..., L, head_dim)``.
@@ -105,6 +112,12 @@ class AttentionBase(nn.Module):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
         attn = self.attn_drop(attention_softmax(q, k, self.scale, attn_mask))
         return attn @ v
+
+    def weights(
+        self, q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None = None, offset: int = 0
+    ) -> torch.Tensor:
+        """The dense softmax weights ``(..., L, S)`` that :meth:`attend` applies (dropout aside); arguments as there."""
+        return attention_softmax(q, k, self.scale, attn_mask)
 
 
 class Attention(AttentionBase):
@@ -160,4 +173,4 @@ class Attention(AttentionBase):
     ) -> torch.Tensor:
         """Dense softmax attention matrix ``(B, heads, N, N)`` that ``forward(x)`` applies (dropout aside)."""
         q, k, _ = self.split_qkv(self.qkv(x))
-        return attention_softmax(q, k, self.scale, attn_mask)
+        return self.weights(q, k, attn_mask)

@@ -135,10 +135,21 @@ class PatchEmbed(nn.Module):
             x = F.pad(x, (0, (pw - W % pw) % pw, 0, (ph - H % ph) % ph))  # zeros at the bottom and right
             H, W = x.shape[-2:]
         gh, gw = H // ph, W // pw
-        if self.stem is not None:
-            x = self.proj(self.stem(x)).permute(0, 2, 3, 1)  # (B, gh, gw, embed_dim)
-        else:
-            # (B, C, gh, ph, gw, pw) -> (B, gh, gw, C, ph, pw): one row per patch, flattened like the conv kernel
-            x = x.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5).reshape(B, gh, gw, C * ph * pw)
-            x = F.linear(x, self.proj.weight.flatten(1), self.proj.bias)  # (B, gh, gw, embed_dim)
+        x = self.embed_patches(x)  # (B, gh, gw, embed_dim)
         return x if self.output_fmt == "NHWC" else x.reshape(B, gh * gw, -1)
+
+    def embed_patches(self, x: torch.Tensor) -> torch.Tensor:
+        """Images ``(B, C, H, W)``, whole patches, to tokens ``(B, rows, cols, embed_dim)``."""
+        if self.stem is not None:
+            return self.proj(self.stem(x)).permute(0, 2, 3, 1)  # (B, gh, gw, embed_dim)
+        return F.linear(patchify(x, self.patch_size), self.proj.weight.flatten(1), self.proj.bias)
+
+
+def patchify(x: torch.Tensor, patch_size: tuple[int, int]) -> torch.Tensor:
+    """Images ``(B, C, H, W)`` to one row per patch, ``(B, rows, cols, C * ph * pw)``, flattened in the order of a
+    convolution kernel ``(C, ph, pw)``."""
+    B, C, H, W = x.shape
+    ph, pw = patch_size
+    gh, gw = H // ph, W // pw
+    # (B, C, gh, ph, gw, pw) -> (B, gh, gw, C, ph, pw)
+    return x.reshape(B, C, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5).reshape(B, gh, gw, C * ph * pw)

@@ -206,7 +206,8 @@ class WindowAttention(Attention):
         for i, (n, L) in enumerate(layout.groups):
             q, k, v = chunks[i].view(B * n, P + L, 3, h, d).unbind(2)  # (B * windows, P + L, heads, head_dim)
             q = self.q_norm(q[:, P:].transpose(1, 2))  # (B * windows, heads, L, head_dim): patch queries only
-            out = self.attend(q, self.k_norm(k.transpose(1, 2)), v.transpose(1, 2))  # (B * windows, heads, L, hd)
+            k, v = self.k_norm(k.transpose(1, 2)), v.transpose(1, 2)  # the window's prefix copies first: offset P
+            out = self.attend(q, k, v, offset=P)  # (B * windows, heads, L, head_dim)
             outs.append(out.transpose(1, 2).reshape(B * n * L, C))
         # Row of the concatenated outputs holding patch t of image b: (B, rows * cols).
         place = B * (P + layout.group_start) + batch * layout.group_size + layout.group_pos

@@ -21,14 +21,20 @@ def check_arguments(
     known, by :func:`check_sliding`)."""
     if num_heads <= 0 or model.embed_dim % num_heads:
         raise ValueError(f"embed_dim {model.embed_dim} is not divisible by num_heads {num_heads}")
-    if model.global_pool not in ("token", "avg", "map"):
-        raise ValueError(f"global_pool must be 'token', 'avg' or 'map', got {model.global_pool!r}")
+    if model.global_pool not in ("token", "avg", "map", "seqpool"):
+        raise ValueError(f"global_pool must be 'token', 'avg', 'map' or 'seqpool', got {model.global_pool!r}")
     if latent_len < 1:
         raise ValueError(f"latent_len must be >= 1, got {latent_len}")
     if model.linear_attention and model.window_size:
         raise ValueError(
             f"linear_attention and window_size {model.window_size} both choose the non-global blocks' attention: "
             "use one (window_size=0 with linear_attention)"
+        )
+    if model.locality_attention and (model.linear_attention or model.window_type == "sliding"):
+        kind = "linear_attention" if model.linear_attention else "window_type='sliding'"
+        raise ValueError(
+            f"locality_attention is not supported with {kind}: it masks the diagonal of a softmax over all or "
+            "block-window tokens; use global attention or window_type='block', or locality_attention=False"
         )
     if linear_feature_map not in ("elu", "relu"):
         raise ValueError(f"linear_feature_map must be 'elu' or 'relu', got {linear_feature_map!r}")

@@ -5,7 +5,9 @@ training-friendly defaults from Touvron et al., "Training data-efficient image t
 register tokens from Darcet et al., "Vision Transformers Need Registers" (ICLR 2024); local-window blocks
 interleaved with global ones from Li et al., ViTDet (ECCV 2022); sliding windows from Hassani et al.,
 "Neighborhood Attention Transformer" (CVPR 2023) and its dilated form, DiNAT (Hassani & Shi, 2022); linear
-attention from Katharopoulos et al. (ICML 2020); the attention-pooling (MAP) head of SigLIP (Zhai et al., ICCV 2023).
+attention from Katharopoulos et al. (ICML 2020); the attention-pooling (MAP) head of SigLIP (Zhai et al., ICCV 2023);
+for small data, locality self-attention and shifted patch tokens from Lee, Lee & Song (2021) and sequence pooling from
+CCT (Hassani et al., 2021); DeiT's distillation token (:mod:`vit.models.heads`).
 
 Parameter names and shapes follow timm's ``VisionTransformer``, so timm checkpoints load with a plain
 ``load_state_dict``.
@@ -23,26 +25,19 @@ from timm.layers import PatchDropout, trunc_normal_
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import (
-    Attention,
-    AttentionPoolLatent,
-    Block,
-    LinearAttention,
-    NeighborhoodAttention,
-    PatchEmbed,
-    WindowAttention,
-    build_sincos_2d_pos_embed,
-    resample_pos_embed,
-)
+from ..layers import AttentionPoolLatent, Block, SequencePool, build_sincos_2d_pos_embed, resample_pos_embed
 from ..layers.linear_attention import FeatureMap
+from .assembly import AttentionKind, attention_layers, patch_embedding, pool_head
 from .checks import check_arguments, check_sliding
+from .heads import GlobalPool, HeadMixin
+from .heads import init_vit_weights as _init_vit_weights
 from .intermediates import IntermediatesMixin
 from .pretrained_cfg import block_feature_info, default_pretrained_cfg
 
-AttentionKind = Literal["global", "window", "sliding", "linear"]
+__all__ = ["AttentionKind", "VisionTransformer", "block_attention_kinds"]
 
 
-class VisionTransformer(IntermediatesMixin, nn.Module):
+class VisionTransformer(IntermediatesMixin, HeadMixin, nn.Module):
     """Vision Transformer with optional class/register tokens and local-window or sliding-window blocks.
 
     Initialisation follows ViT/DeiT: every linear layer (and the patch projection, a linear map over
@@ -63,14 +58,21 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         qk_norm: Normalise queries and keys per head.
         class_token: Prepend a learned class token.
         reg_tokens: Number of register tokens after the class token.
+        distilled: DeiT's distillation token after the class token, with its own head ``head_dist``; the logits are
+            the mean of both heads' (:mod:`vit.models.heads`, timm's ``VisionTransformerDistilled``).
         global_pool: ``"token"`` pools the class token, ``"avg"`` the mean of the patch tokens, ``"map"`` a learned
             latent query attending to the patch tokens (:class:`~vit.layers.AttentionPoolLatent`, timm's
-            ``attn_pool``; prefix tokens are not attended to, as in timm).
+            ``attn_pool``; prefix tokens are not attended to, as in timm), ``"seqpool"`` CCT's sequence pooling, a
+            softmax-weighted average of the patch tokens by a learned linear score (:class:`~vit.layers.SequencePool`,
+            as ``attn_pool``).
         latent_len: Number of latent queries of the ``"map"`` head (their outputs are averaged).
         pos_embed: ``"learn"`` (learned table), ``"sincos"`` (fixed 2-D sine-cosine over patches), ``"none"``.
         no_embed_class: With ``"learn"``, give position embeddings to patches only, not to prefix tokens.
         conv_stem: Embed patches with a convolutional stem (3x3 stride-2 convolutions + BatchNorm + ReLU, then a
             1x1 projection; Xiao et al. 2021) instead of one patchify convolution. See :class:`PatchEmbed`.
+        shifted_patches: Shifted patch tokenization (Lee et al. 2021): the image and its four half-patch-shifted
+            copies are embedded together (:class:`~vit.layers.ShiftedPatchEmbed`); with ``conv_stem`` they are the
+            stem's input.
         init_values: Layer-scale initial value; ``None`` disables layer scale.
         fc_norm: Normalise the pooled features instead of the tokens; ``None`` means ``global_pool == "avg"``.
         drop_rate: Dropout before the head.
@@ -92,6 +94,9 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         linear_attention: Every block not in ``global_attn_indexes`` uses :class:`~vit.layers.LinearAttention`
             (same parameters as :class:`~vit.layers.Attention`); needs ``window_size=0``.
         linear_feature_map: Feature map of the linear blocks: ``"elu"`` (``elu + 1``) or ``"relu"``.
+        locality_attention: Locality self-attention (Lee et al. 2021) in the global and block-window blocks: each
+            token's own key masked out, a learned scale per head (:class:`~vit.layers.LocalityAttention`, one more
+            parameter per block). Not with sliding windows or linear attention.
         shift_windows: Shift the window grid by ``w // 2`` in every second window block (Swin); block windows only.
         fused_attn: Use PyTorch's fused attention kernels; ``False`` selects the explicit path.
         norm_layer: Normalisation layer class; default ``LayerNorm(eps=1e-6)`` as in timm and big_vision.
@@ -121,11 +126,13 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         qk_norm: bool = False,
         class_token: bool = True,
         reg_tokens: int = 0,
-        global_pool: Literal["token", "avg", "map"] = "token",
+        distilled: bool = False,
+        global_pool: GlobalPool = "token",
         latent_len: int = 1,
         pos_embed: Literal["learn", "sincos", "none"] = "learn",
         no_embed_class: bool = False,
         conv_stem: bool = False,
+        shifted_patches: bool = False,
         init_values: float | None = None,
         fc_norm: bool | None = None,
         drop_rate: float = 0.0,
@@ -141,6 +148,7 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         shift_windows: bool = False,
         linear_attention: bool = False,
         linear_feature_map: FeatureMap = "elu",
+        locality_attention: bool = False,
         fused_attn: bool = True,
         norm_layer: type[nn.Module] | None = None,
         dynamic_img_size: bool = False,
@@ -155,13 +163,14 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         self.in_chans = in_chans
         self.has_class_token = class_token
         self.num_reg_tokens = reg_tokens
-        self.num_prefix_tokens = int(class_token) + reg_tokens
+        self.num_prefix_tokens = int(class_token) + int(distilled) + reg_tokens
         self.no_embed_class = no_embed_class or pos_embed == "sincos"
         self.window_size = window_size
         self.window_type = window_type
         self.window_dilation = window_dilation
         self.global_attn_indexes = tuple(global_attn_indexes)
         self.linear_attention = linear_attention
+        self.locality_attention = locality_attention
         self.dynamic_img_size = dynamic_img_size
         self.grad_checkpointing = False
         check_arguments(
@@ -170,7 +179,9 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
 
-        self._build_embedding(img_size, patch_size, in_chans, conv_stem, dynamic_img_pad, pos_embed)
+        self._build_embedding(
+            distilled, img_size, patch_size, in_chans, conv_stem, shifted_patches, dynamic_img_pad, pos_embed
+        )
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.patch_drop: nn.Module = nn.Identity()
         if patch_drop_rate:
@@ -190,44 +201,46 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         )
         dpr = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # stochastic depth, linear in depth
         kinds = block_attention_kinds({**vars(self), "depth": depth})
-        layers = self._attention_layers(kinds, shift_windows, linear_feature_map)
+        grid, P = self.patch_embed.grid_size, self.num_prefix_tokens
+        layers = attention_layers(
+            kinds, grid, P, window_size, window_dilation, shift_windows, linear_feature_map, locality_attention
+        )
         self.blocks = nn.Sequential(
             *(block(drop_path=rate, attn_layer=layer) for rate, layer in zip(dpr, layers, strict=True))
         )
         self.norm = norm_layer(embed_dim) if not use_fc_norm else nn.Identity()
-        self.attn_pool: AttentionPoolLatent | None = None
-        if global_pool == "map":
-            self.attn_pool = AttentionPoolLatent(
-                embed_dim,
-                num_heads=num_heads,
-                mlp_ratio=mlp_ratio,
-                latent_len=latent_len,
-                norm_layer=norm_layer,
-                fused_attn=fused_attn,
-            )
+        self.attn_pool: AttentionPoolLatent | SequencePool | None = pool_head(
+            global_pool, embed_dim, num_heads, mlp_ratio, latent_len, norm_layer, fused_attn
+        )
         self.fc_norm = norm_layer(embed_dim) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head_dist = None
+        if distilled:
+            self.head_dist = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
         self.feature_info = block_feature_info(depth, embed_dim, self.patch_embed.patch_size)
         self.pretrained_cfg = default_pretrained_cfg(img_size, in_chans, num_classes, dynamic_img_size, conv_stem)
 
     def _build_embedding(
         self,
+        distilled: bool,
         img_size: int | tuple[int, int],
         patch_size: int | tuple[int, int],
         in_chans: int,
         conv_stem: bool,
+        shifted_patches: bool,
         dynamic_img_pad: bool,
         pos_embed: str,
     ) -> None:
         """The patch embedding, the prefix tokens and the position embedding (zeros until :meth:`init_weights`)."""
         embed_dim = self.embed_dim
-        self.patch_embed = PatchEmbed(
+        self.patch_embed = patch_embedding(
             img_size,
             patch_size,
             in_chans,
             embed_dim,
+            shifted_patches,
             conv_stem=conv_stem,
             dynamic_img_size=self.dynamic_img_size,
             dynamic_img_pad=dynamic_img_pad,
@@ -237,6 +250,7 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         if self.window_size and self.window_type == "sliding":
             check_sliding(grid_size, self.window_size, self.window_dilation)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if self.has_class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, self.num_reg_tokens, embed_dim)) if self.num_reg_tokens else None
         embed_len = self.patch_embed.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
         if pos_embed == "learn":
@@ -245,27 +259,6 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
             self.register_buffer("pos_embed", build_sincos_2d_pos_embed(grid_size, embed_dim), persistent=False)
         else:
             self.pos_embed = None
-
-    def _attention_layers(
-        self, kinds: list[AttentionKind], shift_windows: bool, feature_map: FeatureMap
-    ) -> list[type[nn.Module]]:
-        """The attention layer of each block, of its kind; every second window block is shifted by half a window with
-        ``shift_windows`` (Swin)."""
-        grid = dict(grid_size=self.patch_embed.grid_size, num_prefix_tokens=self.num_prefix_tokens)
-        layers: list[type[nn.Module]] = []
-        for i, kind in enumerate(kinds):
-            if kind == "linear":
-                layers.append(partial(LinearAttention, feature_map=feature_map))
-            elif kind == "sliding":
-                layers.append(
-                    partial(NeighborhoodAttention, kernel_size=self.window_size, dilation=self.window_dilation, **grid)
-                )
-            elif kind == "window":
-                shift = self.window_size // 2 if shift_windows and kinds[:i].count("window") % 2 == 1 else 0
-                layers.append(partial(WindowAttention, window_size=self.window_size, shift=shift, **grid))
-            else:
-                layers.append(Attention)
-        return layers
 
     def attention_kinds(self) -> list[AttentionKind]:
         """The attention of each block, in order: ``"global"`` (softmax over all tokens), ``"window"`` (fixed windows,
@@ -280,6 +273,8 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         for token in (self.cls_token, self.reg_token):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
+        if self.dist_token is not None:
+            trunc_normal_(self.dist_token, std=0.02)  # timm's distilled DeiT
         self.apply(_init_vit_weights)
         if self.attn_pool is not None:
             self.attn_pool.init_weights()
@@ -299,37 +294,15 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Names of parameters that take no weight decay (position embedding and prefix tokens), timm's hook."""
-        return {"pos_embed", "cls_token", "reg_token"}
+        return {"pos_embed", "cls_token", "dist_token", "reg_token"}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
         """Parameter groups by depth for layer-wise learning-rate decay (timm's ``param_groups_layer_decay``)."""
         return {
-            "stem": r"^cls_token|^pos_embed|^patch_embed|^reg_token",
+            "stem": r"^cls_token|^dist_token|^pos_embed|^patch_embed|^reg_token",
             "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         }
-
-    def get_classifier(self) -> nn.Module:
-        """The classification head."""
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: Literal["", "token", "avg", "map"] | None = None) -> None:
-        """Replace the head with a freshly initialised one for ``num_classes`` classes (0 for none); leaving
-        ``"map"`` drops the attention-pooling head, and ``"map"`` needs a model built with it. ``""`` pools
-        nothing: ``forward_head`` then maps every token (timm's convention, used by ``prune_intermediate_layers``)."""
-        self.num_classes = num_classes
-        if global_pool is not None:
-            if global_pool == "token" and not self.has_class_token:
-                raise ValueError("global_pool='token' needs a class token")
-            if global_pool == "map" and self.attn_pool is None:
-                raise ValueError("global_pool='map' needs the attention-pooling head: build the model with it")
-            if global_pool != "map":
-                self.attn_pool = None
-            self.global_pool = global_pool
-        head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        head.apply(_init_vit_weights)  # drawn as at construction, then moved to the model's device, dtype and mode
-        weight = self.patch_embed.proj.weight
-        self.head = head.to(device=weight.device, dtype=weight.dtype).train(self.training)
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -351,6 +324,8 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
         prefix = []
         if self.cls_token is not None:
             prefix.append(self.cls_token.expand(B, -1, -1))
+        if self.dist_token is not None:
+            prefix.append(self.dist_token.expand(B, -1, -1))
         if self.reg_token is not None:
             prefix.append(self.reg_token.expand(B, -1, -1))
         pos_embed = self.pos_embed
@@ -396,22 +371,6 @@ class VisionTransformer(IntermediatesMixin, nn.Module):
             x = self.run_block(block, x, grid_size)
         return self.norm(x)
 
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens ``(B, prefix + N, C)`` to one vector per image ``(B, C)``; ``global_pool=""``: the tokens as they
-        are."""
-        if self.global_pool == "":
-            return x
-        if self.attn_pool is not None:
-            return self.attn_pool(x[:, self.num_prefix_tokens :])  # the latent attends to the patch tokens
-        if self.global_pool == "avg":
-            return x[:, self.num_prefix_tokens :].mean(dim=1)
-        return x[:, 0]
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Pool tokens and classify; ``pre_logits=True`` returns the pooled, normalised features."""
-        x = self.head_drop(self.fc_norm(self.pool(x)))
-        return x if pre_logits else self.head(x)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Images ``(B, C, H, W)`` to logits ``(B, num_classes)``."""
         return self.forward_head(self.forward_features(x))
@@ -432,13 +391,3 @@ _DEFAULTS = {name: parameter.default for name, parameter in inspect.signature(Vi
 # timm's registry files an entrypoint under the last part of its module's name (its tests choose the models with
 # forward_intermediates by it) and reads that module's default_cfgs: vit.models.register_timm_models fills both.
 default_cfgs: dict[str, dict[str, Any]] = {}
-
-
-def _init_vit_weights(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear):
-        trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
