@@ -90,9 +90,11 @@ def check_options(args: argparse.Namespace, source: Path) -> None:
             raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.max_image_pixels is not None and args.max_image_pixels < 1:
         raise UsageError(f"--max_image_pixels must be at least 1, got {args.max_image_pixels}")
-    for name in ("batch_timeout", "timeout", "grace"):
+    for name in ("batch_timeout", "grace"):
         if getattr(args, name) < 0:
             raise UsageError(f"--{name} must not be negative, got {getattr(args, name)}")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be above 0 seconds, got {args.timeout:g}: every request would get 504")
     if args.engine == "litserve" and importlib.util.find_spec("litserve") is None:
         raise UsageError("vit serve needs LitServe and prometheus-client: pip install 'vit[serve]'")
     if args.engine == "litserve" and args.host not in ("127.0.0.1", "localhost", "0.0.0.0", "::"):

@@ -80,7 +80,7 @@ def build_server(
     api = VitAPI(str(model_source), backend, threads, max_image_pixels, model_class, max_batch_size, batch_timeout)
     shared = Shared(max_queue=max_queue, max_body=max_body, api_key=api_key)
     server = ls.LitServer(api, accelerator=accelerator, workers_per_device=workers, timeout=timeout,
-                          middlewares=[(Gate, {"shared": shared})])  # fmt: skip
+                          restart_workers=True, middlewares=[(Gate, {"shared": shared})])  # fmt: skip
     server.vit_shared, server.vit_metrics_folder, server.vit_timeout = shared, metrics_folder, timeout
     add_routes(server, api)
     return server
@@ -116,12 +116,26 @@ class Endpoints:
         self.server, self.handler, self.cache = server, RegularRequestHandler(api, server), {}
 
     async def submit(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The workers' answer to ``payload``; 504 after ``timeout`` seconds."""
-        timeout = self.server.vit_timeout
+        """The workers' answer to ``payload``; 504 after ``timeout`` seconds. As LitServe's ``handle_request``, but
+        the request's entry in LitServe's response buffer is removed however the wait ends (a timed-out request left
+        it behind there, and the buffer grew by one per timeout)."""
+        from litserve.server import ResponseBufferItem
+        from litserve.utils import LitAPIStatus
+
+        timeout, buffer = self.server.vit_timeout, self.server.response_buffer
+        uid, _ = await self.handler._submit_request(payload)
+        event = asyncio.Event()
+        buffer[uid] = ResponseBufferItem(event)
         try:
-            return await asyncio.wait_for(self.handler.handle_request(payload, dict), timeout)
+            await asyncio.wait_for(event.wait(), timeout)
         except asyncio.TimeoutError:
             raise RequestError(504, f"no answer within {timeout:g} s (--timeout)") from None
+        finally:
+            item = buffer.pop(uid, None)
+        response, status = item.response
+        if status == LitAPIStatus.ERROR:
+            self.handler._handle_error_response(response)
+        return response
 
     async def description(self, name: str | None = None) -> dict[str, Any]:
         """:meth:`ServeModel.info <vit.serve.model.ServeModel.info>`; 404 if ``name`` is not the model's."""
