@@ -408,6 +408,20 @@ def test_a_public_bind_needs_an_api_key(monkeypatch):
     assert check_bind("0.0.0.0", None) == "from-env"
 
 
+def test_threads_per_worker_are_the_free_cores_shared_among_the_workers(monkeypatch):
+    """As ``vit explain`` counts them (the cores less the busy ones, rounded), divided among --workers, at least 1."""
+    from vit import env
+    from vit.serve.server import worker_threads
+
+    assert worker_threads(1, cores=8, busy=0.0) == 8 and worker_threads(2, cores=8, busy=0.0) == 4
+    assert worker_threads(2, cores=8, busy=2.4) == 3  # 8 - 2 free cores, 3 each
+    assert worker_threads(1, cores=2, busy=1.6) == 1 and worker_threads(3, cores=2, busy=0.0) == 1
+    assert worker_threads(1, cores=4, busy=0.4) == 4  # a noisy machine keeps all its cores
+    monkeypatch.setattr(env, "available_cores", lambda: 6)
+    monkeypatch.setattr(env, "busy_cores", lambda: 2.0)
+    assert worker_threads(2) == 2
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
@@ -417,6 +431,7 @@ def test_a_public_bind_needs_an_api_key(monkeypatch):
         (["{ckpt}", "--max_queue", "0"], "--max_queue"),
         (["{ckpt}", "--timeout", "0"], "--timeout"),
         (["{ckpt}", "--timeout", "-1"], "--timeout"),
+        (["{ckpt}", "--threads", "0"], "--threads"),
         (["{ckpt}", "--max_queu", "3"], "did you mean --max_queue"),
         (["{ckpt}", "--port", "{busy}"], "cannot be bound"),
     ],

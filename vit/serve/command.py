@@ -44,7 +44,8 @@ def build_parser(prog: str = "vit serve") -> argparse.ArgumentParser:
     parser.add_argument("--max_batch_size", type=int, default=8, help="requests batched into one pass (default: 8)")
     parser.add_argument("--batch_timeout", type=float, default=0.01, help="seconds a batch waits to fill (0.01)")
     parser.add_argument("--workers", type=int, default=1, help="model worker processes per device (default: 1)")
-    parser.add_argument("--threads", type=int, default=None, help="threads per worker (default: cores / workers)")
+    parser.add_argument("--threads", type=int, default=None, help="threads per worker (default: the cores "
+                        "not busy with other processes, divided among the workers)")  # fmt: skip
     parser.add_argument("--max_queue", type=int, default=64, help="inference requests in flight at most; the next "
                         "gets 503 with Retry-After at once (default: 64)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds before a request gets 504 (default: 30)")
@@ -88,8 +89,9 @@ def check_options(args: argparse.Namespace, source: Path) -> None:
     for name in ("max_batch_size", "workers", "max_queue", "port"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.max_image_pixels is not None and args.max_image_pixels < 1:
-        raise UsageError(f"--max_image_pixels must be at least 1, got {args.max_image_pixels}")
+    for name in ("max_image_pixels", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
     for name in ("batch_timeout", "grace"):
         if getattr(args, name) < 0:
             raise UsageError(f"--{name} must not be negative, got {getattr(args, name)}")
@@ -146,14 +148,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit serve") -> int:
     if args.engine == "ray":
         return run_ray(source, args, options)
     from .model import model_name
-    from .server import run
+    from .server import run, worker_threads
 
+    options["threads"] = threads = args.threads or worker_threads(args.workers)
     url = f"http://{'[::1]' if args.host == '::' else args.host}:{args.port}"
     name = model_name(source)
     print(
-        f"vit serve: {source} as model {name!r} on {url} ({args.backend}, {args.workers} worker(s), batches of "
-        f"up to {args.max_batch_size}): POST /predict, GET /info /metrics /docs, /v2/models/{name}/infer; "
-        "GET /health answers 200 once the model is loaded",
+        f"vit serve: {source} as model {name!r} on {url} ({args.backend}, {args.workers} worker(s) of {threads} "
+        f"thread(s), batches of up to {args.max_batch_size}): POST /predict, GET /info /metrics /docs, "
+        f"/v2/models/{name}/infer; GET /health answers 200 once the model is loaded",
         flush=True,
     )
     try:

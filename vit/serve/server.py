@@ -57,7 +57,7 @@ def build_server(
         max_batch_size: Requests batched into one forward pass at most.
         batch_timeout: Seconds a batch waits to fill.
         workers: Worker processes per device, each with the model.
-        threads: Intra-op threads per worker; ``None``: the cores this process may use divided among the workers.
+        threads: Intra-op threads per worker; ``None``: :func:`worker_threads`.
         max_queue: Inference requests in flight at most; the next gets 503 at once.
         timeout: Seconds a request may take (queue and model) before it gets 504.
         max_body: Largest request body in bytes (413 above); ``None``: no limit.
@@ -71,12 +71,11 @@ def build_server(
     metrics_folder = metrics.prepare()  # before prometheus-client is imported anywhere
     import litserve as ls
 
-    from ..env import available_cores
     from .api import VitAPI
 
     if max_image_pixels is None:
         from ..data.datasets import MAX_IMAGE_PIXELS as max_image_pixels
-    threads = threads or max(1, available_cores() // max(1, workers))
+    threads = threads or worker_threads(workers)
     api = VitAPI(str(model_source), backend, threads, max_image_pixels, model_class, max_batch_size, batch_timeout)
     shared = Shared(max_queue=max_queue, max_body=max_body, api_key=api_key)
     server = ls.LitServer(api, accelerator=accelerator, workers_per_device=workers, timeout=timeout,
@@ -84,6 +83,23 @@ def build_server(
     server.vit_shared, server.vit_metrics_folder, server.vit_timeout = shared, metrics_folder, timeout
     add_routes(server, api)
     return server
+
+
+def worker_threads(workers: int, cores: int | None = None, busy: float | None = None) -> int:
+    """Intra-op threads of each of ``workers`` worker processes: the threads ``vit explain`` would take
+    (:func:`vit.env.default_threads`: the cores less those other processes keep busy now) shared among the workers,
+    at least 1 each.
+
+    Args:
+        workers: Worker processes.
+        cores: The cores this process may use; ``None``: :func:`vit.env.available_cores`.
+        busy: The cores other processes keep busy; ``None``: :func:`vit.env.busy_cores`, measured now.
+    """
+    from ..env import available_cores, busy_cores, default_threads
+
+    cores = available_cores() if cores is None else cores
+    busy = busy_cores() if busy is None else busy
+    return max(1, default_threads(cores, busy) // max(1, workers))
 
 
 def add_routes(server: Any, api: Any) -> None:
@@ -290,4 +306,4 @@ def stop(server: Any) -> None:
         event.set()
 
 
-__all__ = ["build_server", "run"]
+__all__ = ["build_server", "run", "worker_threads"]
