@@ -458,3 +458,35 @@ def test_help_and_bad_options_answer_before_torch_loads():
     from vit.serve.command import EXPORT_CONFIG
 
     assert EXPORT_CONFIG == CONFIG_FILE
+
+
+def test_the_page_of_the_real_server_shows_its_own_answer(server, browser, tmp_path):
+    """GET / of the running server in headless Chromium: the key asked for (the server has one), a digit uploaded
+    through the file input; the card shows the labels /predict answers for that file, top-1 first, and the overlay
+    loads."""
+    from sklearn.datasets import load_digits
+
+    gray = (load_digits().images[3] * (255 / 16)).round().astype(np.uint8).repeat(4, 0).repeat(4, 1)
+    path = tmp_path / "digit.png"
+    path.write_bytes(encode(np.repeat(gray[:, :, None], 3, axis=2), "PNG"))
+    expected = post(server, headers={"Content-Type": "image/png"}, data=path.read_bytes(), params={"top_k": 5})
+    assert expected.status_code == 200, expected.text
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(server["url"] + "/")
+        page.wait_for_selector("#key-box", state="visible")  # /info answered 401: the page asks for the key
+        page.locator("#key").fill(KEY)
+        page.locator("#files").set_input_files(str(path))
+        page.wait_for_function("() => window.servePage.done()", timeout=120_000)
+        card = page.locator("article.result").first
+        assert card.get_attribute("data-state") == "done", card.locator(".error").text_content()
+        assert card.locator(".bars li.first .label").text_content() == expected.json()[0]["label"]
+        assert card.locator(".bars .label").all_text_contents() == [a["label"] for a in expected.json()]
+        overlay = card.locator(".overlay img")
+        page.wait_for_function("(img) => img.complete && img.naturalWidth > 0", arg=overlay.element_handle())
+        assert overlay.evaluate("(img) => img.naturalWidth") >= 224  # the server's overlay, not the upload
+        assert not errors
+    finally:
+        page.close()
