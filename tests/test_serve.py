@@ -59,12 +59,6 @@ def encode(array: np.ndarray, kind: str) -> bytes:
     return buffer.getvalue()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_ready(url: str, process: subprocess.Popen, headers: dict | None = None, limit: float = 240) -> None:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -105,7 +99,7 @@ def files(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(files):
+def server(files, free_port):
     """``vit serve`` of the checkpoint on a free loopback port, with an API key and small limits."""
     require("litserve")
     port = free_port()
@@ -252,15 +246,10 @@ def test_open_inference_protocol_with_tritonclient(server):
 
 
 @pytest.mark.slow  # a second server
-def test_a_full_queue_answers_503_at_once_and_sigterm_drains(files, tmp_path):
+def test_a_full_queue_answers_503_at_once_and_sigterm_drains(files, tmp_path, free_port):
     """max_queue 1 and a model held busy (tests/serve_gate.py): the second request is refused with Retry-After; on
     SIGTERM new requests get 503, the one in flight finishes, the server exits 0."""
-    require("litserve")
-    checkpoint = tmp_path / "gated.ckpt"
-    checkpoint.write_bytes(files["checkpoint"].read_bytes())
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = start([sys.executable, str(ROOT / "tests" / "serve_gate.py"), str(checkpoint), str(port)], tmp_path)
+    process, url, checkpoint = start_gated(files, tmp_path, free_port)
     image = (files["folder"] / files["images"][0]).read_bytes()
     try:
         wait_ready(url, process)
@@ -288,7 +277,7 @@ def test_a_full_queue_answers_503_at_once_and_sigterm_drains(files, tmp_path):
         stop(process)
 
 
-def start_gated(files: dict, tmp_path: Path, *options: str) -> tuple[subprocess.Popen, str, Path]:
+def start_gated(files: dict, tmp_path: Path, free_port, *options: str) -> tuple[subprocess.Popen, str, Path]:
     """tests/serve_gate.py on a free port: the process, its URL, and its checkpoint (``.gate`` opens the model)."""
     require("litserve")
     checkpoint = tmp_path / "gated.ckpt"
@@ -304,11 +293,11 @@ def post_image(url: str, files: dict, timeout: float = 120):
 
 
 @pytest.mark.slow  # a second server
-def test_a_worker_that_dies_is_restarted_and_its_request_answered(files, tmp_path):
+def test_a_worker_that_dies_is_restarted_and_its_request_answered(files, tmp_path, free_port):
     """The worker process killed while it holds a request: that request is answered (504 at --timeout), the worker
     comes back, the next request gets 200, and the server stays up."""
     psutil = require("psutil")
-    process, url, checkpoint = start_gated(files, tmp_path, "timeout=8", "max_queue=4")
+    process, url, checkpoint = start_gated(files, tmp_path, free_port, "timeout=8", "max_queue=4")
     try:
         wait_ready(url, process)
         pid_file = Path(str(checkpoint) + ".pid")
@@ -336,9 +325,9 @@ def test_a_worker_that_dies_is_restarted_and_its_request_answered(files, tmp_pat
 
 
 @pytest.mark.slow  # a second server
-def test_timeout_answers_504_and_the_server_keeps_serving(files, tmp_path):
+def test_timeout_answers_504_and_the_server_keeps_serving(files, tmp_path, free_port):
     """A forward held past --timeout: 504 with one JSON line; once the model answers again, 200."""
-    process, url, checkpoint = start_gated(files, tmp_path, "timeout=2", "max_queue=4")
+    process, url, checkpoint = start_gated(files, tmp_path, free_port, "timeout=2", "max_queue=4")
     try:
         wait_ready(url, process)
         response = post_image(url, files)
@@ -394,6 +383,18 @@ def test_onnx_backend_agrees_with_torch(files, tmp_path):
     reference = vit.Predictor(files["checkpoint"]).probabilities(images).numpy()  # the temperature applies to both
     np.testing.assert_allclose(onnx_model.probabilities(images), reference, atol=1e-5)
     assert onnx_model.info()["backend"] == "onnx" and onnx_model.name == "exported"
+
+
+def test_the_key_check_and_error_headers_shared_by_both_engines():
+    from vit.serve.gate import error_headers, key_error
+
+    assert key_error(None, None) is None and key_error("Bearer x", "") is None  # no key: everything passes
+    assert key_error(f"Bearer {KEY}", KEY) is None
+    for wrong in (None, "", KEY, f"Bearer {KEY}x", f"bearer {KEY}", "Bearer tést"):
+        denied = key_error(wrong, KEY)
+        assert denied.status == 401 and "Authorization: Bearer KEY" in denied.message
+    assert error_headers(503) == {"Retry-After": "1"} and error_headers(401) == {"WWW-Authenticate": "Bearer"}
+    assert error_headers(400) == {}
 
 
 def test_a_public_bind_needs_an_api_key(monkeypatch):

@@ -84,7 +84,7 @@ def check_options(args: argparse.Namespace, source: Path) -> None:
     Raises:
         UsageError: Naming the option and the fix.
     """
-    from ..export import ONNX_FILE
+    from .errors import check_onnx_backend
 
     for name in ("max_batch_size", "workers", "max_queue", "port"):
         if getattr(args, name) < 1:
@@ -102,13 +102,7 @@ def check_options(args: argparse.Namespace, source: Path) -> None:
     if args.engine == "litserve" and args.host not in ("127.0.0.1", "localhost", "0.0.0.0", "::"):
         raise UsageError(f"--host {args.host}: LitServe binds 127.0.0.1, 0.0.0.0 (every IPv4 interface) or ::")
     if args.backend == "onnx":
-        if not (source.is_dir() and (source / ONNX_FILE).is_file()):
-            raise UsageError(
-                f"--backend onnx runs the {ONNX_FILE} of an export folder and {source} has none: "
-                f"write one with `vit export --ckpt_path {source} --out DIR --onnx`, then serve DIR"
-            )
-        if importlib.util.find_spec("onnxruntime") is None:
-            raise UsageError("--backend onnx needs onnxruntime: pip install 'vit[export]'")
+        check_onnx_backend(source)
     check_port(args.host, args.port)
 
 
@@ -177,7 +171,8 @@ def run_ray(source: Path, args: argparse.Namespace, options: dict) -> int:
         if (err.name or "").split(".")[0] == "ray":
             raise UsageError("--engine ray needs Ray Serve: pip install 'ray[serve]'") from None
         raise UsageError(f"--engine ray is not available in this install ({err})") from None
-    return ray_app.run(source, host=args.host, port=args.port, print_config=args.print_config, **options)
+    return ray_app.run(source, host=args.host, port=args.port, print_config=args.print_config, grace=args.grace,
+                       **options)  # fmt: skip
 
 
 if __name__ == "__main__":
