@@ -293,11 +293,13 @@ def post_image(url: str, files: dict, timeout: float = 120):
 
 
 @pytest.mark.slow  # a second server
-def test_a_worker_that_dies_is_restarted_and_its_request_answered(files, tmp_path, free_port):
-    """The worker process killed while it holds a request: that request is answered (504 at --timeout), the worker
-    comes back, the next request gets 200, and the server stays up."""
+@pytest.mark.parametrize("batch", [1, 4])  # LitServe's single loop says which worker took a request; its batched not
+def test_a_worker_that_dies_is_restarted_and_its_request_answered(files, tmp_path, free_port, batch):
+    """The worker process killed while it holds a request: that request is answered 503 (long before --timeout), the
+    worker comes back, the next request gets 200, and the server stays up."""
     psutil = require("psutil")
-    process, url, checkpoint = start_gated(files, tmp_path, free_port, "timeout=8", "max_queue=4")
+    options = ("timeout=600", "max_queue=4", f"max_batch_size={batch}")
+    process, url, checkpoint = start_gated(files, tmp_path, free_port, *options)
     try:
         wait_ready(url, process)
         pid_file = Path(str(checkpoint) + ".pid")
@@ -312,7 +314,8 @@ def test_a_worker_that_dies_is_restarted_and_its_request_answered(files, tmp_pat
             time.sleep(0.1)
         psutil.Process(worker).kill()
         first.join(timeout=120)
-        assert held["response"].status_code == 504 and "--timeout" in held["response"].json()["error"]
+        assert held["response"].status_code == 503 and "restarted" in held["response"].json()["error"]
+        assert held["response"].headers["Retry-After"] == "1"
         Path(str(checkpoint) + ".gate").touch()
         deadline = time.monotonic() + 120
         while (response := post_image(url, files)).status_code != 200:

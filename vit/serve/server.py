@@ -15,6 +15,7 @@ is left or after ``grace`` seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -26,10 +27,12 @@ from typing import Any
 from starlette.requests import Request
 
 from .errors import RequestError
-from .gate import Gate, Shared
+from .gate import Gate, Shared, error_headers
 
 MAX_BODY = 64 * 1024 * 1024
 """``--max_body``'s default: 64 MiB, a few large photographs in one request."""
+WATCH_S = 1.0
+"""Seconds between two looks, while a request waits, at whether its worker died (then it gets 503 at once)."""
 PLACEHOLDER_PAGE = "<!doctype html><title>vit serve</title><p>vit serve is running: POST images to /predict.</p>"
 
 
@@ -118,7 +121,8 @@ def add_routes(server: Any, api: Any) -> None:
         ("/v2/models/{name}/versions/{version}/infer", routes.infer, ["POST"]),
     ):  # fmt: skip
         app.add_api_route(path, endpoint, methods=methods)
-    app.add_exception_handler(RequestError, lambda request, err: JSONResponse({"error": err.message}, err.status))
+    app.add_exception_handler(RequestError, lambda request, err: JSONResponse(
+        {"error": err.message}, err.status, headers=error_headers(err.status) or None))  # fmt: skip
     app.add_exception_handler(HTTPException, http_error)
 
 
@@ -134,7 +138,8 @@ class Endpoints:
     async def submit(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The workers' answer to ``payload``; 504 after ``timeout`` seconds. As LitServe's ``handle_request``, but
         the request's entry in LitServe's response buffer is removed however the wait ends (a timed-out request left
-        it behind there, and the buffer grew by one per timeout)."""
+        it behind there, and the buffer grew by one per timeout), and a request whose worker died gets 503 as soon
+        as LitServe restarts the worker (:meth:`restarting`) instead of 504 at ``timeout``."""
         from litserve.server import ResponseBufferItem
         from litserve.utils import LitAPIStatus
 
@@ -142,16 +147,30 @@ class Endpoints:
         uid, _ = await self.handler._submit_request(payload)
         event = asyncio.Event()
         buffer[uid] = ResponseBufferItem(event)
+        deadline = time.monotonic() + timeout
         try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except asyncio.TimeoutError:
-            raise RequestError(504, f"no answer within {timeout:g} s (--timeout)") from None
+            while not event.is_set():
+                if time.monotonic() >= deadline:
+                    raise RequestError(504, f"no answer within {timeout:g} s (--timeout)")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(WATCH_S, deadline - time.monotonic()))
+                if not event.is_set() and self.restarting(buffer[uid].worker_id):
+                    raise RequestError(503, "the model worker holding this request died and is being restarted: "
+                                            "retry in a few seconds")  # fmt: skip
         finally:
             item = buffer.pop(uid, None)
         response, status = item.response
         if status == LitAPIStatus.ERROR:
             self.handler._handle_error_response(response)
         return response
+
+    def restarting(self, worker_id: int | None) -> bool:
+        """Whether the worker ``worker_id`` is not ready: it died and LitServe's monitor is starting it again (its
+        requests would otherwise wait for ``--timeout``). LitServe's batched loop does not say which worker took a
+        request (``None``): then whether any worker is not ready, as the request may have been the dead one's."""
+        states = dict(getattr(self.server, "workers_setup_status", None) or {})
+        suffix = "" if worker_id is None else f"_{worker_id}"
+        return any(key.endswith(suffix) and state != "ready" for key, state in states.items())
 
     async def description(self, name: str | None = None) -> dict[str, Any]:
         """:meth:`ServeModel.info <vit.serve.model.ServeModel.info>`; 404 if ``name`` is not the model's."""
