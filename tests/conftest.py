@@ -305,3 +305,16 @@ def postgres_url() -> str:
             pytest.fail("CI needs the PostgreSQL tests: VIT_TEST_POSTGRES_URL is not set (.ci/run starts a server)")
         pytest.skip("no PostgreSQL server: set VIT_TEST_POSTGRES_URL=postgresql://USER@HOST:PORT/DATABASE")
     return url
+
+
+@pytest.fixture(scope="session")
+def free_port():
+    """A function returning a TCP port of 127.0.0.1 that nothing listens on now (bound by the OS, then released)."""
+    import socket
+
+    def pick() -> int:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+
+    return pick

@@ -59,12 +59,6 @@ def encode(array: np.ndarray, kind: str) -> bytes:
     return buffer.getvalue()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_ready(url: str, process: subprocess.Popen, headers: dict | None = None, limit: float = 240) -> None:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -105,7 +99,7 @@ def files(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(files):
+def server(files, free_port):
     """``vit serve`` of the checkpoint on a free loopback port, with an API key and small limits."""
     require("litserve")
     port = free_port()
@@ -252,15 +246,10 @@ def test_open_inference_protocol_with_tritonclient(server):
 
 
 @pytest.mark.slow  # a second server
-def test_a_full_queue_answers_503_at_once_and_sigterm_drains(files, tmp_path):
+def test_a_full_queue_answers_503_at_once_and_sigterm_drains(files, tmp_path, free_port):
     """max_queue 1 and a model held busy (tests/serve_gate.py): the second request is refused with Retry-After; on
     SIGTERM new requests get 503, the one in flight finishes, the server exits 0."""
-    require("litserve")
-    checkpoint = tmp_path / "gated.ckpt"
-    checkpoint.write_bytes(files["checkpoint"].read_bytes())
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = start([sys.executable, str(ROOT / "tests" / "serve_gate.py"), str(checkpoint), str(port)], tmp_path)
+    process, url, checkpoint = start_gated(files, tmp_path, free_port)
     image = (files["folder"] / files["images"][0]).read_bytes()
     try:
         wait_ready(url, process)
@@ -288,6 +277,99 @@ def test_a_full_queue_answers_503_at_once_and_sigterm_drains(files, tmp_path):
         stop(process)
 
 
+def start_gated(files: dict, tmp_path: Path, free_port, *options: str) -> tuple[subprocess.Popen, str, Path]:
+    """tests/serve_gate.py on a free port: the process, its URL, and its checkpoint (``.gate`` opens the model)."""
+    require("litserve")
+    checkpoint = tmp_path / "gated.ckpt"
+    checkpoint.write_bytes(files["checkpoint"].read_bytes())
+    port = free_port()
+    script = [sys.executable, str(ROOT / "tests" / "serve_gate.py"), str(checkpoint), str(port), *options]
+    return start(script, tmp_path), f"http://127.0.0.1:{port}", checkpoint
+
+
+def post_image(url: str, files: dict, timeout: float = 120):
+    image = (files["folder"] / files["images"][0]).read_bytes()
+    return requests.post(f"{url}/predict", data=image, headers={"Content-Type": "image/png"}, timeout=timeout)
+
+
+@pytest.mark.slow  # a second server
+@pytest.mark.parametrize("batch", [1, 4])  # LitServe's single loop says which worker took a request; its batched not
+def test_a_worker_that_dies_is_restarted_and_its_request_answered(files, tmp_path, free_port, batch):
+    """The worker process killed while it holds a request: that request is answered 503 (long before --timeout), the
+    worker comes back, the next request gets 200, and the server stays up."""
+    psutil = require("psutil")
+    options = ("timeout=600", "max_queue=4", f"max_batch_size={batch}")
+    process, url, checkpoint = start_gated(files, tmp_path, free_port, *options)
+    try:
+        wait_ready(url, process)
+        pid_file = Path(str(checkpoint) + ".pid")
+        worker = int(pid_file.read_text())
+        assert worker in [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+        held: dict = {}
+        first = threading.Thread(target=lambda: held.update(response=post_image(url, files)))
+        first.start()
+        deadline = time.monotonic() + 60
+        while "vit_serve_queue_depth 1.0" not in requests.get(f"{url}/metrics", timeout=10).text:
+            assert time.monotonic() < deadline, "the first request never reached the model"
+            time.sleep(0.1)
+        psutil.Process(worker).kill()
+        first.join(timeout=120)
+        assert held["response"].status_code == 503 and "restarted" in held["response"].json()["error"]
+        assert held["response"].headers["Retry-After"] == "1"
+        Path(str(checkpoint) + ".gate").touch()
+        deadline = time.monotonic() + 120
+        while (response := post_image(url, files)).status_code != 200:
+            assert response.status_code in (503, 504) and time.monotonic() < deadline, response.text
+        assert response.json()[0]["label"] in NAMES and process.poll() is None
+        assert int(pid_file.read_text()) != worker
+    finally:
+        Path(str(checkpoint) + ".gate").touch()
+        stop(process)
+
+
+@pytest.mark.slow  # a second server
+def test_timeout_answers_504_and_the_server_keeps_serving(files, tmp_path, free_port):
+    """A forward held past --timeout: 504 with one JSON line; once the model answers again, 200."""
+    process, url, checkpoint = start_gated(files, tmp_path, free_port, "timeout=2", "max_queue=4")
+    try:
+        wait_ready(url, process)
+        response = post_image(url, files)
+        assert response.status_code == 504 and list(response.json()) == ["error"]
+        assert "--timeout" in response.json()["error"]
+        Path(str(checkpoint) + ".gate").touch()
+        assert post_image(url, files).status_code == 200
+    finally:
+        Path(str(checkpoint) + ".gate").touch()
+        stop(process)
+
+
+def test_a_timed_out_request_leaves_nothing_in_the_response_buffer():
+    """LitServe keeps each request's answer slot in ``response_buffer`` until it is answered: a request that times
+    out must not leave its slot behind (the buffer would grow by one per 504)."""
+    require("litserve")
+    import asyncio
+    import queue
+    from types import SimpleNamespace
+
+    from vit.serve.errors import RequestError
+    from vit.serve.server import Endpoints
+
+    submitted: queue.Queue = queue.Queue()
+
+    async def submit_request(payload):
+        submitted.put(payload)
+        return f"uid-{submitted.qsize()}", 0
+
+    server = SimpleNamespace(vit_timeout=0.05, response_buffer={"earlier": object()})
+    endpoints = Endpoints.__new__(Endpoints)
+    endpoints.server, endpoints.handler = server, SimpleNamespace(_submit_request=submit_request)
+    for _ in range(3):
+        with pytest.raises(RequestError) as err:
+            asyncio.run(endpoints.submit({"kind": "predict"}))
+        assert err.value.status == 504
+    assert submitted.qsize() == 3 and list(server.response_buffer) == ["earlier"]
+
+
 def test_onnx_backend_agrees_with_torch(files, tmp_path):
     require("onnxruntime")
     from vit.export import export
@@ -306,6 +388,18 @@ def test_onnx_backend_agrees_with_torch(files, tmp_path):
     assert onnx_model.info()["backend"] == "onnx" and onnx_model.name == "exported"
 
 
+def test_the_key_check_and_error_headers_shared_by_both_engines():
+    from vit.serve.gate import error_headers, key_error
+
+    assert key_error(None, None) is None and key_error("Bearer x", "") is None  # no key: everything passes
+    assert key_error(f"Bearer {KEY}", KEY) is None
+    for wrong in (None, "", KEY, f"Bearer {KEY}x", f"bearer {KEY}", "Bearer tést"):
+        denied = key_error(wrong, KEY)
+        assert denied.status == 401 and "Authorization: Bearer KEY" in denied.message
+    assert error_headers(503) == {"Retry-After": "1"} and error_headers(401) == {"WWW-Authenticate": "Bearer"}
+    assert error_headers(400) == {}
+
+
 def test_a_public_bind_needs_an_api_key(monkeypatch):
     monkeypatch.delenv("VIT_SERVE_API_KEY", raising=False)
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
@@ -318,6 +412,20 @@ def test_a_public_bind_needs_an_api_key(monkeypatch):
     assert check_bind("0.0.0.0", None) == "from-env"
 
 
+def test_threads_per_worker_are_the_free_cores_shared_among_the_workers(monkeypatch):
+    """As ``vit explain`` counts them (the cores less the busy ones, rounded), divided among --workers, at least 1."""
+    from vit import env
+    from vit.serve.server import worker_threads
+
+    assert worker_threads(1, cores=8, busy=0.0) == 8 and worker_threads(2, cores=8, busy=0.0) == 4
+    assert worker_threads(2, cores=8, busy=2.4) == 3  # 8 - 2 free cores, 3 each
+    assert worker_threads(1, cores=2, busy=1.6) == 1 and worker_threads(3, cores=2, busy=0.0) == 1
+    assert worker_threads(1, cores=4, busy=0.4) == 4  # a noisy machine keeps all its cores
+    monkeypatch.setattr(env, "available_cores", lambda: 6)
+    monkeypatch.setattr(env, "busy_cores", lambda: 2.0)
+    assert worker_threads(2) == 2
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
@@ -325,6 +433,9 @@ def test_a_public_bind_needs_an_api_key(monkeypatch):
         (["{ckpt}", "--backend", "onnx"], "vit export"),
         (["{ckpt}", "--host", "0.0.0.0"], "--api_key"),
         (["{ckpt}", "--max_queue", "0"], "--max_queue"),
+        (["{ckpt}", "--timeout", "0"], "--timeout"),
+        (["{ckpt}", "--timeout", "-1"], "--timeout"),
+        (["{ckpt}", "--threads", "0"], "--threads"),
         (["{ckpt}", "--max_queu", "3"], "did you mean --max_queue"),
         (["{ckpt}", "--port", "{busy}"], "cannot be bound"),
     ],
@@ -351,3 +462,35 @@ def test_help_and_bad_options_answer_before_torch_loads():
     from vit.serve.command import EXPORT_CONFIG
 
     assert EXPORT_CONFIG == CONFIG_FILE
+
+
+def test_the_page_of_the_real_server_shows_its_own_answer(server, browser, tmp_path):
+    """GET / of the running server in headless Chromium: the key asked for (the server has one), a digit uploaded
+    through the file input; the card shows the labels /predict answers for that file, top-1 first, and the overlay
+    loads."""
+    from sklearn.datasets import load_digits
+
+    gray = (load_digits().images[3] * (255 / 16)).round().astype(np.uint8).repeat(4, 0).repeat(4, 1)
+    path = tmp_path / "digit.png"
+    path.write_bytes(encode(np.repeat(gray[:, :, None], 3, axis=2), "PNG"))
+    expected = post(server, headers={"Content-Type": "image/png"}, data=path.read_bytes(), params={"top_k": 5})
+    assert expected.status_code == 200, expected.text
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(server["url"] + "/")
+        page.wait_for_selector("#key-box", state="visible")  # /info answered 401: the page asks for the key
+        page.locator("#key").fill(KEY)
+        page.locator("#files").set_input_files(str(path))
+        page.wait_for_function("() => window.servePage.done()", timeout=120_000)
+        card = page.locator("article.result").first
+        assert card.get_attribute("data-state") == "done", card.locator(".error").text_content()
+        assert card.locator(".bars li.first .label").text_content() == expected.json()[0]["label"]
+        assert card.locator(".bars .label").all_text_contents() == [a["label"] for a in expected.json()]
+        overlay = card.locator(".overlay img")
+        page.wait_for_function("(img) => img.complete && img.naturalWidth > 0", arg=overlay.element_handle())
+        assert overlay.evaluate("(img) => img.naturalWidth") >= 224  # the server's overlay, not the upload
+        assert not errors
+    finally:
+        page.close()

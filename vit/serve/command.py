@@ -44,7 +44,8 @@ def build_parser(prog: str = "vit serve") -> argparse.ArgumentParser:
     parser.add_argument("--max_batch_size", type=int, default=8, help="requests batched into one pass (default: 8)")
     parser.add_argument("--batch_timeout", type=float, default=0.01, help="seconds a batch waits to fill (0.01)")
     parser.add_argument("--workers", type=int, default=1, help="model worker processes per device (default: 1)")
-    parser.add_argument("--threads", type=int, default=None, help="threads per worker (default: cores / workers)")
+    parser.add_argument("--threads", type=int, default=None, help="threads per worker (default: the cores "
+                        "not busy with other processes, divided among the workers)")  # fmt: skip
     parser.add_argument("--max_queue", type=int, default=64, help="inference requests in flight at most; the next "
                         "gets 503 with Retry-After at once (default: 64)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds before a request gets 504 (default: 30)")
@@ -83,28 +84,25 @@ def check_options(args: argparse.Namespace, source: Path) -> None:
     Raises:
         UsageError: Naming the option and the fix.
     """
-    from ..export import ONNX_FILE
+    from .errors import check_onnx_backend
 
     for name in ("max_batch_size", "workers", "max_queue", "port"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.max_image_pixels is not None and args.max_image_pixels < 1:
-        raise UsageError(f"--max_image_pixels must be at least 1, got {args.max_image_pixels}")
-    for name in ("batch_timeout", "timeout", "grace"):
+    for name in ("max_image_pixels", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    for name in ("batch_timeout", "grace"):
         if getattr(args, name) < 0:
             raise UsageError(f"--{name} must not be negative, got {getattr(args, name)}")
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be above 0 seconds, got {args.timeout:g}: every request would get 504")
     if args.engine == "litserve" and importlib.util.find_spec("litserve") is None:
         raise UsageError("vit serve needs LitServe and prometheus-client: pip install 'vit[serve]'")
     if args.engine == "litserve" and args.host not in ("127.0.0.1", "localhost", "0.0.0.0", "::"):
         raise UsageError(f"--host {args.host}: LitServe binds 127.0.0.1, 0.0.0.0 (every IPv4 interface) or ::")
     if args.backend == "onnx":
-        if not (source.is_dir() and (source / ONNX_FILE).is_file()):
-            raise UsageError(
-                f"--backend onnx runs the {ONNX_FILE} of an export folder and {source} has none: "
-                f"write one with `vit export --ckpt_path {source} --out DIR --onnx`, then serve DIR"
-            )
-        if importlib.util.find_spec("onnxruntime") is None:
-            raise UsageError("--backend onnx needs onnxruntime: pip install 'vit[export]'")
+        check_onnx_backend(source)
     check_port(args.host, args.port)
 
 
@@ -144,14 +142,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit serve") -> int:
     if args.engine == "ray":
         return run_ray(source, args, options)
     from .model import model_name
-    from .server import run
+    from .server import run, worker_threads
 
+    options["threads"] = threads = args.threads or worker_threads(args.workers)
     url = f"http://{'[::1]' if args.host == '::' else args.host}:{args.port}"
     name = model_name(source)
     print(
-        f"vit serve: {source} as model {name!r} on {url} ({args.backend}, {args.workers} worker(s), batches of "
-        f"up to {args.max_batch_size}): POST /predict, GET /info /metrics /docs, /v2/models/{name}/infer; "
-        "GET /health answers 200 once the model is loaded",
+        f"vit serve: {source} as model {name!r} on {url} ({args.backend}, {args.workers} worker(s) of {threads} "
+        f"thread(s), batches of up to {args.max_batch_size}): POST /predict, GET /info /metrics /docs, "
+        f"/v2/models/{name}/infer; GET /health answers 200 once the model is loaded",
         flush=True,
     )
     try:
@@ -172,7 +171,8 @@ def run_ray(source: Path, args: argparse.Namespace, options: dict) -> int:
         if (err.name or "").split(".")[0] == "ray":
             raise UsageError("--engine ray needs Ray Serve: pip install 'ray[serve]'") from None
         raise UsageError(f"--engine ray is not available in this install ({err})") from None
-    return ray_app.run(source, host=args.host, port=args.port, print_config=args.print_config, **options)
+    return ray_app.run(source, host=args.host, port=args.port, print_config=args.print_config, grace=args.grace,
+                       **options)  # fmt: skip
 
 
 if __name__ == "__main__":

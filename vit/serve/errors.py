@@ -1,9 +1,12 @@
-"""The one error a request can end with: :class:`RequestError`, an HTTP status and a one-line reason.
+"""The one error a request can end with: :class:`RequestError`, an HTTP status and a one-line reason; and
+:func:`check_onnx_backend`, the one check of ``--backend onnx`` (the command line's and the worker's).
 
-Standard library only: the HTTP side of ``vit serve`` imports it without torch.
+Without torch: the HTTP side of ``vit serve`` and its option checks import it.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 
 class RequestError(Exception):
@@ -25,4 +28,22 @@ class RequestError(Exception):
         return {"error": self.message, "status": self.status}
 
 
-__all__ = ["RequestError"]
+def check_onnx_backend(source: Path) -> None:
+    """Refuse ``--backend onnx`` for ``source`` without a ``model.onnx`` or without ONNX Runtime.
+
+    Raises:
+        UsageError: Naming what is missing and how to get it.
+    """
+    import importlib.util
+
+    from ..errors import UsageError
+    from ..export import ONNX_FILE
+
+    if not (source.is_dir() and (source / ONNX_FILE).is_file()):
+        raise UsageError(f"--backend onnx runs the {ONNX_FILE} of an export folder and {source} has none: write one "
+                         f"with `vit export --ckpt_path {source} --out DIR --onnx`, then serve DIR")  # fmt: skip
+    if importlib.util.find_spec("onnxruntime") is None:
+        raise UsageError("--backend onnx needs onnxruntime: pip install 'vit[export]'")
+
+
+__all__ = ["RequestError", "check_onnx_backend"]

@@ -30,6 +30,23 @@ RETRY_AFTER_FULL = 1
 """Seconds a client is asked to wait when the queue is full."""
 
 
+def key_error(authorization: str | None, key: str | None) -> RequestError | None:
+    """The 401 of a request whose ``Authorization`` header is not ``Bearer key`` (compared in constant time), or
+    ``None`` when it is or when there is no ``key``."""
+    if not key or hmac.compare_digest((authorization or "").encode(), f"Bearer {key}".encode()):
+        return None
+    return RequestError(401, "missing or wrong API key: send the header `Authorization: Bearer KEY`")
+
+
+def error_headers(status: int) -> dict[str, str]:
+    """The headers an error answer carries beside its body: ``Retry-After`` on 503, ``WWW-Authenticate`` on 401."""
+    if status == 503:
+        return {"Retry-After": str(RETRY_AFTER_FULL)}
+    if status == 401:
+        return {"WWW-Authenticate": "Bearer"}
+    return {}
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` binds the loopback interface only (``127.0.0.1``, ``::1``, ``localhost``)."""
     if host == "localhost":
@@ -118,11 +135,9 @@ class Gate:
     def admit(self, scope: dict[str, Any]) -> None:
         """Refuse a request without the key (401), during shutdown (503) or with too large a body (413)."""
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        key = self.shared.api_key
-        if key and scope["path"] not in PUBLIC_PATHS:
-            given = headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-                raise RequestError(401, "missing or wrong API key: send the header `Authorization: Bearer KEY`")
+        denied = key_error(headers.get("authorization"), self.shared.api_key)
+        if denied and scope["path"] not in PUBLIC_PATHS:
+            raise denied
         if self.shared.draining.is_set():
             raise RequestError(503, "the server is shutting down: retry on another replica or after it restarts")
         length = headers.get("content-length", "")
@@ -170,12 +185,9 @@ async def reply(send: Any, error: RequestError) -> None:
     """Answer ``{"error": message}`` with the error's status (and ``Retry-After`` for 503)."""
     body = json.dumps({"error": error.message}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if error.status == 503:
-        headers.append((b"retry-after", str(RETRY_AFTER_FULL).encode()))
-    if error.status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
+    headers += [(k.lower().encode(), v.encode()) for k, v in error_headers(error.status).items()]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["API_KEY_ENV", "Gate", "Shared", "check_bind", "is_loopback"]
+__all__ = ["API_KEY_ENV", "Gate", "Shared", "check_bind", "error_headers", "is_loopback", "key_error"]

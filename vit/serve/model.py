@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from ..data.datasets import MAX_IMAGE_PIXELS, ImageTooLargeError, decode_rgb
-from ..errors import UsageError
 from .errors import RequestError
 
 Backend = Literal["torch", "onnx"]
@@ -277,19 +276,15 @@ def onnx_session(source: Path, threads: int | None) -> Any:
     """
     from ..env import available_cores
     from ..export import ONNX_FILE
+    from .errors import check_onnx_backend
 
-    path = source / ONNX_FILE
-    if not path.is_file():
-        raise UsageError(f"--backend onnx runs the {ONNX_FILE} of an export folder and {source} has none: write one "
-                         f"with `vit export --ckpt_path {source} --out DIR --onnx`, then serve DIR")  # fmt: skip
-    try:
-        import onnxruntime
-    except ImportError:
-        raise UsageError("--backend onnx needs onnxruntime: pip install 'vit[export]'") from None
+    check_onnx_backend(source)
+    import onnxruntime
+
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads or available_cores()
     options.inter_op_num_threads = 1
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(str(source / ONNX_FILE), options, providers=["CPUExecutionProvider"])
 
 
 __all__ = ["FORMATS", "ServeModel", "model_name"]

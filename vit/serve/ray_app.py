@@ -35,14 +35,11 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
 from vit.serve.errors import RequestError
+from vit.serve.gate import API_KEY_ENV, error_headers, key_error
 from vit.serve.payloads import predict_answer, read_predict
 
 RETRIES = 2
 """Other replicas tried after a replica died under a call, before the answer is 503."""
-RETRY_AFTER_S = 1
-"""The ``Retry-After`` header of a 503: a client waits a second before it asks again."""
-API_KEY_ENV = "VIT_SERVE_API_KEY"
-"""Where a replica reads the API key when none is given: the key never goes into a Serve config file."""
 
 logger = logging.getLogger("ray.serve")
 ingress_app = FastAPI(title="vit serve (Ray Serve)")
@@ -100,8 +97,7 @@ class Classifier:
 
 
 def _error(status: int, body: dict[str, Any]) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(body, status_code=status, headers=error_headers(status) or None)
 
 
 @serve.deployment(name="Ingress", max_ongoing_requests=256, max_queued_requests=256)
@@ -115,14 +111,13 @@ class Ingress:
         self.classifier = classifier
         self.timeout = timeout
         self.max_body = max_body
-        self.api_key = os.environ.get(API_KEY_ENV) if auth else None
+        self.api_key = os.environ.get(API_KEY_ENV) if auth else None  # the key never goes into a Serve config
         if auth and not self.api_key:
             raise RuntimeError(f"this deployment needs an API key: set {API_KEY_ENV} where the replicas run")
 
     def _denied(self, request: Request) -> JSONResponse | None:
-        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
-            return _error(401, {"error": "missing or wrong API key: send the header Authorization: Bearer KEY"})
-        return None
+        denied = key_error(request.headers.get("authorization"), self.api_key)
+        return None if denied is None else _error(denied.status, {"error": denied.message})
 
     async def _one(self, data: bytes, top_k: int, explain: str | None, explorer: bool) -> dict[str, Any]:
         """One image's answer, retried on another replica when its replica dies under the call."""

@@ -15,6 +15,7 @@ is left or after ``grace`` seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -26,10 +27,12 @@ from typing import Any
 from starlette.requests import Request
 
 from .errors import RequestError
-from .gate import Gate, Shared
+from .gate import Gate, Shared, error_headers
 
 MAX_BODY = 64 * 1024 * 1024
 """``--max_body``'s default: 64 MiB, a few large photographs in one request."""
+WATCH_S = 1.0
+"""Seconds between two looks, while a request waits, at whether its worker died (then it gets 503 at once)."""
 PLACEHOLDER_PAGE = "<!doctype html><title>vit serve</title><p>vit serve is running: POST images to /predict.</p>"
 
 
@@ -57,7 +60,7 @@ def build_server(
         max_batch_size: Requests batched into one forward pass at most.
         batch_timeout: Seconds a batch waits to fill.
         workers: Worker processes per device, each with the model.
-        threads: Intra-op threads per worker; ``None``: the cores this process may use divided among the workers.
+        threads: Intra-op threads per worker; ``None``: :func:`worker_threads`.
         max_queue: Inference requests in flight at most; the next gets 503 at once.
         timeout: Seconds a request may take (queue and model) before it gets 504.
         max_body: Largest request body in bytes (413 above); ``None``: no limit.
@@ -71,19 +74,35 @@ def build_server(
     metrics_folder = metrics.prepare()  # before prometheus-client is imported anywhere
     import litserve as ls
 
-    from ..env import available_cores
     from .api import VitAPI
 
     if max_image_pixels is None:
         from ..data.datasets import MAX_IMAGE_PIXELS as max_image_pixels
-    threads = threads or max(1, available_cores() // max(1, workers))
+    threads = threads or worker_threads(workers)
     api = VitAPI(str(model_source), backend, threads, max_image_pixels, model_class, max_batch_size, batch_timeout)
     shared = Shared(max_queue=max_queue, max_body=max_body, api_key=api_key)
     server = ls.LitServer(api, accelerator=accelerator, workers_per_device=workers, timeout=timeout,
-                          middlewares=[(Gate, {"shared": shared})])  # fmt: skip
+                          restart_workers=True, middlewares=[(Gate, {"shared": shared})])  # fmt: skip
     server.vit_shared, server.vit_metrics_folder, server.vit_timeout = shared, metrics_folder, timeout
     add_routes(server, api)
     return server
+
+
+def worker_threads(workers: int, cores: int | None = None, busy: float | None = None) -> int:
+    """Intra-op threads of each of ``workers`` worker processes: the threads ``vit explain`` would take
+    (:func:`vit.env.default_threads`: the cores less those other processes keep busy now) shared among the workers,
+    at least 1 each.
+
+    Args:
+        workers: Worker processes.
+        cores: The cores this process may use; ``None``: :func:`vit.env.available_cores`.
+        busy: The cores other processes keep busy; ``None``: :func:`vit.env.busy_cores`, measured now.
+    """
+    from ..env import available_cores, busy_cores, default_threads
+
+    cores = available_cores() if cores is None else cores
+    busy = busy_cores() if busy is None else busy
+    return max(1, default_threads(cores, busy) // max(1, workers))
 
 
 def add_routes(server: Any, api: Any) -> None:
@@ -102,7 +121,8 @@ def add_routes(server: Any, api: Any) -> None:
         ("/v2/models/{name}/versions/{version}/infer", routes.infer, ["POST"]),
     ):  # fmt: skip
         app.add_api_route(path, endpoint, methods=methods)
-    app.add_exception_handler(RequestError, lambda request, err: JSONResponse({"error": err.message}, err.status))
+    app.add_exception_handler(RequestError, lambda request, err: JSONResponse(
+        {"error": err.message}, err.status, headers=error_headers(err.status) or None))  # fmt: skip
     app.add_exception_handler(HTTPException, http_error)
 
 
@@ -116,12 +136,41 @@ class Endpoints:
         self.server, self.handler, self.cache = server, RegularRequestHandler(api, server), {}
 
     async def submit(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The workers' answer to ``payload``; 504 after ``timeout`` seconds."""
-        timeout = self.server.vit_timeout
+        """The workers' answer to ``payload``; 504 after ``timeout`` seconds. As LitServe's ``handle_request``, but
+        the request's entry in LitServe's response buffer is removed however the wait ends (a timed-out request left
+        it behind there, and the buffer grew by one per timeout), and a request whose worker died gets 503 as soon
+        as LitServe restarts the worker (:meth:`restarting`) instead of 504 at ``timeout``."""
+        from litserve.server import ResponseBufferItem
+        from litserve.utils import LitAPIStatus
+
+        timeout, buffer = self.server.vit_timeout, self.server.response_buffer
+        uid, _ = await self.handler._submit_request(payload)
+        event = asyncio.Event()
+        buffer[uid] = ResponseBufferItem(event)
+        deadline = time.monotonic() + timeout
         try:
-            return await asyncio.wait_for(self.handler.handle_request(payload, dict), timeout)
-        except asyncio.TimeoutError:
-            raise RequestError(504, f"no answer within {timeout:g} s (--timeout)") from None
+            while not event.is_set():
+                if time.monotonic() >= deadline:
+                    raise RequestError(504, f"no answer within {timeout:g} s (--timeout)")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(WATCH_S, deadline - time.monotonic()))
+                if not event.is_set() and self.restarting(buffer[uid].worker_id):
+                    raise RequestError(503, "the model worker holding this request died and is being restarted: "
+                                            "retry in a few seconds")  # fmt: skip
+        finally:
+            item = buffer.pop(uid, None)
+        response, status = item.response
+        if status == LitAPIStatus.ERROR:
+            self.handler._handle_error_response(response)
+        return response
+
+    def restarting(self, worker_id: int | None) -> bool:
+        """Whether the worker ``worker_id`` is not ready: it died and LitServe's monitor is starting it again (its
+        requests would otherwise wait for ``--timeout``). LitServe's batched loop does not say which worker took a
+        request (``None``): then whether any worker is not ready, as the request may have been the dead one's."""
+        states = dict(getattr(self.server, "workers_setup_status", None) or {})
+        suffix = "" if worker_id is None else f"_{worker_id}"
+        return any(key.endswith(suffix) and state != "ready" for key, state in states.items())
 
     async def description(self, name: str | None = None) -> dict[str, Any]:
         """:meth:`ServeModel.info <vit.serve.model.ServeModel.info>`; 404 if ``name`` is not the model's."""
@@ -276,4 +325,4 @@ def stop(server: Any) -> None:
         event.set()
 
 
-__all__ = ["build_server", "run"]
+__all__ = ["build_server", "run", "worker_threads"]
