@@ -16,6 +16,7 @@ COMMANDS = {
     "bench": "vit.bench.cli",
     "export": "vit.export",
     "data prepare": "vit.data.prepare",
+    "serve": "vit.serve.command",
 }
 
 

@@ -31,9 +31,7 @@ BACKENDS = ("torch", "onnx")
 
 def build_parser(prog: str = "vit serve") -> argparse.ArgumentParser:
     """The options of ``vit serve``."""
-    head, tail = __doc__.split("\n\n", 1)
-    parser = ArgumentParser(prog=prog, description=head, epilog=tail.split("\n\n", 1)[1],
-                            formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = ArgumentParser(prog=prog, doc=__doc__)
     parser.add_argument("model", metavar="MODEL", help="a .ckpt, a run folder, last / best, or a vit export folder")
     parser.add_argument("--config", default=None, help="the config whose newest run MODEL last / best means")
     parser.add_argument("--runs_dir", default="runs", help="the folder of all runs (default: runs)")
