@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from vit.bench.harness import BenchError, check, log, print_table, write_report
+from vit.bench.harness import BenchError, log, print_table, write_report
+from vit.bench.serve_goals import serve_checks
 
 LOCUSTFILE = Path(__file__).with_name("serve_locustfile.py")
 STARTUP_S = 300.0
@@ -335,28 +336,6 @@ def print_loads(entry: dict[str, Any]) -> None:
          ("served_ips", "served img/s", ".1f"), ("p50_ms", "p50 ms", ".1f"), ("p99_ms", "p99 ms", ".1f"),
          ("200", "200", "d"), ("503", "503", "d"), ("lost", "lost", "d")],
     )  # fmt: skip
-
-
-def serve_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """The suite's PASS / FAIL lines: overloads shed with 503 and lose nothing; the other numbers as details."""
-    over = [s for s in entry["loads"] if s["fraction"] > 1]
-    codes = sorted({code for s in over for code in s["status"]})
-    lost = sum(s["lost"] for s in over)
-    half = min(entry["loads"], key=lambda s: abs(s["fraction"] - 0.5))
-    checks = [
-        check("serve: overload answered 200 or 503 only, none lost", bool(over) and set(codes) <= {"200", "503"}
-              and lost == 0, f"status codes {codes}, lost {lost}"),  # fmt: skip
-        check("serve: saturation against the offline limit", True,
-              f"{entry['saturation']['served_ips']:.1f} img/s served, {entry['offline']['images_per_s']:.1f} offline"),
-        check("serve: latency at half load against unloaded", True,
-              f"p50 {half['p50_ms'] or float('nan'):.1f} ms, p99 {half['p99_ms'] or float('nan'):.1f} ms at "
-              f"{half['offered_rps']:.1f} req/s; unloaded p50 {entry['unloaded_p50_ms']:.1f} ms"),
-    ]  # fmt: skip
-    if entry.get("soak"):
-        soak = entry["soak"]
-        rss = f"RSS {soak['rss_start'] / 2**20:.0f} -> {soak['rss_end'] / 2**20:.0f} MiB"
-        checks.append(check("serve: soak", soak["lost"] == 0, f"{soak['seconds']:.0f} s, {rss}, lost {soak['lost']}"))
-    return checks
 
 
 def run_serve_suite(
