@@ -191,3 +191,36 @@ def test_serve_checks_report_the_numbers_and_leave_out_what_did_not_run():
     entry["backends"] = entry["backends"][:1]
     names = [c["name"] for c in serve_checks(entry)]
     assert not any("soak" in n or "onnx" in n for n in names) and len(names) == 4
+
+
+def test_a_preset_is_served_with_random_weights(tmp_path):
+    """`preset:NAME` writes a checkpoint that vit serve's model loads as that preset: its input size, ImageNet's
+    1000 classes or CIFAR's 10, and the logits of the same preset built with the same seed."""
+    import torch
+
+    from vit import create_model
+    from vit.bench.serve_suite import check_model, preset_checkpoint
+    from vit.serve.model import ServeModel
+
+    assert check_model("preset:vit_tiny_patch4_32") == "vit_tiny_patch4_32"
+    served = ServeModel(preset_checkpoint("vit_tiny_patch4_32", tmp_path, seed=3))
+    assert served.input_size == (3, 32, 32) and len(served.class_names) == 10
+    torch.manual_seed(3)
+    reference = create_model("vit_tiny_patch4_32").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(served.model(x), reference(x))
+
+
+@pytest.mark.parametrize(
+    ("model", "named"), [("preset:vit_nope", "vit_small_patch16_224"), ("missing.ckpt", "missing.ckpt")]
+)
+def test_an_unknown_model_is_one_error_line(model, named, capsys):
+    """An unknown preset lists the known ones, a missing file names itself: exit 2 before anything starts."""
+    from vit.bench.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--suite", "serve", "--serve_model", model])
+    err = capsys.readouterr().err
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert exit_info.value.code == 2 and len(error) == 1 and "--serve_model" in error[0] and named in error[0], err
