@@ -258,7 +258,10 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
         help="offered loads, fractions of the saturation rate (default: %(default)s)",
     )  # fmt: skip
     serve.add_argument("--serve_backends", nargs="*", choices=("torch", "onnx"), default=["torch", "onnx"])
-    serve.add_argument("--serve_soak_s", type=float, default=0.0, help="seconds at half load, memory before/after")
+    serve.add_argument(
+        "--serve_soak_s", type=float, default=0.0,
+        help="seconds at half load, memory before/after (default 0: none; a full run: 300, the goal's 5 minutes)",
+    )  # fmt: skip
     serve.add_argument("--serve_figure", help="the figure (default: beside --json, else serve_load.png)")
     serve.add_argument(
         "--serve_short", action="store_true", help="a quick check: 3 s runs, loads 0.5 and 2, torch only"
