@@ -57,9 +57,10 @@ def backend_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
         own = row["served_p50_ms"] - row["batch_ms"]
         checks.append(check(
             f"serve: the server's own time per request ({name}, batch 1) <= {SERVER_MS_GOAL:g} ms at p50",
-            own <= SERVER_MS_GOAL,
+            0 <= own <= SERVER_MS_GOAL,
             f"{own:.2f} ms: served unloaded p50 {row['served_p50_ms']:.2f} ms less the offline forward "
-            f"{row['batch_ms']:.2f} ms",
+            f"{row['batch_ms']:.2f} ms" + (" (below 0: the machine was busier offline; measure again)" if own < 0
+                                         else ""),
         ))  # fmt: skip
     return checks
 
