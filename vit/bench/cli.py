@@ -245,7 +245,11 @@ def _corruption_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _serve_options(parser: argparse.ArgumentParser) -> None:
     serve = parser.add_argument_group("serve suite (vit serve under load, locust on 127.0.0.1)")
-    serve.add_argument("--serve_model", help="what vit serve takes: a checkpoint or a vit export folder")
+    serve.add_argument(
+        "--serve_model",
+        help="what vit serve takes (a checkpoint or a vit export folder), or preset:NAME: the preset "
+        "with random weights (e.g. preset:vit_small_patch16_224)",
+    )
     serve.add_argument("--serve_batch_size", type=int, default=8, help="the server's --max_batch_size (default: 8)")
     serve.add_argument("--serve_queue", type=int, default=64, help="the server's --max_queue (default: 64)")
     serve.add_argument("--serve_seconds", type=float, default=20.0, help="seconds of each load run (default: 20)")
@@ -254,7 +258,10 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
         help="offered loads, fractions of the saturation rate (default: %(default)s)",
     )  # fmt: skip
     serve.add_argument("--serve_backends", nargs="*", choices=("torch", "onnx"), default=["torch", "onnx"])
-    serve.add_argument("--serve_soak_s", type=float, default=0.0, help="seconds at half load, memory before/after")
+    serve.add_argument(
+        "--serve_soak_s", type=float, default=0.0,
+        help="seconds at half load, memory before/after (default 0: none; a full run: 300, the goal's 5 minutes)",
+    )  # fmt: skip
     serve.add_argument("--serve_figure", help="the figure (default: beside --json, else serve_load.png)")
     serve.add_argument(
         "--serve_short", action="store_true", help="a quick check: 3 s runs, loads 0.5 and 2, torch only"

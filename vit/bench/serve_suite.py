@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from vit.bench.harness import BenchError, check, log, print_table, write_report
+from vit.bench.harness import BenchError, log, print_table, write_report
+from vit.bench.serve_goals import serve_checks
 
 LOCUSTFILE = Path(__file__).with_name("serve_locustfile.py")
 STARTUP_S = 300.0
@@ -337,26 +338,41 @@ def print_loads(entry: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
-def serve_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """The suite's PASS / FAIL lines: overloads shed with 503 and lose nothing; the other numbers as details."""
-    over = [s for s in entry["loads"] if s["fraction"] > 1]
-    codes = sorted({code for s in over for code in s["status"]})
-    lost = sum(s["lost"] for s in over)
-    half = min(entry["loads"], key=lambda s: abs(s["fraction"] - 0.5))
-    checks = [
-        check("serve: overload answered 200 or 503 only, none lost", bool(over) and set(codes) <= {"200", "503"}
-              and lost == 0, f"status codes {codes}, lost {lost}"),  # fmt: skip
-        check("serve: saturation against the offline limit", True,
-              f"{entry['saturation']['served_ips']:.1f} img/s served, {entry['offline']['images_per_s']:.1f} offline"),
-        check("serve: latency at half load against unloaded", True,
-              f"p50 {half['p50_ms'] or float('nan'):.1f} ms, p99 {half['p99_ms'] or float('nan'):.1f} ms at "
-              f"{half['offered_rps']:.1f} req/s; unloaded p50 {entry['unloaded_p50_ms']:.1f} ms"),
-    ]  # fmt: skip
-    if entry.get("soak"):
-        soak = entry["soak"]
-        rss = f"RSS {soak['rss_start'] / 2**20:.0f} -> {soak['rss_end'] / 2**20:.0f} MiB"
-        checks.append(check("serve: soak", soak["lost"] == 0, f"{soak['seconds']:.0f} s, {rss}, lost {soak['lost']}"))
-    return checks
+def preset_checkpoint(name: str, folder: Path, seed: int = 0) -> Path:
+    """A checkpoint of preset ``name`` with random weights (``seed``), as ``vit fit`` writes one (its inference
+    metadata included): what ``--serve_model preset:NAME`` serves where no trained model is at hand; the speed is
+    the same."""
+    import torch
+
+    from vit.checkpoints.metadata import METADATA_KEY, inference_metadata
+    from vit.lit_module import ImageClassifier
+
+    torch.manual_seed(seed)
+    module = ImageClassifier(name)
+    path = folder / f"{name}.ckpt"
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+                METADATA_KEY: inference_metadata(module.model, module.hparams)}, path)  # fmt: skip
+    return path
+
+
+def check_model(model: str | None) -> str | None:
+    """The preset's name of ``preset:NAME``, else ``None`` for a path that exists.
+
+    Raises:
+        BenchError: No model, an unknown preset, or a path that does not exist.
+    """
+    if not model:
+        raise BenchError("--suite serve needs --serve_model: a checkpoint, a vit export folder or preset:NAME")
+    if model.startswith("preset:"):
+        from vit.models.presets import list_models
+
+        name = model.removeprefix("preset:")
+        if name not in list_models():
+            raise BenchError(f"--serve_model {model}: no such preset; known: {', '.join(list_models())}")
+        return name
+    if not Path(model).exists():
+        raise BenchError(f"--serve_model {model}: no such file or folder (or preset:NAME for random weights)")
+    return None
 
 
 def run_serve_suite(
@@ -379,7 +395,8 @@ def run_serve_suite(
 
     Args:
         report: The report to fill (written to ``json_path`` after each stage).
-        model: What ``vit serve`` takes: a checkpoint or a ``vit export`` folder.
+        model: What ``vit serve`` takes, a checkpoint or a ``vit export`` folder; or ``preset:NAME``, a preset of
+            :func:`vit.list_models` with random weights (:func:`preset_checkpoint`).
         threads: Threads of the server's worker and of the offline measurement (``None``: the server's default).
         max_batch_size: The server's ``--max_batch_size`` (and the offline batch).
         max_queue: The server's ``--max_queue``.
@@ -391,16 +408,16 @@ def run_serve_suite(
         seed: Seed of the test image.
         json_path: Where the report is written.
     """
-    if not model:
-        raise BenchError("--suite serve needs --serve_model: a checkpoint or a vit export folder to serve")
-    if not Path(model).exists():
-        raise BenchError(f"--serve_model {model}: no such file or folder")
+    preset = check_model(model)
     figure = figure or (str(Path(json_path).with_suffix(".png")) if json_path else "serve_load.png")
     entry: dict[str, Any] = {"model": str(model), "threads": threads, "max_batch_size": max_batch_size,
                              "max_queue": max_queue, "seconds": seconds, "load_before": os.getloadavg()}  # fmt: skip
     report["serve"] = entry
     with tempfile.TemporaryDirectory(prefix="vit-bench-serve-") as tmp:
         folder = Path(tmp)
+        if preset:
+            model = preset_checkpoint(preset, folder, seed)
+            log(f"serve: {preset} with random weights in {model}")
         served = load_model(model, "torch", threads)
         image = noise_image(folder, served.input_size[-1], seed)
         entry["offline"] = offline_rate(served, image, batch=max_batch_size, seconds=min(10.0, seconds))
