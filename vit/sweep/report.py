@@ -212,7 +212,7 @@ def write_figures(storage: Any, plan: Plan, found: Sequence[Row], folder: Path) 
                 for loc in ("left", "center"):  # Optuna titles its plots on the left
                     title = axes.get_title(loc=loc) if hasattr(axes, "get_title") else ""
                     if title:
-                        axes.set_title(f"{title} (rung 0: {len(complete)} trials)", loc=loc)
+                        axes.set_title(f"{title} (rung 0: {plural(len(complete), 'trial')})", loc=loc)
                 written.append(_save(figure, folder / f"{name}.png"))
                 plt.close(figure)
     if any(r.trial.state == TrialState.COMPLETE for r in found):
