@@ -664,3 +664,19 @@ def test_tune_from_the_command_line(checkpoint, tmp_path, explain):
     assert chosen in result.stdout and "by SRG on 6 held-out validation images (mean, drop)" in result.stdout
     report = json.loads((out / "faithfulness.json").read_text())
     assert report["options"] == {"attnlrp": {"gamma": tuning["gamma"], "embed_gamma": tuning["embed_gamma"]}}
+
+
+def test_one_image_is_one_image_everywhere_it_is_counted(checkpoint, tmp_path, explain):
+    """On one image every count reads "1 image" (the progress lines, the faithfulness line, the report's title)."""
+    files = image_files(tmp_path)[:1]
+    result = explain(checkpoint, *files, "--out", tmp_path / "o", "--faithfulness", "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    text = (
+        result.stdout
+        + result.stderr
+        + "".join(
+            p.read_text(errors="replace") for p in (tmp_path / "o").rglob("*") if p.suffix in (".html", ".json", ".txt")
+        )
+    )
+    text = "\n".join(line for line in text.splitlines() if "insertion curves of" not in line)  # faithfulness.py's own
+    assert "1 image" in text and "1 images" not in text

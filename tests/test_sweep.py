@@ -225,7 +225,7 @@ def test_vit_compare_shows_the_table_of_a_sweep_folder(tmp_path, capsys):
     sweeper.write_plan()
     assert compare([str(tmp_path)]) == 0  # its trials logged no W&B run: the table is the comparison
     out = capsys.readouterr().out
-    assert out.startswith("sweep cmp: 2 configurations, 2 trials: 1 done, 0 failed, 0 running, 1 waiting")
+    assert out.startswith("sweep cmp: 2 of 2 configurations, 2 trials: 1 done, 0 failed, 0 running, 1 waiting")
     assert "0     20s     0      0       0.1  0.7500          runs/cmp/a" in out
 
 
@@ -261,3 +261,31 @@ def test_the_sweep_run_in_wandb_holds_the_table_and_the_best_value(tmp_path):
     (run,) = read_offline_runs([folder])
     assert (run.kind, run.group) == ("sweep", plan.sweep.name)
     assert run.summary["best/val/acc"] == 0.8 and run.summary["best/trial"] == 1
+
+
+def test_listings_of_trials_say_the_value_is_the_last_and_how_many_configurations_of_the_plan(tmp_path, monkeypatch):
+    """A trial's value is its fit's last: the W&B table's column and progress.png's axis say so; an interrupted sweep
+    says how many configurations of the plan it started."""
+    import wandb
+
+    from vit.sweep.report import progress_figure, summary
+    from vit.sweep.wandb_run import log_sweep
+
+    plan = plan_of({"model.lr": {"values": [0.001, 0.004]}}, count=3, budgets=(20,))
+    study, _ = open_sweep(optuna.storages.InMemoryStorage(), plan, sampler(plan.sweep, 0))
+    trial = study.ask()
+    suggest(trial, plan.sweep)
+    study.tell(trial, 0.6)
+    found = [Row(0, t) for t in study.trials]
+    assert summary(found, plan).startswith("1 of 3 configurations, 1 trial: 1 done")
+    assert progress_figure(found, plan).axes[0].get_ylabel() == "val/acc (last)"
+    logged = []
+
+    class Table(wandb.Table):
+        def __init__(self, columns, data):
+            logged.extend(columns)
+            super().__init__(columns=columns, data=data)
+
+    monkeypatch.setattr(wandb, "Table", Table)
+    log_sweep(plan, found, [], tmp_path, "vit")
+    assert "val/acc (last)" in logged and "val/acc" not in logged

@@ -4,6 +4,8 @@ created; a changed file for an existing study is refused naming the keys that di
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 import pytest
 import yaml
@@ -104,3 +106,56 @@ def test_name_gives_the_study_another_name_that_the_workers_read_back(tmp_path, 
     plan = made["plan"]
     assert plan.sweep.name == "again" and plan.study_name(0) == "again"
     assert Plan.from_fingerprint(plan.fingerprint(), []).sweep.name == "again"  # as a worker reads plan.json
+
+
+@pytest.mark.parametrize(
+    ("parameters", "metric", "message"),
+    [
+        ({"data.batch_size": {"distribution": "uniform", "min": 8, "max": 64}}, "val/acc",
+         "parameters.data.batch_size: distribution uniform draws fractions such as 38.93 (expected int, got '38.93'); "
+         "for whole numbers use int_uniform, q_uniform with a whole q, or values"),
+        ({"data.batch_size": {"distribution": "log_uniform_values", "min": 8, "max": 64}}, "val/acc",
+         "parameters.data.batch_size: distribution log_uniform_values draws fractions such as"),
+        ({"model.lr": {"values": [0.001, 0.002]}}, "val/accc",
+         "metric.name: 'val/accc' is not logged by vit fit (did you mean val/acc?); the metrics are train/loss_step"),
+        ({"model.model": {"values": ["vit_tiny_patch16_224", "vit_tiny_patch4_31"]}}, "val/acc",
+         "parameters.model.model: unknown model 'vit_tiny_patch4_31' (did you mean vit_tiny_patch4_32?); "
+         "the models are vit_base_patch16_224, "),
+    ],
+)  # fmt: skip
+def test_what_the_parser_cannot_see_is_one_line_before_anything_is_created(tmp_path, capsys, parameters, metric,
+                                                                          message):  # fmt: skip
+    path = sweep_file(tmp_path / "s.yaml", parameters, metric={"name": metric, "goal": "maximize"})
+    status, err = run_vit_sweep(capsys, path, "--out", str(tmp_path / "out"))
+    assert status == 2 and err.count("\n") == 1 and err.startswith(f"error: {path}: ")
+    assert message in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "parameter",
+    [
+        {"distribution": "int_uniform", "min": 8, "max": 64},
+        {"distribution": "q_uniform", "min": 8, "max": 64, "q": 8},
+        {"distribution": "q_log_uniform_values", "min": 8, "max": 64, "q": 4},
+        {"values": [8, 16]},
+    ],
+)
+def test_whole_number_distributions_pass_on_an_integer_option(tmp_path, parameter):
+    from vit.sweep.check import check_against_config
+
+    sweep = read_sweep(sweep_file(tmp_path / "s.yaml", {"data.batch_size": parameter}))
+    check_against_config(sweep, list(sweep.fit_args))
+
+
+def test_a_fit_logs_the_metrics_the_check_knows():
+    """The names of :data:`FIT_METRICS` that the module and its metric collections make, against the collections."""
+    from vit.evaluation.metrics import accuracy_metrics
+    from vit.sweep.check import FIT_METRICS
+
+    for stage in ("train", "val"):
+        for name in accuracy_metrics(10, stage).keys(keep_base=False):
+            assert name in FIT_METRICS
+    source = Path("vit/lit_module.py").read_text(encoding="utf-8")
+    for name in ("train/lr", "train/loss_step", "train/loss_epoch", "{stage}/loss"):
+        assert f'"{name}"' in source

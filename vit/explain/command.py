@@ -356,7 +356,7 @@ def run(
         mean=explainer.mean, std=explainer.std, class_names=explainer.class_names, probs=explanation.probs,
     )  # fmt: skip
     model = explainer.model_name or type(explainer.model).__name__
-    images = f"--split val, {len(files)} images" if args.split else f"{len(files)} image files"
+    images = f"--split val, {plural(len(files), 'image')}" if args.split else plural(len(files), "image file")
     header = report_header(model=model, checkpoint=args.checkpoint, images=images, methods=methods, command=command)
     if options:
         header["options"] = options
@@ -371,7 +371,7 @@ def run(
     write_outputs(
         explanation, files=files, out=out, alpha=args.alpha, overlays=args.overlays, json_path=args.json,
         curves_title=f"{model}: {images}", report=report, measured=measured, html_path=args.html,
-        html_title=f"{args.checkpoint.name}: {len(files)} images", model=explainer.model, pixels=pixels,
+        html_title=f"{args.checkpoint.name}: {plural(len(files), 'image')}", model=explainer.model, pixels=pixels,
         mean=explainer.mean, std=explainer.std, bits=args.explorer_bits, mistakes=mistakes,
     )  # fmt: skip
     return explanation, files, tuning, mistakes

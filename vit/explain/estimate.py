@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..text import plural
+
 PROBE = 16
 """Images timed for the estimate; runs of fewer than twice as many are not estimated (they are short)."""
 
@@ -47,8 +49,9 @@ def estimated(explain: Callable[..., Any], what: str, probe: int = PROBE) -> Cal
             explain(model, pixels[:probe], methods, **first)
             seconds = time.perf_counter() - started
             print(
-                f"estimate: about {duration(seconds * len(pixels) / probe)} for {what} on {len(pixels)} images (the "
-                f"first {probe} took {seconds:.1f} s, at this load; overlays and report after); --limit N for fewer",
+                f"estimate: about {duration(seconds * len(pixels) / probe)} for {what} on "
+                f"{plural(len(pixels), 'image')} (the first {probe} took {seconds:.1f} s, at this load; overlays and "
+                "report after); --limit N for fewer",
                 file=sys.stderr,
                 flush=True,
             )

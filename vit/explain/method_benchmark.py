@@ -26,6 +26,7 @@ from torch import nn
 
 from ..atomic import write_bytes
 from ..layers.utils import eval_mode
+from ..text import plural
 from .attribution import resolve_target
 from .faithfulness import RANDOM, Baseline, faithfulness
 from .methods import METHODS, check_image_size, explain_map, get_method, require_extras
@@ -170,7 +171,7 @@ def plot_benchmarks(benchmarks: Mapping[str, MethodBenchmark], path: str | Path,
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
     first = next(iter(benchmarks.values()))
-    fig.suptitle(title or f"{first.num_images} images, {first.steps} steps")
+    fig.suptitle(title or f"{plural(first.num_images, 'image')}, {first.steps} steps")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
@@ -377,5 +378,5 @@ def timed_maps(
         seconds[name] = (perf_counter() - start) / len(images)
         maps[name] = torch.cat(parts).float()
         elapsed = seconds[name] * len(images)
-        progress.close(f"maps of {len(images)} images in {elapsed:.1f} s ({1000 * seconds[name]:.1f} ms/img)")
+        progress.close(f"maps of {plural(len(images), 'image')} in {elapsed:.1f} s ({1000 * seconds[name]:.1f} ms/img)")
     return maps, seconds

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..atomic import write_bytes
+from ..text import plural
 from .colors import is_signed
 from .explanation import Explanation
 from .method_benchmark import MethodBenchmark, plot_benchmarks
@@ -33,9 +34,10 @@ GRID_IMAGES = 32  # the grid PNG shows the first images only
 def faithfulness_table(bench: MethodBenchmark) -> str:
     """The benchmark as an aligned text table under a line saying how it was measured."""
     return (
-        f"faithfulness on {bench.num_images} images ({bench.steps} steps, {bench.baseline} baseline): lower deletion "
-        "and higher insertion area are better, and higher SRG (least-relevant-first area minus deletion area); "
-        "x random = the ratio to a random patch order; 95 % bootstrap intervals over the images\n" + bench.table()
+        f"faithfulness on {plural(bench.num_images, 'image')} ({bench.steps} steps, {bench.baseline} baseline): "
+        "lower deletion and higher insertion area are better, and higher SRG (least-relevant-first area minus deletion "
+        "area); x random = the ratio to a random patch order; 95 % bootstrap intervals over the images\n"
+        + bench.table()
     )
 
 
@@ -94,7 +96,7 @@ def write_outputs(
                 panel = render_panel(image, grid_map, f"{caption} · {label}", signed=signed, alpha=alpha, size=224)
                 write_bytes(out / f"{stem}_{method}.png", png_bytes(panel))
                 progress.update(1)
-            progress.close(f"overlays of {len(files)} images in {progress.seconds:.1f} s")
+            progress.close(f"overlays of {plural(len(files), 'image')} in {progress.seconds:.1f} s")
         grid = render_grid(first, first.maps[method], ncols=min(4, len(files)), title=label, signed=signed, alpha=alpha)
         write_bytes(out / f"{method}_grid.png", png_bytes(grid))
     if explanation.benchmark is not None and report is not None:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..normalize import normalize
+from ..text import plural
 from .capture import eval_mode, record_attention
 from .choice import stored_methods
 from .explanation import Explanation, display_pixels
@@ -249,7 +250,7 @@ def explain(
     ]
     explanation = parts[0] if len(parts) == 1 else Explanation.concat(parts)
     what = ", ".join(["classes", *recorded])
-    progress.close(f"{what} and attention statistics of {len(images)} images in {progress.seconds:.1f} s")
+    progress.close(f"{what} and attention statistics of {plural(len(images), 'image')} in {progress.seconds:.1f} s")
     classes = None if target is None else torch.full((len(images),), target)
     with torch.inference_mode(False), torch.enable_grad():  # gradients, also inside a validation loop
         inputs = model_inputs(model, images, mean, std)

@@ -2,20 +2,38 @@
 ``vit fit`` with the sweep's command (its ``--config`` files), and every value the sweep can pass (each choice, a
 range's ends) has the option's type. The check parses the trials' command lines with ``vit fit``'s own parser, so an
 unknown key gets the did-you-mean of ``vit fit`` (:func:`vit.cli_errors.closest_key`) and a bad value the same
-sentence; nothing is built, trained or written.
+sentence; nothing is built, trained or written. Three things the parser cannot see are checked too: a continuous
+distribution on an option that takes whole numbers (its ends may be whole, its draws are not), a ``metric.name`` that
+a fit does not log (:data:`FIT_METRICS`), and a model name ``vit fit`` would not find (:func:`vit.models.model_config`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vit.errors import UsageError
+from vit.errors import UsageError, suggest
 
 from .spec import Parameter, Sweep
 from .trial import fit_arguments
+
+FIT_METRICS = (
+    "train/loss_step", "train/loss_epoch", "train/acc", "train/acc_top5", "train/lr", "train/img_per_sec",
+    "train/budget_used", "val/loss", "val/acc", "val/acc_top5",
+)  # fmt: skip
+"""The scalars a ``vit fit`` logs (:class:`vit.lit_module.ImageClassifier`'s ``log`` calls, ``accuracy_metrics``, the
+throughput and time-budget callbacks), which a sweep's ``metric.name`` can rank by; ``{stage}/acc_top5`` from five
+classes, ``train/budget_used`` with ``--budget``."""
+METRIC_PREFIXES = ("attn/", "explain/")
+"""The prefixes of the explanation callback's scalars (per block, per method: too many to list)."""
+MODEL_KEY = "model.model"
+"""The option that names the model preset."""
+FRACTIONAL = ("uniform", "log_uniform", "log_uniform_values")
+"""Distributions whose draws are fractions (``q_uniform`` and ``q_log_uniform_values`` too, unless every number is
+whole)."""
 
 
 class _Parsed(Exception):  # noqa: N818 - not an error: how the parse-only CLI hands back its parser and error
@@ -31,6 +49,22 @@ def candidates(parameter: Parameter) -> list[Any]:
         return list(parameter.values)
     ends = [parameter.low, parameter.high]
     return [int(v) for v in ends] if parameter.distribution == "int_uniform" else ends
+
+
+def fraction(parameter: Parameter) -> float | None:
+    """A value inside the range of ``parameter`` as it draws one (``38.73`` of ``uniform 8..64``), or ``None`` for a
+    choice, a constant and a range of whole numbers only."""
+    low, high, q, kind = parameter.low, parameter.high, parameter.q, parameter.distribution
+    whole = q is not None and all(float(v).is_integer() for v in (q, *((low, high) if kind == "q_uniform" else ())))
+    if kind not in (*FRACTIONAL, "q_uniform", "q_log_uniform_values") or whole:
+        return None
+    if q is not None:  # a grid point, not a whole number
+        k = math.floor((high - low) / q / 2)
+        value = low + k * q if kind == "q_uniform" else round(math.sqrt(low * high) / q) * q
+        return round(value, 12) if not float(value).is_integer() else round(value + q / 2, 12)
+    if kind == "uniform":
+        return float(f"{low + (high - low) * 0.5523:.4g}")
+    return float(f"{math.exp(math.log(low) + (math.log(high) - math.log(low)) * 0.5523):.4g}")
 
 
 def trial_command_lines(sweep: Sweep, fit_args: Sequence[str], budget_s: float | None) -> list[list[str]]:
@@ -59,12 +93,57 @@ def check_against_config(sweep: Sweep, fit_args: Sequence[str], budget_s: float 
     """
     from vit.configs import resolve_config_args
 
+    check_metric(sweep)
+    check_models(sweep)
     lines = [resolve_config_args(line) for line in trial_command_lines(sweep, fit_args, budget_s)]
     parser = None
     for line in lines:
         message, parser = _parse(line, parser)
         if message:
             raise UsageError(_in_sweep_file(message, sweep, fit_args))
+    first = {p.name: candidates(p)[0] for p in sweep.parameters}
+    for p in sweep.parameters:
+        value = fraction(p)
+        if value is None:
+            continue
+        line = ["fit", *fit_arguments(fit_args, {**first, p.name: value}, Path("runs"), budget_s, None)]
+        message, parser = _parse(resolve_config_args(line), parser)
+        if message:
+            refused = _in_sweep_file(message, sweep, fit_args).split(": bad value: ", 1)[-1]
+            raise UsageError(
+                f"{sweep.source}: parameters.{p.name}: distribution {p.distribution} draws fractions such as {value} "
+                f"({refused}); for whole numbers use int_uniform, q_uniform with a whole q, or values"
+            )
+
+
+def check_metric(sweep: Sweep) -> None:
+    """Refuse a ``metric.name`` that no fit logs (:data:`FIT_METRICS`), with the closest name."""
+    if sweep.metric in FIT_METRICS or sweep.metric.startswith(METRIC_PREFIXES):
+        return
+    raise UsageError(
+        f"{sweep.source}: metric.name: {sweep.metric!r} is not logged by vit fit{suggest(sweep.metric, FIT_METRICS)}; "
+        f"the metrics are {', '.join(FIT_METRICS)}"
+    )
+
+
+def check_models(sweep: Sweep) -> None:
+    """Refuse a model name among the values of ``model.model`` that :func:`vit.models.model_config` (what ``vit fit``
+    builds the model with) does not know, with the closest preset."""
+    from vit.models import list_models, model_config
+
+    for p in sweep.parameters:
+        if p.name != MODEL_KEY:
+            continue
+        for value in p.values:
+            if not isinstance(value, str):
+                continue  # a class_path mapping: the parser's to check
+            try:
+                model_config(value)
+            except ValueError:
+                raise UsageError(
+                    f"{sweep.source}: parameters.{MODEL_KEY}: unknown model {value!r}{suggest(value, list_models())}; "
+                    f"the models are {', '.join(list_models())}"
+                ) from None
 
 
 def _parse(line: list[str], parser: Any) -> tuple[str | None, Any]:

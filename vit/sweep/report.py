@@ -76,7 +76,7 @@ def table(found: Sequence[Row], plan: Plan) -> str:
     short = {n: n.rsplit(".", 1)[-1] for n in names}
     if len(set(short.values())) < len(names):
         short = {n: n for n in names}
-    header = ["rung", "budget", "trial", "config", *short.values(), f"{plan.sweep.metric} (last)", "run folder / state"]
+    header = ["rung", "budget", "trial", "config", *short.values(), metric_label(plan), "run folder / state"]
     body = []
     order = sorted(found, key=lambda r: (r.rung, r.trial.state != TrialState.COMPLETE, _rank(r, plan)))
     for r in order:
@@ -212,7 +212,7 @@ def write_figures(storage: Any, plan: Plan, found: Sequence[Row], folder: Path) 
                 for loc in ("left", "center"):  # Optuna titles its plots on the left
                     title = axes.get_title(loc=loc) if hasattr(axes, "get_title") else ""
                     if title:
-                        axes.set_title(f"{title} (rung 0: {len(complete)} trials)", loc=loc)
+                        axes.set_title(f"{title} (rung 0: {plural(len(complete), 'trial')})", loc=loc)
                 written.append(_save(figure, folder / f"{name}.png"))
                 plt.close(figure)
     if any(r.trial.state == TrialState.COMPLETE for r in found):
@@ -252,11 +252,11 @@ def progress_figure(found: Sequence[Row], plan: Plan):
     by_trial.xaxis.set_major_locator(MaxNLocator(integer=True))  # trial 1, 2, 3: never 1.2
     by_trial.set_xlabel("trial (in the order started)")
     by_time.set_xlabel("minutes since the sweep started (trial's end)")
-    by_trial.set_ylabel(plan.sweep.metric)
+    by_trial.set_ylabel(metric_label(plan))
     for axes in (by_trial, by_time):
         axes.grid(alpha=0.3)
     by_trial.legend(loc="best")
-    figure.suptitle(f"sweep {plan.sweep.name}: {plan.sweep.metric} ({plan.sweep.goal})")
+    figure.suptitle(f"sweep {plan.sweep.name}: {metric_label(plan)} ({plan.sweep.goal})")
     figure.tight_layout()
     return figure
 
@@ -270,11 +270,18 @@ def _save(figure, path: Path) -> Path:
     return write_bytes(path, buffer.getvalue())
 
 
+def metric_label(plan: Plan) -> str:
+    """The sweep's metric as every listing of trials names it: ``val/acc (last)``, the value its fit ended with (a
+    trial's value is its last, not its best, which ``vit compare`` shows)."""
+    return f"{plan.sweep.metric} (last)"
+
+
 def summary(found: Sequence[Row], plan: Plan) -> str:
     """One line: configurations, trials by state, the best trial."""
     states = [r.trial.state for r in found]
     best = best_row(found, plan)
-    text = (f"{plural(len({r.config for r in found}), 'configuration')}, {plural(len(found), 'trial')}: "
+    started = len({r.config for r in found})
+    text = (f"{started} of {plural(max(plan.count, started), 'configuration')}, {plural(len(found), 'trial')}: "
             f"{states.count(TrialState.COMPLETE)} done, {states.count(TrialState.FAIL)} failed, "
             f"{states.count(TrialState.RUNNING)} running, {states.count(TrialState.WAITING)} waiting")  # fmt: skip
     if best is not None:

@@ -13,7 +13,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from .halving import Plan
-from .report import Row, best_row, fit_config
+from .report import Row, best_row, fit_config, metric_label
 from .space import config_values
 
 WANDB_LOGGERS = ("lightning.pytorch.loggers.WandbLogger", "lightning.pytorch.loggers.wandb.WandbLogger")
@@ -43,7 +43,7 @@ def log_sweep(plan: Plan, found: Sequence[Row], figures: Sequence[Path], folder:
     if mode == "online" and not (wandb_credentials_configured() and wandb_reachable(timeout=3.0)):
         mode = "offline"
     names = [p.name for p in plan.sweep.searched]
-    columns = ["rung", "budget_s", "trial", "config", *names, plan.sweep.metric, "state", "run_dir"]
+    columns = ["rung", "budget_s", "trial", "config", *names, metric_label(plan), "state", "run_dir"]
     data = []
     for r in found:
         values = config_values(plan.sweep, r.trial.params)
