@@ -48,11 +48,11 @@ def measurement_text(explanation: Any, out: Path, json_path: Path | None) -> tup
         parts.append("\n\n".join(faithfulness_table(bench) for bench in explanation.benchmarks.values()))
         written += [f"JSON {json_path or out / 'faithfulness.json'}", f"curves {out / CURVES}"]
     if explanation.sanity is not None:
-        parts.append(f"\nsanity check, cascading randomisation of {explanation.sanity.num_images} images:")
+        parts.append(f"\nsanity check, cascading randomisation of {plural(explanation.sanity.num_images, 'image')}:")
         parts.append(explanation.sanity.table())
         written += [f"sanity {out / 'sanity.json'}"]
     if explanation.heads is not None:
-        parts.append(f"\nwhich heads matter, mean ablation of {explanation.heads.num_images} images:")
+        parts.append(f"\nwhich heads matter, mean ablation of {plural(explanation.heads.num_images, 'image')}:")
         parts.append(explanation.heads.table())
         written += [f"heads {out / 'heads.json'}"]
     return "\n".join(parts), written

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers.utils import eval_mode
+from ..text import plural
 from .attribution import resolve_target
 from .progress import Progress
 from .removal import REMOVALS, Removal, drop_reason, kept_probabilities, road_impute
@@ -225,7 +226,7 @@ def faithfulness(
             for kind in KINDS:
                 curves[kind][name] = torch.stack(per_seed[kind])  # (seeds, B, steps + 1)
             seeds = f" x {len(candidates)} seed{'s' * (len(candidates) > 1)}" if name == RANDOM else ""
-            done = f"deletion/insertion curves of {B} images{seeds} ({steps} steps)"
+            done = f"deletion/insertion curves of {plural(B, 'image')}{seeds} ({steps} steps)"
             progress.close(f"{done} in {progress.seconds:.1f} s")
 
     result = _areas(curves, torch.tensor(counts, dtype=torch.float64) / n)

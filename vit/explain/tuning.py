@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..layers.utils import eval_mode
+from ..text import plural
 from .attribution import resolve_target
 from .faithfulness import faithfulness
 from .method_benchmark import timed_maps
@@ -211,7 +212,7 @@ def tune_gamma(
     finally:
         progress.stop()
     progress.close(f"gamma {winner.gamma:g}, embed_gamma {winner.embed_gamma:g}, the best of {progress.done} "
-                   f"candidates on {len(images)} images, in {progress.seconds:.1f} s")  # fmt: skip
+                   f"candidates on {plural(len(images), 'image')}, in {progress.seconds:.1f} s")  # fmt: skip
     return GammaTuning(method, winner.gamma, winner.embed_gamma, list(removals), len(images), steps, first + second)
 
 
@@ -362,5 +363,5 @@ def tune_method(
         progress.stop()
     winner = max(candidates, key=lambda c: c.mean_srg)  # the first of equal ones
     progress.close(f"{winner.method}, mean SRG {winner.mean_srg:+.3f}, the best of {len(candidates)} methods on "
-                   f"{len(images)} images")  # fmt: skip
+                   f"{plural(len(images), 'image')}")  # fmt: skip
     return MethodTuning(winner.method, list(removals), len(images), steps, candidates, gamma)
