@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..checkpoints.naming import find_checkpoint
 from ..errors import ArgumentParser, UsageError
+from ..text import plural
 
 EXPORT_CONFIG = "config.json"
 """The file that marks a ``vit export`` folder (:data:`vit.checkpoints.loading.CONFIG_FILE`, which imports torch)."""
@@ -146,9 +147,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit serve") -> int:
     url = f"http://{'[::1]' if args.host == '::' else args.host}:{args.port}"
     name = model_name(source)
     print(
-        f"vit serve: {source} as model {name!r} on {url} ({args.backend}, {args.workers} worker(s) of {threads} "
-        f"thread(s), batches of up to {args.max_batch_size}): POST /predict, GET /info /metrics /docs, "
-        f"/v2/models/{name}/infer; GET /health answers 200 once the model is loaded",
+        f"vit serve: {source} as model {name!r} on {url} ({args.backend}, {plural(args.workers, 'worker')} of "
+        f"{plural(threads, 'thread')}, batches of up to {args.max_batch_size}): POST /predict, GET /info /metrics "
+        f"/docs, /v2/models/{name}/infer; GET /health answers 200 once the model is loaded",
         flush=True,
     )
     try:
