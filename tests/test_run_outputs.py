@@ -38,7 +38,7 @@ def test_a_sweep_of_one_configuration_says_so():
     suggest(trial, sweep)
     study.tell(trial, 0.5)
     line = summary([Row(0, t) for t in study.trials], plan)
-    assert line.startswith("1 configuration, 1 trial: 1 done")
+    assert line.startswith("1 of 3 configurations, 1 trial: 1 done")  # "1 trial", and how many were planned
     assert line.endswith("; best val/acc (last) 0.5000 (rung 0, trial 0)")  # the trial's value: its fit's last
 
 

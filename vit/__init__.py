@@ -6,7 +6,8 @@ LitData, simplejpeg), the drawing of explanations (matplotlib, Pillow) and ``vit
 the ``export`` extra adds ONNX and ONNX Runtime for ``vit export --onnx``, the ``explain`` extra captum and grad-cam
 for the integrated-gradients and Grad-CAM baselines of ``vit.explain``, the ``sweep`` extra psycopg for a study on
 PostgreSQL (``vit sweep --storage postgresql://...``), the ``serve`` extra LitServe and prometheus-client for
-``vit serve``.
+``vit serve``, the ``serve-ray`` extra Ray Serve for ``vit serve --engine ray``, and the ``loadtest`` extra locust and
+psutil for ``vit bench --suite serve``.
 
 ``import vit`` runs this file and :mod:`vit.lazy` only (the standard library's ``os``, ``sys`` and ``importlib``), so
 the ``vit`` command answers ``--help`` before torch is loaded. Every public name is imported from its module on first
