@@ -65,9 +65,18 @@ def backend_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
     return checks
 
 
+def peak_rate(entry: dict[str, Any]) -> tuple[float, str]:
+    """The server's rate at saturation: the most images/s it answered 200 while it had more to do than it could,
+    in the closed-loop run or at an offered load of 1x saturation or more (where the clients' pacing, not the
+    server, no longer limits it), and which run that was."""
+    runs = [(entry["saturation"]["served_ips"], "closed loop")]
+    runs += [(s["served_ips"], f"at {s['fraction']:g}x offered") for s in entry["loads"] if s["fraction"] >= 1]
+    return max(runs, key=lambda run: run[0])
+
+
 def serve_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's goals, each a PASS / FAIL line with its numbers (reported, not asserted): over saturation only 200
-    or 503 and none lost; saturation >= 0.85x the offline rate; p99 at half load <= 3x one unloaded request; soak
+    or 503 and none lost; saturation (:func:`peak_rate`) >= 0.85x the offline rate; p99 at half load <= 3x one unloaded request; soak
     RSS growth < 5 % (when a soak ran); ONNX >= 1.5x torch and the server's own time (:func:`backend_checks`)."""
     over = [s for s in entry["loads"] if s["fraction"] > 1]
     codes = sorted({code for s in over for code in s["status"]})
@@ -75,7 +84,8 @@ def serve_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
     top = max(over, key=lambda s: s["fraction"], default=None)
     counts = f"; at {top['fraction']:g}x: 200 {top['status'].get('200', 0)}, 503 {top['status'].get('503', 0)}, " \
              f"lost {top['lost']}" if top else ""  # fmt: skip
-    sat, offline = entry["saturation"]["served_ips"], entry["offline"]["images_per_s"]
+    closed, offline = entry["saturation"]["served_ips"], entry["offline"]["images_per_s"]
+    sat, where = peak_rate(entry)
     half = min(entry["loads"], key=lambda s: abs(s["fraction"] - 0.5))
     unloaded = entry["unloaded_p50_ms"]
     checks = [
@@ -83,7 +93,8 @@ def serve_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
               bool(over) and set(codes) <= {"200", "503"} and lost == 0,
               f"status codes {codes}, lost {lost}{counts}"),
         check(f"serve: saturation >= {SATURATION_GOAL:g}x the offline batched rate", sat >= SATURATION_GOAL * offline,
-              f"{sat:.1f} img/s served, {offline:.1f} offline: {sat / offline:.2f}x"),
+              f"{sat:.1f} img/s served ({where}; closed loop {closed:.1f}), {offline:.1f} offline: "
+              f"{sat / offline:.2f}x"),
         check(f"serve: p99 at half load <= {P99_GOAL:g}x one unloaded request",
               half["p99_ms"] is not None and half["p99_ms"] <= P99_GOAL * unloaded,
               f"p50 {_ms(half['p50_ms'])}, p99 {_ms(half['p99_ms'])} at {half['fraction']:g}x saturation "

@@ -6,6 +6,8 @@ come from the environment:
 
 - ``VIT_LOCUST_IMAGE``: the image file each request sends (its bytes, ``Content-Type`` from its suffix).
 - ``VIT_LOCUST_RATE``: requests per second of each user (``constant_throughput``); ``0``: as fast as answers come.
+  Each paced user waits a random part of one period before its first request, so that the users' requests spread
+  over the period instead of arriving together in bursts of as many as there are users.
 - ``VIT_LOCUST_TIMEOUT``: seconds a request may take before the client gives up (counted as timed out).
 - ``VIT_LOCUST_BAD_EVERY``: every n-th request of a user sends bytes that are no image (``0``: none).
 - ``VIT_LOCUST_SECONDS``: how long the users send; then each waits for the answers still out and locust quits
@@ -18,6 +20,7 @@ come from the environment:
 
 import json
 import os
+import random
 import time
 from collections import Counter
 from pathlib import Path
@@ -58,6 +61,8 @@ class Client(FastHttpUser):
         self.image = IMAGE.read_bytes()
         self.headers = {"Content-Type": TYPES.get(IMAGE.suffix.lower(), "application/octet-stream")}
         self.count = 0
+        if RATE > 0:
+            gevent.sleep(random.uniform(0, 1 / RATE))  # spread the users' phases: a steady stream, not bursts
 
     @task
     def predict(self) -> None:
