@@ -5,9 +5,10 @@ patches the standard library with gevent at import, which must not happen in a p
 come from the environment:
 
 - ``VIT_LOCUST_IMAGE``: the image file each request sends (its bytes, ``Content-Type`` from its suffix).
-- ``VIT_LOCUST_RATE``: requests per second of each user (``constant_throughput``); ``0``: as fast as answers come.
-  Each paced user waits a random part of one period before its first request, so that the users' requests spread
-  over the period instead of arriving together in bursts of as many as there are users.
+- ``VIT_LOCUST_RATE``: requests per second of each user; ``0``: as fast as answers come. A paced user sends at a
+  random phase of its period, then once a period (:meth:`Client.wait_time`), so that the users' requests spread over
+  the period instead of arriving together in bursts of as many as there are users (locust's ``constant_throughput``
+  counts its first period from the user's creation, which puts every user back in step).
 - ``VIT_LOCUST_TIMEOUT``: seconds a request may take before the client gives up (counted as timed out).
 - ``VIT_LOCUST_BAD_EVERY``: every n-th request of a user sends bytes that are no image (``0``: none).
 - ``VIT_LOCUST_SECONDS``: how long the users send; then each waits for the answers still out and locust quits
@@ -26,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 import gevent
-from locust import FastHttpUser, constant, constant_throughput, events, task
+from locust import FastHttpUser, events, task
 
 IMAGE = Path(os.environ.get("VIT_LOCUST_IMAGE", "image.png"))
 RATE = float(os.environ.get("VIT_LOCUST_RATE", "0"))
@@ -53,7 +54,6 @@ record = {
 class Client(FastHttpUser):
     """One client: POST the image, wait, again."""
 
-    wait_time = constant_throughput(RATE) if RATE > 0 else constant(0)
     network_timeout = TIMEOUT
     connection_timeout = TIMEOUT
 
@@ -61,14 +61,23 @@ class Client(FastHttpUser):
         self.image = IMAGE.read_bytes()
         self.headers = {"Content-Type": TYPES.get(IMAGE.suffix.lower(), "application/octet-stream")}
         self.count = 0
-        if RATE > 0:
-            gevent.sleep(random.uniform(0, 1 / RATE))  # spread the users' phases: a steady stream, not bursts
+        self.next_at = time.monotonic() + (random.uniform(0, 1 / RATE) if RATE > 0 else 0.0)
+        gevent.sleep(self.next_at - time.monotonic())
+
+    def wait_time(self) -> float:
+        """Seconds until this user's next request: one period after the last was due (none when the answer took
+        longer), or none at all without a rate."""
+        if RATE <= 0:
+            return 0.0
+        self.next_at = max(self.next_at + 1 / RATE, time.monotonic())
+        return self.next_at - time.monotonic()
 
     @task
     def predict(self) -> None:
         if time.time() > state["deadline"] or (MAX_REQUESTS and record["sent"] >= MAX_REQUESTS):
-            if state["in_flight"] == 0:
-                self.environment.runner.quit()
+            if state["in_flight"] == 0 and not state.get("quitting"):
+                state["quitting"] = True  # quit from a greenlet of its own: quit() stops this user's greenlet
+                gevent.spawn(self.environment.runner.quit)
             gevent.sleep(0.05)
             return
         self.count += 1
