@@ -494,3 +494,36 @@ def test_the_page_of_the_real_server_shows_its_own_answer(server, browser, tmp_p
         assert not errors
     finally:
         page.close()
+
+
+def test_the_gate_counts_a_refused_request_neither_in_nor_out():
+    """A full queue refuses with 503 and leaves the count of requests in flight where it was: refusals must not
+    make room (before the fix each 503 counted one request out that never came in, and the queue grew by one)."""
+    import asyncio
+
+    from vit.serve.gate import Gate, Shared
+
+    async def app(scope, receive, send):  # answers 200 at once
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def call(gate):
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        scope = {"type": "http", "method": "POST", "path": "/predict", "headers": []}
+        await gate(scope, receive, send)
+        return sent[0]["status"]
+
+    shared = Shared(max_queue=2)
+    gate = Gate(app, shared)
+    shared.in_flight.value = 2  # two requests held elsewhere
+    assert [asyncio.run(call(gate)) for _ in range(3)] == [503, 503, 503]
+    assert shared.in_flight.value == 2
+    shared.in_flight.value = 1
+    assert asyncio.run(call(gate)) == 200 and shared.in_flight.value == 1  # in, then out

@@ -119,9 +119,9 @@ class Gate:
         counted = False
         try:
             self.admit(scope)
-            counted = inference(scope)
-            if counted:
+            if inference(scope):
                 self.enter()
+                counted = True  # only once counted in: a request refused by enter() must not be counted out
             await self.app(scope, self.limited(scope, receive), sending)
         except RequestError as err:
             if status[0] != 500:  # the answer has started (a body cut past max_body while it streams): too late
