@@ -324,6 +324,9 @@ def test_ema_tracks_weights_and_is_used_for_validation(tiny, cpu_trainer):
         torch.testing.assert_close(ema[k], 0.5 * weights[0][k] + 0.5 * weights[1][k])
 
     assert module.eval_model is module.model_ema.module
+    # DDP refuses a module with parameters that need a gradient the loss never gives: the average needs none
+    trainable = {id(p) for p in module.parameters() if p.requires_grad}
+    assert trainable == {id(p) for p in module.model.parameters()}
     metrics = cpu_trainer().validate(module, data, verbose=False)[0]
     x, y = next(iter(loader(8, 8)))
     with torch.no_grad():

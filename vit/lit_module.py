@@ -170,6 +170,7 @@ class ImageClassifier(LightningModule):
         if ema_decay is not None:
             self.model_ema = ModelEmaV3(self.model, decay=ema_decay, use_warmup=ema_warmup)
             self.model_ema.train()  # like every submodule; Lightning switches the whole system to eval to validate
+            self.model_ema.requires_grad_(False)  # averaged, never optimised: DDP must not wait for its gradients
         if compile:
             self.model.compile()  # in place: state-dict keys stay those of the plain module
 
