@@ -106,6 +106,10 @@ class ImageDataModule(pl.LightningDataModule):
             computed once from its train split).
         std: Per-channel standard deviation in [0, 1], like ``mean``.
         predict_dir: Predict every image file under this folder (recursively, sorted) instead of the val split.
+        holdout: Validate (and test) on this many of the training images instead of ``val/`` or ``test/``, and
+            train on the rest: of each class its share, the last of its files by name, the same ones every time
+            (folder datasets). For choosing settings (``vit sweep``) without looking at the test images; ``0``:
+            none.
         decode_device: Where ``streaming`` data is decoded: ``cpu`` (loader workers, libjpeg-turbo at a reduced DCT
             scale) or ``cuda`` (batches of JPEG bytes decoded, cropped and flipped on the GPU; shards of small
             images then stream too, with that random-resized crop instead of being decoded once with their preset).
@@ -133,6 +137,7 @@ class ImageDataModule(pl.LightningDataModule):
         std: tuple[float, float, float] | None = None,
         predict_dir: str | None = None,
         decode_device: Literal["cpu", "cuda"] = "cpu",
+        holdout: int = 0,
         _spec: DatasetSpec | None = None,
     ) -> None:
         super().__init__()
@@ -144,6 +149,7 @@ class ImageDataModule(pl.LightningDataModule):
             ("num_workers", 0 if num_workers is None else num_workers, 0),
             ("synthetic_num_classes", synthetic_num_classes, 1),
             ("synthetic_size", synthetic_size, 1),
+            ("holdout", holdout, 0),
         ):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
@@ -159,6 +165,12 @@ class ImageDataModule(pl.LightningDataModule):
             )
         self.save_hyperparameters(ignore=["_spec"])
         self.spec: DatasetSpec = _spec if _spec is not None else DATASETS[dataset]
+        if holdout and self.spec.folder is None:
+            raise DataError(
+                f"--data.holdout holds images out of a folder's train/: dataset {dataset} is not one; use "
+                "--data.dataset imagefolder with a folder of train/<class>/ images, or leave --data.holdout out"
+            )
+        self.holdout = holdout
         self.dataset = dataset
         self.data_dir = data_dir
         self.img_size = img_size

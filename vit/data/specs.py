@@ -62,6 +62,7 @@ class Options(Protocol):
     synthetic_num_classes: int
     synthetic_size: int
     layout: FolderLayout | None
+    holdout: int
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class SpecOptions:
         synthetic_num_classes: Classes of ``synthetic``.
         synthetic_size: Training images of ``synthetic``.
         layout: The checked folder tree of a folder spec.
+        holdout: Training images held out to validate on instead of ``val/`` (:func:`held_out`); ``0``: none.
     """
 
     data_dir: str | None
@@ -139,6 +141,7 @@ class SpecOptions:
     synthetic_num_classes: int = 10
     synthetic_size: int = 1024
     layout: FolderLayout | None = None
+    holdout: int = 0
 
     @classmethod
     def of(cls, spec: DatasetSpec, data_dir: str | None) -> SpecOptions:
@@ -180,18 +183,54 @@ def _digits(options: Options, train: bool) -> DecodeRequest:
     return DecodeRequest(data.classes, data.images, data.labels, split="train" if train else "val")
 
 
+def held_out(
+    samples: Sequence[tuple[str, int]], holdout: int, train: bool, classes: Sequence[str]
+) -> list[tuple[str, int]]:
+    """The training images less ``holdout`` of them (``train``), or those ``holdout`` (``not train``): of each class,
+    its share of ``holdout`` (rounded), the last of its files sorted by path. The same files each time, on every
+    machine: a split for choosing settings that never looks at the test images.
+
+    Args:
+        samples: ``(path, label)`` of the training images, sorted by path within each class.
+        holdout: How many to hold out, in all.
+        train: Return what is left to train on; else what is held out.
+        classes: Class names by label (for the error message).
+
+    Raises:
+        DataError: ``holdout`` would leave a class with nothing to train on, or hold out none of it.
+    """
+    by_class: dict[int, list[tuple[str, int]]] = {}
+    for sample in samples:
+        by_class.setdefault(sample[1], []).append(sample)
+    kept: list[tuple[str, int]] = []
+    for label, files in by_class.items():
+        count = round(holdout * len(files) / len(samples))
+        if not 0 < count < len(files):
+            raise DataError(
+                f"--data.holdout {holdout} would hold out {count} of the {len(files)} training images of class "
+                f"{classes[label]}: each class needs at least one image held out and one left to train on "
+                f"({len(samples)} training images in {len(by_class)} classes); choose a "
+                f"{'larger' if count == 0 else 'smaller'} --data.holdout"
+            )
+        kept += files[: len(files) - count] if train else files[len(files) - count :]
+    return kept
+
+
 def _folder(options: Options, train: bool) -> DecodeRequest:
     layout = options.layout
     assert layout is not None
-    split_dir = layout.train_dir if train else layout.val_dir
+    split_dir = layout.train_dir if train or options.holdout else layout.val_dir
     samples, ignored = list_image_files(split_dir, layout.classes)
     if ignored:
         rank_zero_warn(f"ignored {len(ignored)} file(s) without an image extension under {split_dir}: {ignored[:5]}")
     if not samples:
         raise DataError(f"no image files ({', '.join(IMG_EXTENSIONS)}) under {split_dir}/<class>/")
-    root = split_dir.parent
+    split = split_dir.name
+    if options.holdout:
+        samples = held_out(samples, options.holdout, train, layout.classes)
+        split = f"{'train-less' if train else 'holdout'}-{options.holdout}"  # their own decoded-once caches
     return DecodeRequest(
-        list(layout.classes), samples=samples, sources=[p for p, _ in samples], root=root, split=split_dir.name
+        list(layout.classes), samples=samples, sources=[p for p, _ in samples], root=split_dir.parent, split=split
     )
 
 
