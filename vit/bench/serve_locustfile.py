@@ -38,7 +38,7 @@ MAX_REQUESTS = int(os.environ.get("VIT_LOCUST_MAX_REQUESTS", "0"))
 OUT = os.environ.get("VIT_LOCUST_OUT")
 TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
 
-state = {"deadline": float("inf"), "in_flight": 0}
+state = {"deadline": float("inf"), "in_flight": 0, "quitting": False}
 record = {
     "sent": 0,
     "bad": 0,
@@ -75,7 +75,7 @@ class Client(FastHttpUser):
     @task
     def predict(self) -> None:
         if time.time() > state["deadline"] or (MAX_REQUESTS and record["sent"] >= MAX_REQUESTS):
-            if state["in_flight"] == 0 and not state.get("quitting"):
+            if state["in_flight"] == 0 and not state["quitting"]:
                 state["quitting"] = True  # quit from a greenlet of its own: quit() stops this user's greenlet
                 gevent.spawn(self.environment.runner.quit)
             gevent.sleep(0.05)
