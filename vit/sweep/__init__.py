@@ -3,6 +3,7 @@
     vit sweep configs/sweeps/linear_vs_global.yaml                           # each trial as its config says
     vit sweep FILE --budget 5m -- --data.data_dir DATA                        # every trial 5 minutes, annealed
     vit sweep FILE --budget 5m,15m,45m --workers 2                            # successive halving, 2 processes
+    vit sweep FILE --budget 5m --baseline                                     # the config's own values: trial 0
     vit sweep FILE --budget 5m --storage postgresql://USER@HOST/DB            # on each machine: one study
     vit sweep FILE --report                                                   # the table, best.yaml, figures
 
@@ -12,6 +13,9 @@ after ``--`` go to every trial's ``vit fit`` (a data folder). ``--budget`` gives
 trainer.max_time with model.schedule time, so each run anneals as its time ends; several budgets are the rungs of
 successive halving: rung k runs the best 1/eta of rung k-1 again, from scratch, for the longer time
 (early_terminate: hyperband's eta and s, or min_iter and max_iter, make one --budget into rungs budget * eta**k).
+``--baseline`` enqueues the configuration the command trains without the sweep (each parameter at its --config's
+value) as the first trial of rung 0, one of its configurations: it rises through the rungs only if it ranks there,
+and the table marks it, so the search is read against the config it started from.
 
 The sweep folder (runs/sweeps/<name>/, or --out) holds the study (an Optuna journal file unless --storage), the
 trials' run folders (trials/), their logs (logs/), best.yaml and the figures. Starting the same command again

@@ -5,6 +5,9 @@ unknown key gets the did-you-mean of ``vit fit`` (:func:`vit.cli_errors.closest_
 sentence; nothing is built, trained or written. Three things the parser cannot see are checked too: a continuous
 distribution on an option that takes whole numbers (its ends may be whole, its draws are not), a ``metric.name`` that
 a fit does not log (:data:`FIT_METRICS`), and a model name ``vit fit`` would not find (:func:`vit.models.model_config`).
+
+The same parse gives ``vit sweep --baseline`` its first trial (:func:`baseline_params`): each searched parameter at the
+value the command itself trains with.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from vit.errors import UsageError, suggest
 
+from .space import encode, search_space
 from .spec import Parameter, Sweep
 from .trial import fit_arguments
 
@@ -144,6 +148,76 @@ def check_models(sweep: Sweep) -> None:
                     f"{sweep.source}: parameters.{MODEL_KEY}: unknown model {value!r}{suggest(value, list_models())}; "
                     f"the models are {', '.join(list_models())}"
                 ) from None
+
+
+def baseline_params(sweep: Sweep, fit_args: Sequence[str], budget_s: float | None = None) -> dict[str, Any]:
+    """The Optuna values of the configuration that the sweep's command trains without any of the sweep's values (its
+    ``--config`` files and the arguments after ``--``, else the defaults of ``vit fit``; a key of
+    ``model.model_overrides`` it leaves out: the preset's value, else the model's default): the first trial of rung 0
+    with ``vit sweep --baseline``, as Optuna's ``enqueue_trial`` takes it.
+
+    Raises:
+        UsageError: For a searched parameter whose own value the sweep could not draw (not among its ``values``,
+            outside its range or off its step), naming the parameter and the value.
+    """
+    from vit.configs import resolve_config_args
+
+    line = resolve_config_args(["fit", *fit_arguments(fit_args, {}, Path("runs"), budget_s, None)])
+    message, parser = _parse(line, None)
+    if message:
+        raise UsageError(_in_sweep_file(message, sweep, fit_args))
+    config = parser.parse_args(line)
+    space = search_space(sweep)
+    params = {}
+    for p in sweep.searched:
+        value = encode(_own_value(config, p.name, sweep))
+        refused = _outside(space[p.name], value)
+        if refused:
+            raise UsageError(
+                f"{sweep.source}: parameters.{p.name}: the command's own value {value!r} is {refused}, so the sweep "
+                "cannot run it as its baseline (--baseline); add the value to the parameter or leave --baseline out"
+            )
+        params[p.name] = value
+    return params
+
+
+OVERRIDES_KEY = "model.model_overrides."
+"""The prefix of a parameter that overrides one argument of the model preset."""
+
+
+def _own_value(config: Any, name: str, sweep: Sweep) -> Any:
+    """The value of ``name`` in the parsed ``config`` (a key of ``model.model_overrides`` the config leaves out: the
+    preset's, else :class:`vit.VisionTransformer`'s default)."""
+    import inspect
+
+    from jsonargparse import Namespace
+
+    from vit.models import VisionTransformer, model_config
+
+    if f"fit.{name}" in config:
+        value = config[f"fit.{name}"]
+        return value.as_dict() if isinstance(value, Namespace) else value
+    leaf = name.removeprefix(OVERRIDES_KEY)
+    preset, overrides = config.get("fit.model.model"), config.get("fit.model.model_overrides") or {}
+    own = {**(model_config(preset) if isinstance(preset, str) else {}), **overrides}
+    defaults = inspect.signature(VisionTransformer).parameters
+    if name.startswith(OVERRIDES_KEY) and (leaf in own or leaf in defaults):
+        return own[leaf] if leaf in own else defaults[leaf].default
+    raise UsageError(f"{sweep.source}: parameters.{name}: the command's config has no value of it for --baseline")
+
+
+def _outside(dist: Any, value: Any) -> str:
+    """Why Optuna's ``dist`` could not hold ``value`` (``""`` when it can)."""
+    from optuna.distributions import CategoricalDistribution
+
+    if isinstance(dist, CategoricalDistribution):
+        return "" if value in dist.choices else f"not one of its values {list(dist.choices)}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"not a number of its range {dist.low}..{dist.high}"
+    if not dist.low <= value <= dist.high:
+        return f"outside its range {dist.low}..{dist.high}"
+    steps = (value - dist.low) / dist.step if dist.step else 0.0
+    return "" if math.isclose(steps, round(steps), abs_tol=1e-9) else f"off its step {dist.step} from {dist.low}"
 
 
 def _parse(line: list[str], parser: Any) -> tuple[str | None, Any]:

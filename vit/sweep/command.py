@@ -40,6 +40,9 @@ def build_parser(prog: str = "vit sweep") -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
     parser.add_argument("--heartbeat", type=int, default=30, help="seconds between heartbeats (--storage only)")
     parser.add_argument(
+        "--baseline", action="store_true", help="the first trial runs the command's own config, as the sweep's baseline"
+    )
+    parser.add_argument(
         "--report", action="store_true", help="print the table and write best.yaml and the figures only"
     )
     return parser
@@ -89,13 +92,17 @@ def main(argv: Sequence[str] | None = None, prog: str = "vit sweep") -> int:
     budgets = check(args, sweep)
     count = rung_zero_size(sweep, args.trials)
     folder = args.out or Path("runs", "sweeps", sweep.name)
+    baseline = None
     if not args.report:  # every parameter and value against the config, before anything is created
-        from .check import check_against_config
+        from .check import baseline_params, check_against_config
 
         check_against_config(sweep, [*sweep.fit_args, *extra], budgets[0] if budgets else None)
+        if args.baseline:
+            baseline = baseline_params(sweep, [*sweep.fit_args, *extra], budgets[0] if budgets else None)
     from .driver import Sweeper
 
-    plan_args = {"budgets": budgets, "count": count, "eta": args.eta or sweep.eta or 3, "seed": args.seed}
+    plan_args = {"budgets": budgets, "count": count, "eta": args.eta or sweep.eta or 3, "seed": args.seed,
+                 "baseline": baseline}  # fmt: skip
     sweeper = Sweeper(sweep, plan_args, [*sweep.fit_args, *extra], folder, args.storage, args.max_retry,
                       args.heartbeat)  # fmt: skip
     if args.report:

@@ -31,6 +31,8 @@ READY_ATTR = "ready"
 """Study user attribute: the rung's trials are enqueued (set last by the worker that created the rung)."""
 CONFIG_ATTR = "config"
 """Trial user attribute: the rung-0 trial number of the configuration, the same in every rung and retry."""
+BASELINE_ATTR = "baseline"
+"""Trial user attribute: the configuration is the sweep command's own (``vit sweep --baseline``), in every rung."""
 SURPLUS_ATTR = "surplus"
 """Trial user attribute of a rung-0 trial drawn after another worker took the last place: pruned, not counted."""
 ENQUEUE_GRACE_S = 30.0
@@ -50,6 +52,8 @@ class Plan:
             machine's own (after ``--``: a data folder may differ between machines, so they are not fingerprinted).
         seed: The sampler's seed.
         raw: The sweep file as loaded, for the fingerprint.
+        baseline: Optuna parameter values of the sweep command's own configuration, the first trial of rung 0
+            (``--baseline``), or ``None``.
     """
 
     sweep: Sweep
@@ -59,6 +63,7 @@ class Plan:
     fit_args: list[str]
     seed: int = 0
     raw: dict[str, Any] = field(default_factory=dict)
+    baseline: dict[str, Any] | None = None
 
     @property
     def rungs(self) -> int:
@@ -72,17 +77,20 @@ class Plan:
 
     def fingerprint(self) -> dict[str, Any]:
         """The JSON of what decides the trials: the sweep file (with its command), budgets, count, eta and seed."""
-        return json.loads(json.dumps({"sweep": self.raw, "budgets": self.budgets, "count": self.count,
-                                      "eta": self.eta, "seed": self.seed}))  # fmt: skip
+        found = {"sweep": self.raw, "budgets": self.budgets, "count": self.count, "eta": self.eta, "seed": self.seed}
+        if self.baseline is not None:
+            found["baseline"] = self.baseline
+        return json.loads(json.dumps(found))
 
     @classmethod
     def from_fingerprint(cls, data: dict[str, Any], fit_args: list[str], source: str = "sweep.yaml") -> Plan:
         sweep = parse_sweep(data["sweep"], source)
-        return cls(sweep, data["budgets"], data["count"], data["eta"], fit_args, data["seed"], data["sweep"])
+        return cls(sweep, data["budgets"], data["count"], data["eta"], fit_args, data["seed"], data["sweep"],
+                   data.get("baseline"))  # fmt: skip
 
 
 def open_sweep(storage: Any, plan: Plan, sampler: Any, remedy: str = "") -> tuple[optuna.Study, bool]:
-    """The rung-0 study of ``plan``: created (a grid's combinations enqueued), or loaded when it exists; ``True`` when
+    """The rung-0 study of ``plan``: created (:func:`first_entries` enqueued), or loaded when it exists; ``True`` when
     it existed.
 
     Args:
@@ -97,8 +105,7 @@ def open_sweep(storage: Any, plan: Plan, sampler: Any, remedy: str = "") -> tupl
     """
     study = load_rung(storage, plan, 0)
     if study is None:
-        entries = [{"params": p} for p in grid_points(plan.sweep)[: plan.count]] if plan.sweep.method == "grid" else []
-        study = create_rung(storage, plan, 0, entries, sampler)
+        study = create_rung(storage, plan, 0, first_entries(plan), sampler)
         if study.user_attrs.get(PLAN_ATTR) == plan.fingerprint():
             return study, False
     stored = study.user_attrs.get(PLAN_ATTR) or {}
@@ -110,7 +117,18 @@ def open_sweep(storage: Any, plan: Plan, sampler: Any, remedy: str = "") -> tupl
     return study, True
 
 
-_OPTIONS = {"budgets": "--budget", "count": "configurations (--trials, run_cap)", "eta": "--eta", "seed": "--seed"}
+def first_entries(plan: Plan) -> list[dict[str, Any]]:
+    """The trials enqueued in rung 0 as it is created: the baseline first (``--baseline``), then a grid's
+    combinations (the baseline's left out), ``plan.count`` in all."""
+    first = [{"params": plan.baseline, "user_attrs": {BASELINE_ATTR: True}}] if plan.baseline is not None else []
+    if plan.sweep.method != "grid":
+        return first
+    grid = [{"params": p} for p in grid_points(plan.sweep) if p != plan.baseline]
+    return [*first, *grid][: plan.count]
+
+
+_OPTIONS = {"baseline": "--baseline", "budgets": "--budget", "count": "configurations (--trials, run_cap)",
+            "eta": "--eta", "seed": "--seed"}  # fmt: skip
 
 
 def plan_differences(stored: dict[str, Any], plan: Plan, most: int = 3) -> str:
@@ -118,7 +136,8 @@ def plan_differences(stored: dict[str, Any], plan: Plan, most: int = 3) -> str:
     dotted path, ``parameters.model.lr.max``; the options by their flag), at most ``most`` of them."""
     mine = plan.fingerprint()
     found = _differences(stored.get("sweep"), mine["sweep"], "")
-    found += [(_OPTIONS[key], stored.get(key), mine[key]) for key in _OPTIONS if stored.get(key) != mine[key]]
+    found += [(_OPTIONS[key], stored.get(key, _ABSENT), mine.get(key, _ABSENT)) for key in _OPTIONS
+              if stored.get(key) != mine.get(key)]  # fmt: skip
     parts = [f"{key} {_short(old)} there, {_short(new)} now" for key, old, new in found[:most]]
     more = len(found) - most
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
@@ -247,8 +266,14 @@ def promotions(study: optuna.Study, plan: Plan) -> list[dict[str, Any]]:
                if not is_retry(t)}  # fmt: skip
     ranked = sorted(complete, key=lambda t: t.value, reverse=plan.sweep.maximize)
     keep = ranked[: survivors(len(configs), plan.eta)]
-    return [{"params": dict(t.params), "user_attrs": {CONFIG_ATTR: t.user_attrs.get(CONFIG_ATTR, t.number)}}
+    return [{"params": dict(t.params), "user_attrs": {CONFIG_ATTR: t.user_attrs.get(CONFIG_ATTR, t.number),
+                                                      **({BASELINE_ATTR: True} if is_baseline(t) else {})}}
             for t in keep]  # fmt: skip
+
+
+def is_baseline(trial: FrozenTrial) -> bool:
+    """Whether ``trial`` runs the sweep command's own configuration (``--baseline``)."""
+    return bool(trial.user_attrs.get(BASELINE_ATTR))
 
 
 def surplus(study: optuna.Study, plan: Plan, trial_number: int) -> bool:

@@ -22,7 +22,7 @@ from vit.atomic import write_bytes, write_text
 from vit.text import plural
 
 from .budget import format_duration
-from .halving import CONFIG_ATTR, Plan, counted, is_retry, load_rung
+from .halving import CONFIG_ATTR, Plan, counted, is_baseline, is_retry, load_rung
 from .space import config_values
 from .storage import REASON_ATTR
 
@@ -69,9 +69,9 @@ def _cell(value: Any) -> str:
 
 
 def table(found: Sequence[Row], plan: Plan) -> str:
-    """The trials as a text table, each rung best first: rung, budget, trial, configuration, the searched values,
-    the metric as the trial's fit ended (``val/acc (last)``: a trial's value is its last, not its best), and the run
-    folder or what stopped the trial."""
+    """The trials as a text table, each rung best first: rung, budget, trial, configuration (``baseline`` marks the
+    sweep command's own), the searched values, the metric as the trial's fit ended (``val/acc (last)``: a trial's
+    value is its last, not its best), and the run folder or what stopped the trial."""
     names = [p.name for p in plan.sweep.searched]
     short = {n: n.rsplit(".", 1)[-1] for n in names}
     if len(set(short.values())) < len(names):
@@ -86,8 +86,9 @@ def table(found: Sequence[Row], plan: Plan) -> str:
         note = _state(r.trial)
         if r.trial.state == TrialState.COMPLETE:
             note = r.trial.user_attrs.get("run_dir", "") + note.removeprefix("done")
-        body.append([str(r.rung), format_duration(budget) if budget else "config", str(r.trial.number),
-                     str(r.config), *(_cell(values.get(n, "")) for n in names), value, note])  # fmt: skip
+        config = f"{r.config} baseline" if is_baseline(r.trial) else str(r.config)
+        body.append([str(r.rung), format_duration(budget) if budget else "config", str(r.trial.number), config,
+                     *(_cell(values.get(n, "")) for n in names), value, note])  # fmt: skip
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1]
              for row in [header, *body]]  # fmt: skip
@@ -287,6 +288,10 @@ def summary(found: Sequence[Row], plan: Plan) -> str:
     if best is not None:
         value = f"{plan.sweep.metric} (last) {best.trial.value:.4f}"  # a trial's value is its fit's last
         text += f"; best {value} (rung {best.rung}, trial {best.trial.number})"
+    base = [r for r in found if is_baseline(r.trial) and r.trial.state == TrialState.COMPLETE]
+    if base:
+        top = max(base, key=lambda r: r.rung)
+        text += f"; the baseline {top.trial.value:.4f} (rung {top.rung}, trial {top.trial.number})"
     return text
 
 
