@@ -199,7 +199,7 @@ def _own_value(config: Any, name: str, sweep: Sweep) -> Any:
         return value.as_dict() if isinstance(value, Namespace) else value
     leaf = name.removeprefix(OVERRIDES_KEY)
     preset, overrides = config.get("fit.model.model"), config.get("fit.model.model_overrides") or {}
-    own = {**(model_config(preset) if isinstance(preset, str) else {}), **overrides}
+    own = model_config(preset, **overrides) if isinstance(preset, str) else overrides
     defaults = inspect.signature(VisionTransformer).parameters
     if name.startswith(OVERRIDES_KEY) and (leaf in own or leaf in defaults):
         return own[leaf] if leaf in own else defaults[leaf].default
