@@ -139,6 +139,21 @@ def test_predict_answers_as_the_predictor_does(server):
     assert_matches(three, reference[0].top5[:3])
 
 
+def test_answers_carry_the_servers_timings(server):
+    """`Server-Timing` (W3C): `model;dur` on an answer that went through the model, `total;dur` on every answer; the
+    forward pass is part of the request, and the request part of what the client waited."""
+
+    def metrics(response) -> dict[str, float]:
+        items = [[part.strip() for part in item.split(";")] for item in response.headers["Server-Timing"].split(",")]
+        return {name: float(dict(p.split("=", 1) for p in params)["dur"]) for name, *params in items}
+
+    answered = raw(server, server["images"][0])
+    timings = metrics(answered)
+    assert 0 < timings["model"] < timings["total"] < answered.elapsed.total_seconds() * 1000
+    refused = post(server, headers={"Content-Type": "image/png"}, data=b"\x89PNG not really")
+    assert refused.status_code == 400 and list(metrics(refused)) == ["total"]
+
+
 def test_multipart_and_base64_agree_with_raw_bytes(server):
     names = server["images"]
     reference = vit.Predictor(server["checkpoint"])([server["folder"] / n for n in names])

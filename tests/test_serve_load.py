@@ -108,6 +108,8 @@ def test_short_suite_writes_report_and_figure(load_tools, trained_checkpoint, tm
     assert entry["checks"][0]["passed"], entry["checks"][0]  # over saturation: 200 or 503 only, none lost (counts)
     assert [c["passed"] for c in entry["checks"]] == [c["passed"] for c in serve_checks(entry)]  # from the JSON
     assert [b["backend"] for b in entry["backends"]] == ["torch"] and "served_p50_ms" in entry["backends"][0]
+    torch_row = entry["backends"][0]  # the server's own time, from the Server-Timing of its answers
+    assert 0 < torch_row["own_p50_ms"] < torch_row["own_client_p50_ms"] < torch_row["served_p50_ms"]
     with Image.open(tmp_path / "serve.png") as figure:
         assert figure.format == "PNG" and figure.size[0] > figure.size[1]
 
@@ -130,9 +132,9 @@ def _entry(**changes) -> dict:
         "unloaded_p50_ms": 10.0,
         "loads": [
             {"fraction": 0.5, "offered_rps": 45.0, "served_ips": 45.0, "p50_ms": 12.0, "p99_ms": 25.0,
-             "status": {"200": 90}, "lost": 0},
+             "status": {"200": 90}, "lost": 0, "seconds": 2.0},
             {"fraction": 2.0, "offered_rps": 180.0, "served_ips": 80.0, "p50_ms": 80.0, "p99_ms": 90.0,
-             "status": {"200": 300, "503": 60}, "lost": 0},
+             "status": {"200": 300, "503": 60}, "lost": 0, "seconds": 2.0},
         ],
         "soak": {"seconds": 300.0, "rss_start": 1000 * 2**20, "rss_end": 1040 * 2**20, "lost": 0},
         "backends": [
@@ -147,6 +149,10 @@ def _entry(**changes) -> dict:
             target = target[int(key)] if isinstance(target, list) else target[key]
         target[last] = value
     return entry
+
+
+SOAK = {"soak.status": {"200": 2000}, "soak.offered_rps": 45.0, "soak.p50_ms": 12.0}
+TIMED = {"backends.0.own_p50_ms": 1.99, "backends.0.served_model_p50_ms": 29.0, "backends.0.own_client_p50_ms": 2.4}
 
 
 @pytest.mark.parametrize(
@@ -166,6 +172,10 @@ def _entry(**changes) -> dict:
         ({"backends.0.served_p50_ms": 32.01}, "server's"),  # torch: 2.01 ms beside its forward
         ({"backends.0.served_p50_ms": 29.9}, "server's"),  # served faster than the forward: a busy offline run
         ({"backends.1.skipped": "onnxruntime missing"}, "onnx"),  # asked for, not measured
+        (SOAK | {"soak.p99_ms": 30.1}, "p99"),  # a soak ran: its p99 is read, not the short run's 25 ms
+        (SOAK | {"soak.p99_ms": 29.9, "loads.0.p99_ms": 40.0}, None),  # nor the short run's slowest few answers
+        (TIMED | {"backends.0.own_p50_ms": 2.01}, "server's"),  # the server's Server-Timing: total less model
+        (TIMED | {"backends.0.served_p50_ms": 40.0}, None),  # ... not the served p50 less the offline forward
     ],
 )
 def test_serve_checks_flip_at_the_goals(change, fails):
@@ -195,6 +205,24 @@ def test_serve_checks_report_the_numbers_and_leave_out_what_did_not_run():
     entry["backends"] = entry["backends"][:1]
     names = [c["name"] for c in serve_checks(entry)]
     assert not any("soak" in n or "onnx" in n for n in names) and len(names) == 4
+
+
+def test_server_timings_are_read_as_the_w3c_header_writes_them():
+    """`Server-Timing` as the W3C Server Timing spec writes it (its examples: a metric without a duration, a
+    description before the duration) and as vit serve does; the server's own time is total less model per request,
+    then the median."""
+    from vit.bench.serve_suite import own_time, server_timings
+
+    assert server_timings("miss, db;dur=53, app;dur=47.2") == {"db": 53.0, "app": 47.2}
+    assert server_timings('cache;desc="Cache Read";dur=23.2') == {"cache": 23.2}
+    assert server_timings('model;dur=2.500;desc="forward pass", total;dur=4.25') == {"model": 2.5, "total": 4.25}
+    assert server_timings(None) == {}
+    timings = [{"model": 2.0, "total": 4.0}, {"model": 3.0, "total": 4.5}, {"model": 2.5, "total": 4.0}]
+    # total - model: 2.0, 1.5, 1.5; latency - model: 3.0, 3.0, 6.5; model: 2.0, 3.0, 2.5
+    assert own_time([5.0, 6.0, 9.0], timings) == pytest.approx(
+        {"served_model_p50_ms": 2.5, "own_p50_ms": 1.5, "own_client_p50_ms": 3.0}
+    )
+    assert own_time([5.0], [{"total": 4.0}]) == {}  # no forward pass reported: nothing to subtract
 
 
 def test_a_preset_is_served_with_random_weights(tmp_path):

@@ -19,7 +19,9 @@ SOAK_RSS_GOAL = 0.05
 ONNX_GOAL = 1.5
 """ONNX Runtime's speed-up over torch at batch 1 (offline forward)."""
 SERVER_MS_GOAL = 2.0
-"""The server's own milliseconds per request at p50 (served unloaded p50 at batch 1 less the offline forward)."""
+"""The server's own milliseconds per request at p50, at batch 1, unloaded: from each request's arrival to its answer
+less its forward pass, as the server reports both (``Server-Timing``). Set for the CIFAR recipe's model, where HTTP
+dominates."""
 
 
 def _ms(value: float | None) -> str:
@@ -55,13 +57,17 @@ def backend_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
             passed, detail = False, "not measured: " + "; ".join(f"{r['backend']} {r['skipped']}" for r in skipped)
         checks.append(check(f"serve: onnx >= {ONNX_GOAL:g}x torch at batch 1 (offline forward)", passed, detail))
     for name, row in rows.items():
-        own = row["served_p50_ms"] - row["batch_ms"]
+        if row.get("own_p50_ms") is not None:
+            own = row["own_p50_ms"]
+            how = (f"the server's Server-Timing, total less the forward pass ({row['served_model_p50_ms']:.2f} ms); "
+                   f"seen by the client, its latency less the forward: {row['own_client_p50_ms']:.2f} ms")  # fmt: skip
+        else:  # a server that does not report its forward pass: the offline one, measured apart
+            own = row["served_p50_ms"] - row["batch_ms"]
+            how = f"served unloaded p50 {row['served_p50_ms']:.2f} ms less the offline forward {row['batch_ms']:.2f} ms"
+            how += " (below 0: the machine was busier offline; measure again)" if own < 0 else ""
         checks.append(check(
             f"serve: the server's own time per request ({name}, batch 1) <= {SERVER_MS_GOAL:g} ms at p50",
-            0 <= own <= SERVER_MS_GOAL,
-            f"{own:.2f} ms: served unloaded p50 {row['served_p50_ms']:.2f} ms less the offline forward "
-            f"{row['batch_ms']:.2f} ms" + (" (below 0: the machine was busier offline; measure again)" if own < 0
-                                         else ""),
+            0 <= own <= SERVER_MS_GOAL, f"{own:.2f} ms: {how}",
         ))  # fmt: skip
     return checks
 
@@ -75,11 +81,27 @@ def peak_rate(entry: dict[str, Any]) -> tuple[float, str]:
     return max(runs, key=lambda run: run[0])
 
 
+def half_load(entry: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The run whose percentiles the p99 goal reads, and where it ran: the soak when one ran (half load for minutes:
+    its p99 is that of thousands of answers), else the sweep's run nearest half of saturation (seconds: its p99 is
+    one of its slowest few answers), whose p99 is named beside the soak's."""
+    sweep = min(entry["loads"], key=lambda s: abs(s["fraction"] - 0.5))
+    where = (f"at {sweep['fraction']:g}x saturation ({sweep['offered_rps']:.1f} req/s, {sweep['seconds']:g} s, "
+             f"{sweep['status'].get('200', 0)} answers)")  # fmt: skip
+    soak = entry.get("soak")
+    if not soak or not soak.get("status", {}).get("200"):
+        return sweep, where
+    return soak, (
+        f"over the soak at half load ({soak['offered_rps']:.1f} req/s, {soak['seconds']:g} s, "
+        f"{soak['status']['200']} answers; the sweep's run {where}: p99 {_ms(sweep['p99_ms'])})"
+    )
+
+
 def serve_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
     """The suite's goals, each a PASS / FAIL line with its numbers (reported, not asserted): over saturation only 200
-    or 503 and none lost; saturation (:func:`peak_rate`) >= 0.85x the offline rate; p99 at half load <= 3x one
-    unloaded request; soak RSS growth < 5 % (when a soak ran); ONNX >= 1.5x torch and the server's own time
-    (:func:`backend_checks`)."""
+    or 503 and none lost; saturation (:func:`peak_rate`) >= 0.85x the offline rate; p99 at half load
+    (:func:`half_load`) <= 3x one unloaded request; soak RSS growth < 5 % (when a soak ran); ONNX >= 1.5x torch and
+    the server's own time (:func:`backend_checks`)."""
     over = [s for s in entry["loads"] if s["fraction"] > 1]
     codes = sorted({code for s in over for code in s["status"]})
     lost = sum(s["lost"] for s in over)
@@ -88,8 +110,7 @@ def serve_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
              f"lost {top['lost']}" if top else ""  # fmt: skip
     closed, offline = entry["saturation"]["served_ips"], entry["offline"]["images_per_s"]
     sat, where = peak_rate(entry)
-    half = min(entry["loads"], key=lambda s: abs(s["fraction"] - 0.5))
-    unloaded = entry["unloaded_p50_ms"]
+    (half, half_where), unloaded = half_load(entry), entry["unloaded_p50_ms"]
     checks = [
         check("serve: over saturation every request answered 200 or 503, none lost",
               bool(over) and set(codes) <= {"200", "503"} and lost == 0,
@@ -99,8 +120,7 @@ def serve_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
               f"{sat / offline:.2f}x"),
         check(f"serve: p99 at half load <= {P99_GOAL:g}x one unloaded request",
               half["p99_ms"] is not None and half["p99_ms"] <= P99_GOAL * unloaded,
-              f"p50 {_ms(half['p50_ms'])}, p99 {_ms(half['p99_ms'])} at {half['fraction']:g}x saturation "
-              f"({half['offered_rps']:.1f} req/s); unloaded p50 {unloaded:.1f} ms"),
+              f"p50 {_ms(half['p50_ms'])}, p99 {_ms(half['p99_ms'])} {half_where}; unloaded p50 {unloaded:.1f} ms"),
     ]  # fmt: skip
     if entry.get("soak"):
         soak = entry["soak"]

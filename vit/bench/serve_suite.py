@@ -13,7 +13,8 @@ measures, each number against the one it should be compared with:
   ``max_queue``, so the server must shed load: every request must be answered 200 or 503 (``lost`` counts the
   requests refused, reset, timed out or never answered).
 - ``backends``: torch against ONNX Runtime at batch 1 (a ``vit export --onnx`` folder, exported to a temporary
-  folder when MODEL is a checkpoint): offline forward time and served unloaded latency.
+  folder when MODEL is a checkpoint): offline forward time and served unloaded latency, and the server's own time
+  per request: each request's latency less its forward pass, which the server reports (``Server-Timing``).
 - ``soak`` (``soak_s > 0``): half the saturation rate for ``soak_s`` seconds; the server's resident memory (its
   process and children) at the start and the end.
 
@@ -24,8 +25,10 @@ Every locust run is bounded in clients, requests and seconds and stops by itself
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -33,6 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,8 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from vit.bench.harness import BenchError, log, print_table, write_report
+from vit.bench.harness import BenchError, log, write_report
 from vit.bench.serve_goals import serve_checks
+from vit.bench.serve_report import plot_load, print_loads
 
 LOCUSTFILE = Path(__file__).with_name("serve_locustfile.py")
 STARTUP_S = 300.0
@@ -125,16 +130,35 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
-def unloaded_ms(url: str, image: Path, requests: int) -> list[float]:
-    """Milliseconds of ``requests`` single requests one after another (the first, a warm-up, is left out)."""
+def unloaded_ms(url: str, image: Path, requests: int) -> tuple[list[float], list[dict[str, float]]]:
+    """Milliseconds of ``requests`` single requests one after another on one keep-alive connection (as locust's users
+    and HTTP sessions send them; the first, a warm-up, is left out), and the server's own timings of each
+    (:func:`server_timings`)."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     data, headers = image.read_bytes(), {"Content-Type": "image/png"}
-    times = []
-    for _ in range(requests + 1):
-        start = time.perf_counter()
-        with urllib.request.urlopen(urllib.request.Request(f"{url}/predict", data, headers), timeout=60) as answer:
-            answer.read()
-        times.append((time.perf_counter() - start) * 1000)
-    return times[1:]
+    times, timings = [], []
+    try:
+        for _ in range(requests + 1):
+            start = time.perf_counter()
+            connection.request("POST", "/predict", data, headers)
+            answer = connection.getresponse()
+            body = answer.read()
+            times.append((time.perf_counter() - start) * 1000)
+            if answer.status != 200:
+                raise BenchError(f"POST {url}/predict answered {answer.status}: {body[:300]!r}")
+            timings.append(server_timings(answer.getheader("Server-Timing")))
+    finally:
+        connection.close()
+    return times[1:], timings[1:]
+
+
+def server_timings(header: str | None) -> dict[str, float]:
+    """The milliseconds a ``Server-Timing`` header gives, by metric: ``model;dur=2.6;desc="...", total;dur=4.5`` is
+    ``{"model": 2.6, "total": 4.5}`` (``vit serve``: the forward pass, and the request from its arrival to its
+    answer)."""
+    found = re.findall(r"(?:^|,)\s*([\w-]+)[^,]*?;\s*dur=([0-9.]+)", header or "")
+    return {name: float(ms) for name, ms in found}
 
 
 def drive(
@@ -267,6 +291,19 @@ def load_sweep(
     return steps
 
 
+def own_time(times: Sequence[float], timings: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The server's own time per request at p50, from its ``Server-Timing``: ``own_p50_ms`` as the server measures
+    it (``total`` less ``model``: HTTP, decoding, the hand-over to the worker and back), ``own_client_p50_ms`` as the
+    client sees it (its latency less ``model``: the client's own work and the socket's too), and the forward pass
+    itself (``served_model_p50_ms``); nothing when the server sent no timings."""
+    timed = [(t, s["model"], s["total"]) for t, s in zip(times, timings, strict=True) if {"model", "total"} <= set(s)]
+    if not timed:
+        return {}
+    latency, model, total = (np.array(column) for column in zip(*timed, strict=True))
+    return {"served_model_p50_ms": float(np.median(model)), "own_p50_ms": float(np.median(total - model)),
+            "own_client_p50_ms": float(np.median(latency - model))}  # fmt: skip
+
+
 def compare_backends(
     model: str | Path, image: Path, folder: Path, *, backends: Sequence[str], threads: int | None, requests: int
 ) -> list[dict[str, Any]]:
@@ -278,64 +315,14 @@ def compare_backends(
             row = offline_rate(load_model(source, backend, threads), image, batch=1, seconds=2.0)
             options = server_options(backend=backend, threads=threads, max_batch_size=1, max_queue=8)
             with serving(source, folder, options=options) as server:
-                times = unloaded_ms(server.url, image, requests)
+                times, timings = unloaded_ms(server.url, image, requests)
             row.update(served_p50_ms=float(np.median(times)), served_p90_ms=float(np.percentile(times, 90)))
+            row.update(own_time(times, timings))
         except (BenchError, ImportError) as err:
             row = {"backend": backend, "skipped": str(err).splitlines()[0]}
         log(f"serve: backend {backend} at batch 1: {row}")
         rows.append(row)
     return rows
-
-
-def plot_load(entry: dict[str, Any], path: str | Path) -> None:
-    """Latency percentiles (left) and served images/s with 503 answers/s (right) against offered requests/s."""
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = sorted(entry["loads"], key=lambda s: s["offered_rps"])
-    offered = [s["offered_rps"] for s in steps]
-    fig, (lat, thr) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for q, style in ((50, "o-"), (90, "s--"), (99, "^:")):
-        lat.plot(offered, [s[f"p{q}_ms"] for s in steps], style, label=f"p{q} (200 answers)")
-    lat.axhline(entry["unloaded_p50_ms"], color="grey", lw=1, label="one unloaded request (p50)")
-    lat.axvline(entry["saturation"]["served_ips"], color="k", lw=0.8, ls="--", label="saturation")
-    lat.set(xlabel="offered load (requests/s)", ylabel="latency (ms)", yscale="log", title="Latency")
-    lat.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    lat.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    lat.legend(fontsize=8)
-    thr.plot(offered, [s["served_ips"] for s in steps], "o-", label="served (200/s)")
-    busy = [s["status"].get("503", 0) / s["seconds"] for s in steps]
-    thr.plot(offered, busy, "x--", color="tab:red", label="shed (503/s)")
-    sat = entry["saturation"]["served_ips"]
-    thr.plot([sat], [sat], "D", color="k", label="saturation (closed loop)")
-    thr.plot([0, max(offered)], [0, max(offered)], color="grey", lw=0.8, label="served = offered")
-    thr.axhline(entry["offline"]["images_per_s"], color="k", lw=1, ls=":", label="offline batched forward (limit)")
-    top = max(entry["offline"]["images_per_s"], max(offered), *(s["served_ips"] for s in steps))
-    thr.set(xlabel="offered load (requests/s)", ylabel="images/s", title="Throughput", ylim=(0, 1.6 * top))
-    thr.legend(fontsize=8)
-    fig.suptitle(
-        f"vit serve {Path(entry['model']).name}: batches of {entry['max_batch_size']}, queue {entry['max_queue']}, "
-        f"threads {entry['threads'] or 'default'}, load average {entry['load_before'][0]:.1f} before"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def print_loads(entry: dict[str, Any]) -> None:
-    """The load sweep as a table."""
-    rows = [{**s, "200": s["status"].get("200", 0), "503": s["status"].get("503", 0)} for s in entry["loads"]]
-    print_table(
-        f"vit serve under load ({Path(entry['model']).name}, batches of {entry['max_batch_size']}, "
-        f"queue {entry['max_queue']}; offline limit {entry['offline']['images_per_s']:.1f} img/s)",
-        rows,
-        [("fraction", "x saturation", "g"), ("offered_rps", "offered req/s", ".1f"),
-         ("served_ips", "served img/s", ".1f"), ("p50_ms", "p50 ms", ".1f"), ("p99_ms", "p99 ms", ".1f"),
-         ("200", "200", "d"), ("503", "503", "d"), ("lost", "lost", "d")],
-    )  # fmt: skip
 
 
 def preset_checkpoint(name: str, folder: Path, seed: int = 0) -> Path:
@@ -425,7 +412,7 @@ def run_serve_suite(
         log(f"serve: offline batched forward {entry['offline']['images_per_s']:.1f} img/s")
         options = server_options(backend="torch", threads=threads, max_batch_size=max_batch_size, max_queue=max_queue)
         with serving(model, folder, options=options) as server:
-            entry["unloaded_ms"] = unloaded_ms(server.url, image, 20)
+            entry["unloaded_ms"] = unloaded_ms(server.url, image, 20)[0]
             entry["unloaded_p50_ms"] = float(np.median(entry["unloaded_ms"]))
             users = min(4 * max_batch_size, max_queue)
             entry["saturation"] = drive(server, image, folder, users=users, rate=0, seconds=seconds)
@@ -439,7 +426,7 @@ def run_serve_suite(
             if soak_s > 0:
                 users = 2 * max_batch_size
                 entry["soak"] = drive(server, image, folder, users=users, rate=0.5 * saturation / users, seconds=soak_s)
-        entry["backends"] = compare_backends(model, image, folder, backends=backends, threads=threads, requests=20)
+        entry["backends"] = compare_backends(model, image, folder, backends=backends, threads=threads, requests=50)
     entry["load_after"] = os.getloadavg()
     entry["figure"] = figure
     plot_load(entry, figure)

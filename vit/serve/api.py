@@ -10,12 +10,15 @@ process, batching the payloads of concurrent requests (``max_batch_size``, ``bat
 The images of every plain request of a batch, and the V2 tensors, go through the model in one forward pass; a
 request that asks for explanations is explained on its own. Nothing here raises for one request: each answer carries
 its error (``{"error", "status"}``), for the request or in the slot of the image, so that a bad image fails only
-itself and never the batch. torch is imported in the worker only (:meth:`VitAPI.setup`).
+itself and never the batch. Each answer that went through the model also carries ``model_ms``, the milliseconds of the
+forward pass it shared (with ``explain``: of its prediction and explanation), which the HTTP side sends as the
+``Server-Timing`` header. torch is imported in the worker only (:meth:`VitAPI.setup`).
 """
 
 from __future__ import annotations
 
 import signal
+import time
 from typing import Any
 
 import litserve as ls
@@ -137,7 +140,9 @@ class VitAPI(ls.LitAPI):
         images = [image for _, slot, image in items if slot is not None]
         parts = [normalize(self.model.pixels(images), cfg["mean"], cfg["std"]).numpy()] if images else []
         parts += [inputs for _, slot, inputs in items if slot is None]
+        tick = time.perf_counter()
         logits = self.model.logits(np.concatenate(parts))
+        model_ms = 1000 * (time.perf_counter() - tick)
         observe_batch(len(logits))
         row = 0
         for i, slot, _ in [item for item in items if item[1] is not None]:
@@ -147,6 +152,8 @@ class VitAPI(ls.LitAPI):
         for i, _, inputs in [item for item in items if item[1] is None]:
             answers[i] = {"logits": logits[row : row + len(inputs)]}
             row += len(inputs)
+        for i in {item[0] for item in items}:
+            answers[i]["model_ms"] = model_ms
 
     def explained(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The answer of a request with ``explain``: each good image predicted and explained, the others' errors."""
@@ -156,8 +163,10 @@ class VitAPI(ls.LitAPI):
         images = self.decoded(payload, answer)
         good = [slot for slot, image in enumerate(images) if image is not None]
         if good:
+            tick = time.perf_counter()
             results = self.model.predict([images[s] for s in good], payload.get("top_k", 5), payload["explain"],
                                          bool(payload.get("explorer")))  # fmt: skip
+            answer["model_ms"] = 1000 * (time.perf_counter() - tick)
             observe_batch(len(good))
             for slot, result in zip(good, results, strict=True):
                 answer["results"][slot] = result

@@ -3,8 +3,9 @@
 In order: the API key (``Authorization: Bearer KEY`` on every endpoint but the health checks), the shutdown (while
 the server drains, new requests get 503 at once), the bounded queue (an inference request past ``max_queue`` in
 flight gets 503 and ``Retry-After`` at once, never a wait), the body limit (413 from ``Content-Length`` before the
-body is read, and while it streams), then the request, counted in the Prometheus metrics. The counters are shared
-with the process that handles SIGTERM (:class:`Shared`), which waits for the requests in flight before it stops.
+body is read, and while it streams), then the request, counted in the Prometheus metrics and timed (a
+``Server-Timing: total;dur=MS`` header on every answer). The counters are shared with the process that handles
+SIGTERM (:class:`Shared`), which waits for the requests in flight before it stops.
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ def error_headers(status: int) -> dict[str, str]:
     if status == 401:
         return {"WWW-Authenticate": "Bearer"}
     return {}
+
+
+def total_timing(start: float) -> tuple[bytes, bytes]:
+    """The ``Server-Timing`` header of the milliseconds since ``start`` (``time.perf_counter()`` when the request
+    reached the server): ``total;dur=MS``, beside the ``model;dur=MS`` of an answer that went through the model. Their
+    difference is the server's own time for the request: HTTP, decoding, the hand-over to the worker and back."""
+    return b"server-timing", f"total;dur={1000 * (time.perf_counter() - start):.3f}".encode()
 
 
 def is_loopback(host: str) -> bool:
@@ -114,6 +122,7 @@ class Gate:
         async def sending(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), total_timing(start)]}
             await send(message)
 
         counted = False

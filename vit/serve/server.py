@@ -187,8 +187,9 @@ class Endpoints:
         from .payloads import predict_answer, read_predict
 
         payload = await read_predict(request)
-        status, content = predict_answer(payload, await self.submit(payload))
-        return JSONResponse(content, status_code=status)
+        answer = await self.submit(payload)
+        status, content = predict_answer(payload, answer)
+        return JSONResponse(content, status_code=status, headers=server_timing(answer))
 
     async def infer(self, name: str, request: Request) -> Any:
         from fastapi.responses import Response
@@ -201,7 +202,7 @@ class Endpoints:
         if "error" in answer:
             raise RequestError(int(answer.get("status", 500)), answer["error"])
         body, headers = v2.infer_response(parsed, answer["logits"], info)
-        return Response(body, headers=headers)
+        return Response(body, headers={**headers, **server_timing(answer)})
 
     async def info(self) -> Any:
         from fastapi.responses import JSONResponse
@@ -257,6 +258,14 @@ class Endpoints:
         except ImportError:
             return HTMLResponse(PLACEHOLDER_PAGE)
         return HTMLResponse(page_html())
+
+
+def server_timing(answer: dict[str, Any]) -> dict[str, str]:
+    """The ``Server-Timing`` header (W3C Server Timing) of an answer that went through the model:
+    ``model;dur=MS``, the milliseconds of its forward pass in the worker (:mod:`vit.serve.gate` adds the request's
+    ``total;dur=MS``; browsers' developer tools show both)."""
+    ms = answer.get("model_ms")
+    return {} if ms is None else {"Server-Timing": f'model;dur={ms:.3f};desc="forward pass"'}
 
 
 def http_error(request: Any, err: Any) -> Any:
