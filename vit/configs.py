@@ -18,7 +18,7 @@ CONFIG_DIRS = (Path("configs"), Path(__file__).resolve().parents[1] / "configs")
 
 def resolve_config_args(args: list[str]) -> list[str]:
     """Replace each ``--config NAME`` (also ``-c NAME``, ``--config=NAME``) that is not a file by the file
-    ``configs/NAME`` or ``configs/NAME.yaml``.
+    ``configs/NAME`` or ``configs/NAME.yaml``, and each ``--key=None`` by ``--key=null`` (:func:`none_as_null`).
 
     Args:
         args: Command-line arguments, without the program name.
@@ -26,13 +26,20 @@ def resolve_config_args(args: list[str]) -> list[str]:
     Raises:
         SystemExit: (status 2, message on stderr) if ``NAME`` is neither a file nor a config name.
     """
-    out = list(args)
+    out = none_as_null(args)
     for i, arg in enumerate(out):
         if arg in ("--config", "-c") and i + 1 < len(out):
             out[i + 1] = _find_config(out[i + 1])
         elif arg.startswith("--config="):
             out[i] = "--config=" + _find_config(arg.split("=", 1)[1])
     return out
+
+
+def none_as_null(args: list[str]) -> list[str]:
+    """``args`` with each ``--key=None`` written ``--key=null``. W&B's agent writes a sweep's ``null`` value with
+    Python's ``str`` (``--model.ema_decay=None``), and the parser reads values as YAML, where ``None`` is a string
+    that an optional number refuses."""
+    return [a.removesuffix("None") + "null" if a.startswith("--") and a.endswith("=None") else a for a in args]
 
 
 def _find_config(name: str) -> str:
