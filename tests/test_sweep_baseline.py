@@ -44,6 +44,7 @@ def test_the_recipe_search_reads_the_recipes_own_values():
             node = node.get(key, {}) if isinstance(node, dict) else {}
         assert value == (off[name] if node == {} else node), name
     assert {p.name for p in sweep.searched} == set(params) and set(off) < set(params)
+    assert repr(params["model.warmup_epochs"]) == "2"  # as the recipe and the sweep write it, not the parser's 2.0
 
 
 def run_rung(study, plan, values):

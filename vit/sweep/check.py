@@ -170,7 +170,7 @@ def baseline_params(sweep: Sweep, fit_args: Sequence[str], budget_s: float | Non
     space = search_space(sweep)
     params = {}
     for p in sweep.searched:
-        value = encode(_own_value(config, p.name, sweep))
+        value = _as_written(p, encode(_own_value(config, p.name, sweep)))
         refused = _outside(space[p.name], value)
         if refused:
             raise UsageError(
@@ -179,6 +179,13 @@ def baseline_params(sweep: Sweep, fit_args: Sequence[str], budget_s: float | Non
             )
         params[p.name] = value
     return params
+
+
+def _as_written(p: Any, value: Any) -> Any:
+    """``value`` as the sweep file writes it among the choices of ``p`` when it is one of them: the parser types
+    ``warmup_epochs: 2`` as ``2.0``, and the table and summary show the sweep's ``2``."""
+    same = [c for c in p.values if c == value and isinstance(c, bool) == isinstance(value, bool)]
+    return same[0] if p.distribution == "categorical" and same else value
 
 
 OVERRIDES_KEY = "model.model_overrides."
