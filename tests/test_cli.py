@@ -85,6 +85,14 @@ def test_bare_config_name_is_found_in_configs():
     assert resolve_config_args(["fit", "--config", quickstart]) == ["fit", "--config", quickstart]
 
 
+def test_a_config_path_from_the_repository_root_is_found_from_any_folder(tmp_path, monkeypatch):
+    """The sweep files' commands name `--config configs/cifar10_cpu.yaml`, a path from the repository's root: it is
+    found when the sweep runs from another folder too."""
+    monkeypatch.chdir(tmp_path)
+    resolved = resolve_config_args(["fit", "--config", "configs/cifar10_cpu.yaml"])
+    assert Path(resolved[2]).resolve() == (ROOT / "configs" / "cifar10_cpu.yaml").resolve()
+
+
 def test_a_null_written_by_the_wandb_agent_is_read_as_null(capsys):
     """W&B's agent writes a sweep's null with Python's str (`--model.ema_decay=None`): it reaches the model as None,
     over an earlier value, instead of being refused as a number that is not one."""

@@ -45,8 +45,8 @@ def none_as_null(args: list[str]) -> list[str]:
 def _find_config(name: str) -> str:
     if Path(name).is_file() or name.lstrip().startswith("{"):  # a path, or inline YAML/JSON
         return name
-    for folder in CONFIG_DIRS:
-        for candidate in (folder / name, folder / f"{name}.yaml"):
+    for folder in CONFIG_DIRS:  # a path from the repository's root, as its sweep files write them, found anywhere
+        for candidate in (folder / name, folder / f"{name}.yaml", folder.parent / name):
             if candidate.is_file():
                 return str(candidate)
     known = sorted({p.name for folder in CONFIG_DIRS if folder.is_dir() for p in folder.glob("*.yaml")})
