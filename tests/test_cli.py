@@ -85,30 +85,6 @@ def test_bare_config_name_is_found_in_configs():
     assert resolve_config_args(["fit", "--config", quickstart]) == ["fit", "--config", quickstart]
 
 
-def test_a_config_path_from_the_repository_root_is_found_from_any_folder(tmp_path, monkeypatch):
-    """The sweep files' commands name `--config configs/cifar10_cpu.yaml`, a path from the repository's root: it is
-    found when the sweep runs from another folder too."""
-    monkeypatch.chdir(tmp_path)
-    resolved = resolve_config_args(["fit", "--config", "configs/cifar10_cpu.yaml"])
-    assert Path(resolved[2]).resolve() == (ROOT / "configs" / "cifar10_cpu.yaml").resolve()
-
-
-def test_a_null_written_by_the_wandb_agent_is_read_as_null(capsys):
-    """W&B's agent writes a sweep's null with Python's str (`--model.ema_decay=None`): it reaches the model as None,
-    over an earlier value, instead of being refused as a number that is not one."""
-    from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
-
-    args = create_sweep_command_args({"args": {"model.ema_decay": {"value": None}}})["args"]
-    assert args == ["--model.ema_decay=None"]  # what the agent writes
-    with pytest.raises(SystemExit) as exit_info:
-        cli_main(["fit", "--config", "quickstart", "--model.ema_decay=0.99", *args, "--print_config"])
-    assert exit_info.value.code in (0, None)
-    assert yaml.safe_load(capsys.readouterr().out)["model"]["ema_decay"] is None
-    assert resolve_config_args(["fit", "--trainer.logger=None", "--name", "None"]) == [
-        "fit", "--trainer.logger=null", "--name", "None"  # only the agent's --key=None form
-    ]  # fmt: skip
-
-
 def test_unknown_config_name_lists_the_known_ones(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["fit", "--config", "no_such_config"])

@@ -1,12 +1,18 @@
 """One option style in every argparse subcommand: LightningCLI's dotted, underscored names; the older spellings
-still parse for a release with one ``note:`` line; a typo suggests the new spelling; one help layout."""
+still parse for a release with one ``note:`` line; a typo suggests the new spelling; one help layout. And what
+``vit fit`` reads before LightningCLI does: W&B's agent's ``--key=None``, a config named from the repository's root."""
 
 import re
 from importlib import import_module
+from pathlib import Path
 
 import pytest
+import yaml
 
+from vit.cli import cli_main, resolve_config_args
 from vit.main import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 COMMANDS = {
     "calibrate": "vit.evaluation.calibrate",
@@ -107,3 +113,27 @@ def test_a_switch_takes_true_or_false_only(capsys):
         main(["explain", "--overlays", "maybe"])
     assert exit_.value.code == 2
     assert "expected true or false, got 'maybe'" in capsys.readouterr().err
+
+
+def test_a_config_path_from_the_repository_root_is_found_from_any_folder(tmp_path, monkeypatch):
+    """The sweep files' commands name `--config configs/cifar10_cpu.yaml`, a path from the repository's root: it is
+    found when the sweep runs from another folder too."""
+    monkeypatch.chdir(tmp_path)
+    resolved = resolve_config_args(["fit", "--config", "configs/cifar10_cpu.yaml"])
+    assert Path(resolved[2]).resolve() == (ROOT / "configs" / "cifar10_cpu.yaml").resolve()
+
+
+def test_a_null_written_by_the_wandb_agent_is_read_as_null(capsys):
+    """W&B's agent writes a sweep's null with Python's str (`--model.ema_decay=None`): it reaches the model as None,
+    over an earlier value, instead of being refused as a number that is not one."""
+    from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
+
+    args = create_sweep_command_args({"args": {"model.ema_decay": {"value": None}}})["args"]
+    assert args == ["--model.ema_decay=None"]  # what the agent writes
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", "--config", "quickstart", "--model.ema_decay=0.99", *args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["ema_decay"] is None
+    assert resolve_config_args(["fit", "--trainer.logger=None", "--name", "None"]) == [
+        "fit", "--trainer.logger=null", "--name", "None"  # only the agent's --key=None form
+    ]  # fmt: skip

@@ -18,7 +18,9 @@ CONFIG_DIRS = (Path("configs"), Path(__file__).resolve().parents[1] / "configs")
 
 def resolve_config_args(args: list[str]) -> list[str]:
     """Replace each ``--config NAME`` (also ``-c NAME``, ``--config=NAME``) that is not a file by the file
-    ``configs/NAME`` or ``configs/NAME.yaml``, and each ``--key=None`` by ``--key=null`` (:func:`none_as_null`).
+    ``configs/NAME`` or ``configs/NAME.yaml`` (of the working folder, else of the repository), or by ``NAME`` from the
+    repository's root (``configs/cifar10_cpu.yaml``, as its sweep files write it); and each ``--key=None`` by
+    ``--key=null`` (:func:`none_as_null`).
 
     Args:
         args: Command-line arguments, without the program name.

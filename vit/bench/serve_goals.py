@@ -83,17 +83,17 @@ def peak_rate(entry: dict[str, Any]) -> tuple[float, str]:
 
 def half_load(entry: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The run whose percentiles the p99 goal reads, and where it ran: the soak when one ran (half load for minutes:
-    its p99 is that of thousands of answers), else the sweep's run nearest half of saturation (seconds: its p99 is
+    its p99 is that of thousands of answers), else the load sweep's run nearest half of saturation (seconds: its p99 is
     one of its slowest few answers), whose p99 is named beside the soak's."""
-    sweep = min(entry["loads"], key=lambda s: abs(s["fraction"] - 0.5))
-    where = (f"at {sweep['fraction']:g}x saturation ({sweep['offered_rps']:.1f} req/s, {sweep['seconds']:g} s, "
-             f"{sweep['status'].get('200', 0)} answers)")  # fmt: skip
+    step = min(entry["loads"], key=lambda s: abs(s["fraction"] - 0.5))
+    where = (f"at {step['fraction']:g}x saturation ({step['offered_rps']:.1f} req/s, {step['seconds']:g} s, "
+             f"{step['status'].get('200', 0)} answers)")  # fmt: skip
     soak = entry.get("soak")
     if not soak or not soak.get("status", {}).get("200"):
-        return sweep, where
+        return step, where
     return soak, (
         f"over the soak at half load ({soak['offered_rps']:.1f} req/s, {soak['seconds']:g} s, "
-        f"{soak['status']['200']} answers; the sweep's run {where}: p99 {_ms(sweep['p99_ms'])})"
+        f"{soak['status']['200']} answers; the load sweep's run {where}: p99 {_ms(step['p99_ms'])})"
     )
 
 

@@ -130,7 +130,7 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
-def unloaded_ms(url: str, image: Path, requests: int) -> tuple[list[float], list[dict[str, float]]]:
+def unloaded_requests(url: str, image: Path, requests: int) -> tuple[list[float], list[dict[str, float]]]:
     """Milliseconds of ``requests`` single requests one after another on one keep-alive connection (as locust's users
     and HTTP sessions send them; the first, a warm-up, is left out), and the server's own timings of each
     (:func:`server_timings`)."""
@@ -156,7 +156,8 @@ def unloaded_ms(url: str, image: Path, requests: int) -> tuple[list[float], list
 def server_timings(header: str | None) -> dict[str, float]:
     """The milliseconds a ``Server-Timing`` header gives, by metric: ``model;dur=2.6;desc="...", total;dur=4.5`` is
     ``{"model": 2.6, "total": 4.5}`` (``vit serve``: the forward pass, and the request from its arrival to its
-    answer)."""
+    answer). Enough for the headers ``vit serve`` writes: a quoted description holding a comma, or spaces around
+    ``=``, are not read."""
     found = re.findall(r"(?:^|,)\s*([\w-]+)[^,]*?;\s*dur=([0-9.]+)", header or "")
     return {name: float(ms) for name, ms in found}
 
@@ -315,7 +316,7 @@ def compare_backends(
             row = offline_rate(load_model(source, backend, threads), image, batch=1, seconds=2.0)
             options = server_options(backend=backend, threads=threads, max_batch_size=1, max_queue=8)
             with serving(source, folder, options=options) as server:
-                times, timings = unloaded_ms(server.url, image, requests)
+                times, timings = unloaded_requests(server.url, image, requests)
             row.update(served_p50_ms=float(np.median(times)), served_p90_ms=float(np.percentile(times, 90)))
             row.update(own_time(times, timings))
         except (BenchError, ImportError) as err:
@@ -412,7 +413,7 @@ def run_serve_suite(
         log(f"serve: offline batched forward {entry['offline']['images_per_s']:.1f} img/s")
         options = server_options(backend="torch", threads=threads, max_batch_size=max_batch_size, max_queue=max_queue)
         with serving(model, folder, options=options) as server:
-            entry["unloaded_ms"] = unloaded_ms(server.url, image, 20)[0]
+            entry["unloaded_ms"] = unloaded_requests(server.url, image, 20)[0]
             entry["unloaded_p50_ms"] = float(np.median(entry["unloaded_ms"]))
             users = min(4 * max_batch_size, max_queue)
             entry["saturation"] = drive(server, image, folder, users=users, rate=0, seconds=seconds)

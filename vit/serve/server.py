@@ -189,7 +189,7 @@ class Endpoints:
         payload = await read_predict(request)
         answer = await self.submit(payload)
         status, content = predict_answer(payload, answer)
-        return JSONResponse(content, status_code=status, headers=server_timing(answer))
+        return JSONResponse(content, status_code=status, headers=model_timing(answer))
 
     async def infer(self, name: str, request: Request) -> Any:
         from fastapi.responses import Response
@@ -202,7 +202,7 @@ class Endpoints:
         if "error" in answer:
             raise RequestError(int(answer.get("status", 500)), answer["error"])
         body, headers = v2.infer_response(parsed, answer["logits"], info)
-        return Response(body, headers={**headers, **server_timing(answer)})
+        return Response(body, headers={**headers, **model_timing(answer)})
 
     async def info(self) -> Any:
         from fastapi.responses import JSONResponse
@@ -260,7 +260,7 @@ class Endpoints:
         return HTMLResponse(page_html())
 
 
-def server_timing(answer: dict[str, Any]) -> dict[str, str]:
+def model_timing(answer: dict[str, Any]) -> dict[str, str]:
     """The ``Server-Timing`` header (W3C Server Timing) of an answer that went through the model:
     ``model;dur=MS``, the milliseconds of its forward pass in the worker (:mod:`vit.serve.gate` adds the request's
     ``total;dur=MS``; browsers' developer tools show both)."""
