@@ -12,11 +12,14 @@ PatchDropout masks differ between ranks), seeded with ``seed + rank`` as timm's 
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ import torch
 from lightning.fabric.utilities.types import _Stateful
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from timm.utils import random_seed
 
@@ -233,6 +237,7 @@ class ResumeCheckpoint(Checkpoint):
             path = self._save_last(trainer)
             signum = self._signal if self._signal is not None else signal.SIGTERM
             self._announce_preemption(trainer, signum, path)
+            atexit.register(wait_for_ranks, ranks_off_watch(trainer))
             raise Preempted(signum, path)
         every = self.every_n_train_steps
         if every and trainer.global_step % every == 0 and not _skip_saving(trainer):
@@ -270,6 +275,33 @@ class ResumeCheckpoint(Checkpoint):
                 f"(or --ckpt_path last). Exit status {128 + signum}.\n"
             )
             sys.stderr.flush()
+
+
+def ranks_off_watch(trainer: Trainer) -> list[subprocess.Popen]:
+    """The ranks that Lightning's subprocess launcher started from this process, taken off its watch.
+
+    That launcher's observer thread SIGKILLs this process (rank 0) as soon as it sees another rank ended with a
+    non-zero status, as a preempted rank does (143): rank 0 then died with -9 before it could exit 143 itself,
+    whenever the others were faster. Its list is the launcher's own, so emptying it ends the watch at its next look.
+    """
+    launcher = trainer.strategy.launcher
+    if not isinstance(launcher, _SubprocessScriptLauncher):
+        return []
+    ranks = list(launcher.procs)
+    launcher.procs.clear()
+    return ranks
+
+
+def wait_for_ranks(ranks: list[subprocess.Popen], timeout: float = 120.0) -> None:
+    """Wait up to ``timeout`` seconds in all for ``ranks`` to exit, then kill those still running: the observer's
+    duty, taken over at exit so that no rank is left behind."""
+    deadline = time.monotonic() + timeout
+    for rank in ranks:
+        try:
+            rank.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            rank.kill()
+            rank.wait()
 
 
 def say(message: str) -> None:
