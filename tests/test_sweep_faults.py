@@ -103,3 +103,44 @@ def test_a_worker_killed_mid_trial_loses_nothing(tmp_path):
     cli = cli_main(["fit", "--config", str(out / "best.yaml"), "--trainer.fast_dev_run=1", f"--runs_dir={tmp_path}"])
     assert cli.model.model.blocks[0].attn.num_heads == best["model"]["model_overrides"]["num_heads"]
     assert cli.model.model.embed_dim == 16 and len(cli.model.model.blocks) == 1
+
+
+def trial_process(worker_pid: int) -> int:
+    """The pid of the trial process a worker started (its only child)."""
+    (child,) = Path(f"/proc/{worker_pid}/task/{worker_pid}/children").read_text().split()
+    return int(child)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "signum"), [("trial", signal.SIGINT), ("sweep", signal.SIGTERM)])
+def test_a_signal_to_the_trial_alone_or_to_vit_sweep_alone_stops_and_enqueues_the_trial_again(tmp_path, target, signum):
+    # Started in the background (SIGINT ignored, as a shell script's `&` does), in a session of its own so that no
+    # signal reaches it but the one the test sends. Before, a trial stopped alone was recorded as failed for good.
+    parameters = {"model.model_overrides.num_heads": {"values": [2, 4]}, "trainer.enable_progress_bar": {"value": True}}
+    sweep_file, out = write_sweep(tmp_path, parameters), tmp_path / "sweep"
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
+    command = subprocess.Popen(
+        [sys.executable, "-m", "vit", "sweep", str(sweep_file), "--budget", "2m", "--out", str(out)],
+        cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    victim = running_trial(out, deadline)
+    log = Path(victim.user_attrs["log"])
+    while "Epoch 0" not in (log.read_text(errors="replace") if log.is_file() else ""):  # training, its handler set
+        assert time.monotonic() < deadline and command.poll() is None, "the trial did not start training"
+        time.sleep(0.5)
+    worker = int(victim.user_attrs[WORKER_ATTR].rsplit(":", 1)[1])
+    os.kill(trial_process(worker) if target == "trial" else command.pid, signum)
+    output, _ = command.communicate(timeout=300)
+    assert command.returncode == 130, output[-3000:]
+
+    trials = optuna.load_study(study_name="tiny", storage=open_storage(None, out, 1)).trials
+    stopped = trials[victim.number]
+    assert stopped.state == TrialState.FAIL
+    name = "SIGINT to the trial" if target == "trial" else "Ctrl-C or SIGTERM"
+    assert stopped.user_attrs[REASON_ATTR] == f"interrupted ({name}); enqueued again"
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+    assert retry.state == TrialState.WAITING and retry.params == victim.params
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert "with the same options resumes it" in output and f"retry of trial {victim.number}" in output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from .space import sampler
 from .spec import Sweep
 from .storage import describe, open_storage, reap_lost_trials
 from .wandb_run import log_sweep, wandb_project
+from .worker import EXIT_INTERRUPTED, STORAGE_ENV, take_as_ctrl_c
 
 POLL_S = 5.0
 """Seconds between two looks at the study for the progress line."""
@@ -72,21 +74,31 @@ class Sweeper:
                         f"{workers} worker{'s' * (workers != 1)}"))  # fmt: skip
         self.write_plan()
         procs = start_workers(self.folder / PLAN_FILE, workers, self.url)
+        signal.signal(signal.SIGTERM, take_as_ctrl_c)  # a scheduler's stop, taken as Ctrl-C
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
         try:
             wait_for(procs, self.progress)
         except KeyboardInterrupt:
             print(stamp("interrupted: the workers stop their trials (failed, enqueued again)"), file=sys.stderr)
             _stop(procs)
-            found = rows(self.storage, plan)
-            print(f"\nsweep {plan.sweep.name}: {summary(found, plan)}\n\n{table(found, plan)}" if found else "")
-            print(f"`vit sweep {plan.sweep.source} ...` with the same options resumes it", file=sys.stderr)
-            return 130
-        status = self.report()
+            return self.interrupted()
         failed = [p.returncode for p in procs if p.returncode]
+        if EXIT_INTERRUPTED in failed and not self.finished():  # a signal stopped trials, not this process
+            print(stamp("interrupted: a signal stopped the trials (failed, enqueued again)"), file=sys.stderr)
+            return self.interrupted()
+        status = self.report()
         if failed and not self.finished():
             raise UsageError(f"{len(failed)} of {workers} workers stopped (exit status {failed[0]}) before the sweep "
                              f"finished; `vit sweep {plan.sweep.source}` again resumes it")  # fmt: skip
         return status
+
+    def interrupted(self) -> int:
+        """Print the table so far and how to resume; the exit status of an interrupted sweep."""
+        plan = self.plan
+        found = rows(self.storage, plan)
+        print(f"\nsweep {plan.sweep.name}: {summary(found, plan)}\n\n{table(found, plan)}" if found else "")
+        print(f"`vit sweep {plan.sweep.source} ...` with the same options resumes it", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
     def remedy(self) -> str:
         """What to do about a study of the same name started with another sweep file or options."""
@@ -176,8 +188,6 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def start_workers(plan_file: Path, workers: int, storage: str | None) -> list[subprocess.Popen]:
     """Start ``workers`` processes of :mod:`vit.sweep.worker` on ``plan_file``; ``storage`` reaches them through the
     environment."""
-    from .worker import STORAGE_ENV
-
     env = {**os.environ, STORAGE_ENV: storage or ""}
     command = [sys.executable, "-m", "vit.sweep.worker", str(plan_file)]
     return [subprocess.Popen([*command, str(i), str(workers)], env=env) for i in range(workers)]

@@ -5,7 +5,8 @@ share of the cores (CPU affinity, inherited by its trials). Each loops: look at 
 whose worker died), claim a waiting trial or draw a new configuration, run it as a ``vit fit`` process, record its
 value or its one-line reason; when the rung is finished, create the next from its survivors
 (:mod:`vit.sweep.halving`); when nothing is left to claim, wait for the other workers' trials. Ctrl-C (or SIGTERM)
-stops the running trial, which is failed and enqueued again, so that ``vit sweep FILE`` resumes it.
+stops the running trial, which is failed and enqueued again, so that ``vit sweep FILE`` resumes it; so does a trial
+that a signal stopped on its own (exit status 130 or 143).
 """
 
 from __future__ import annotations
@@ -41,10 +42,21 @@ from .trial import fit_arguments, run_trial
 STORAGE_ENV = "VIT_SWEEP_STORAGE"
 """How ``vit sweep`` hands ``--storage`` to its workers: the environment, so that a password never shows in ``ps``."""
 POLL_S = 5.0
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+"""The exit status of an interrupted worker, and of ``vit sweep`` when interrupted (as a shell reports Ctrl-C)."""
 
 
 class TrialFailed(Exception):
     """A trial that ended without a value: its one-line reason is recorded and the sweep goes on."""
+
+
+class TrialStopped(KeyboardInterrupt):
+    """A trial process stopped by SIGINT or SIGTERM that this worker did not get (a signal sent to the trial alone, or
+    a Ctrl-C that a worker started in the background ignores): it is failed and enqueued again, as on Ctrl-C."""
+
+
+STOPPED_BY = {128 + s: s.name for s in (signal.SIGINT, signal.SIGTERM)}
+"""The exit statuses of a ``vit fit`` stopped by a signal (its checkpoint written), and the signal's name."""
 
 
 def cpu_share(index: int, workers: int, cores: list[int]) -> set[int]:
@@ -121,6 +133,10 @@ class Worker:
         except KeyboardInterrupt:
             trial.set_user_attr(REASON_ATTR, "interrupted (Ctrl-C or SIGTERM); enqueued again")
             raise
+        if outcome.exit_status in STOPPED_BY:  # the signal reached the trial alone: it stops this worker all the same
+            name = STOPPED_BY[outcome.exit_status]
+            trial.set_user_attr(REASON_ATTR, f"interrupted ({name} to the trial); enqueued again")
+            raise TrialStopped(f"trial {trial.number} stopped by {name}")
         self.running = None
         trial.set_user_attr("run_dir", outcome.run_dir)
         if outcome.value is None:
@@ -140,7 +156,8 @@ class Worker:
         optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=self.max_retry)(study, trial)
 
 
-def _terminate(signum: int, frame: Any) -> None:
+def take_as_ctrl_c(signum: int, frame: Any) -> None:
+    """A signal handler that raises :class:`KeyboardInterrupt`: SIGTERM stops like Ctrl-C."""
     raise KeyboardInterrupt
 
 
@@ -150,7 +167,8 @@ def main(argv: list[str]) -> int:
     data = json.loads(plan_file.read_text(encoding="utf-8"))
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpu_share(index, workers, sorted(os.sched_getaffinity(0))))
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, take_as_ctrl_c)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background, which ignores it
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial is reported by vit sweep, in one line
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     plan = Plan.from_fingerprint(data["plan"], data["fit_args"], data["source"])
@@ -165,7 +183,7 @@ def main(argv: list[str]) -> int:
         worker.run()
     except KeyboardInterrupt:
         worker.retry_interrupted()
-        return 130
+        return EXIT_INTERRUPTED
     return 0
 
 
