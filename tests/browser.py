@@ -104,3 +104,9 @@ def expected_signed_index(values: np.ndarray) -> np.ndarray:
 def expected_index(values: np.ndarray) -> np.ndarray:
     """Colour-map index of each value, the map scaled to its maximum (matplotlib's binning, as the page does)."""
     return np.minimum((values / values.max() * 256).astype(np.int64), 255)
+
+
+def assert_drawn(page: Page, b: int, h, values: np.ndarray, slack: int) -> None:
+    """The small map of (block b, head h) shows ``values`` (the patch keys), within ``slack`` colour-map steps."""
+    drawn = lut_index(page.cell_pixels(b, h))
+    np.testing.assert_array_less(np.abs(drawn - expected_index(values)), slack + 1)

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -106,6 +107,59 @@ def tiny_classifier():
             torch.manual_seed(seed)
         kwargs = {"num_classes": 10, "img_size": 32, **kwargs}
         return ImageClassifier(name, model_overrides={**TinyViT.size, **(model_overrides or {})}, **kwargs)
+
+    return build
+
+
+@pytest.fixture
+def class_model(random_vit):
+    """A :func:`random_vit` of the explorer tests: global attention with a class token, two register tokens and an
+    attention-pooling head."""
+    torch.manual_seed(0)
+    return random_vit(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, reg_tokens=2, global_pool="map"
+    ).eval()
+
+
+@pytest.fixture
+def explain(capsys):
+    """``explain(*args)``: ``vit explain`` (:func:`vit.explain.command.main`) in this process: an object with its
+    ``returncode``, ``stdout`` and ``stderr``."""
+    from vit.explain.command import main
+
+    def run(*args) -> SimpleNamespace:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as stop:  # bad input: one error line through vit.errors.fail
+            code = stop.code
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+    return run
+
+
+@pytest.fixture
+def checkpoint(trained_checkpoint) -> Path:
+    """The session's tiny digits checkpoint (:func:`trained_checkpoint`), as the ``vit explain`` tests name it."""
+    return trained_checkpoint
+
+
+@pytest.fixture
+def keep_threads():
+    """Each test may set torch's thread count; the next one starts from the one before."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tiny(tiny_classifier):
+    """``tiny(**kwargs)``: :func:`tiny_classifier` with three blocks, on 16 px images unless ``img_size`` says
+    otherwise; ``model_overrides`` go on top of its size."""
+
+    def build(model_overrides: dict | None = None, img_size: int = 16, **kwargs):
+        return tiny_classifier(model_overrides={"depth": 3, **(model_overrides or {})}, img_size=img_size, **kwargs)
 
     return build
 

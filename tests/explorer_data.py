@@ -9,7 +9,13 @@ import json
 import re
 
 import numpy as np
+import torch
 from PIL import Image
+
+from vit.explain.render.explorer import explorer_payload, render_explorer
+
+MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+"""The normalisation of the explorer tests' pages."""
 
 
 def data_blocks(page: str) -> list[str]:
@@ -82,3 +88,10 @@ def stored(page_data_: dict, image: int) -> tuple[np.ndarray, np.ndarray | None]
     if "share" in entry:
         share = np.frombuffer(base64.b64decode(entry["share"]), "<f2").reshape(blocks, heads, n)
     return codes.reshape(blocks, heads, n, n), share
+
+
+def one_image_page(model, pixels: torch.Tensor, maps: dict | None = None, **options) -> int:
+    """Bytes of the explorer page of the first image alone: a size limit just above it holds one image, not two."""
+    first = {name: m[:1] for name, m in (maps or {}).items()}
+    payload = explorer_payload(model, pixels[:1], mean=MEAN, std=STD, max_bytes=None, maps=first, **options)
+    return len(render_explorer(payload).encode())

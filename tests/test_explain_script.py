@@ -1,17 +1,13 @@
 """scripts/explain.py (vit.explain.command): overlays per method, predictions, the method benchmark's JSON and curves,
-HTML report, bad input."""
+bad input (its HTML report: test_explain_report.py; on a shared machine: test_explain_threads.py)."""
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import struct
 import subprocess
 import sys
-import time
-import zlib
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,44 +15,14 @@ import pytest
 import torch
 from PIL import Image
 
-from vit import ImageClassifier, ImageDataModule, env
-from vit.bench import cli as bench_cli
-from vit.bench.explorer_suite import find_chromium
-from vit.bench.harness import default_threads
+from vit import ImageClassifier, ImageDataModule
 from vit.data import build_transforms, load_rgb
-from vit.explain import METHODS, benchmark_methods, command, pipeline, progress
-from vit.explain.command import main
-from vit.explain.progress import Progress
+from vit.explain import METHODS, benchmark_methods, command
+
+pytestmark = pytest.mark.usefixtures("keep_threads")  # the command sets torch's threads
 
 ROOT = Path(__file__).resolve().parents[1]
 CIFAR_MINI = ROOT.parent / "shared" / "data" / "cifar10-mini" / "test"
-
-
-class Result:
-    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-
-
-@pytest.fixture
-def explain(capsys):
-    """``explain(*args)``: the command's ``main(args)`` in this process, with its exit status and output."""
-
-    def run(*args) -> Result:
-        capsys.readouterr()
-        try:
-            code = main([str(a) for a in args])
-        except SystemExit as stop:  # bad input: one error line through vit.errors.fail
-            code = stop.code
-        out = capsys.readouterr()
-        return Result(code, out.out, out.err)
-
-    return run
-
-
-@pytest.fixture
-def checkpoint(trained_checkpoint) -> Path:
-    """The session's tiny digits checkpoint (conftest's ``trained_checkpoint``)."""
-    return trained_checkpoint
 
 
 def image_files(folder: Path) -> list[Path]:
@@ -206,7 +172,7 @@ def test_plain_weights_need_a_fitting_model(checkpoint, tmp_path, explain):
     assert not (tmp_path / "o").exists()
 
 
-def one_error_line(result: Result, start: str) -> None:
+def one_error_line(result, start: str) -> None:
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(start), result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr and result.stdout == ""
@@ -280,321 +246,6 @@ def test_script_file_is_wired(tmp_path):
     )
     assert done.returncode == 2 and done.stderr.startswith(f"error: checkpoint {tmp_path / 'none.ckpt'} not found")
     assert done.stderr.count("\n") == 1
-
-
-# ------------------------------------------------------------------------------------------------ HTML report
-def test_report_shows_every_method_side_by_side_and_opens_on_the_explorer(checkpoint, tmp_path, explain):
-    files = image_files(tmp_path)[:2]
-    report = tmp_path / "report.html"
-    methods = ["attnlrp", "rollout", "gradxinput"]
-    result = explain(checkpoint, *files, "--out", tmp_path / "o", "--overlays", "false", "--html", report, "--methods",
-                     ",".join(methods), "--faithfulness", "--steps", "2", "--explorer_bits", "4")  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    text = report.read_text()
-    panels = re.findall(r'<div class="panel">(.*?)</figure></div>', text.split('<section id="report">', 1)[1], re.S)
-    assert len(panels) == 2
-    for panel, file in zip(panels, files, strict=True):  # the image, then one overlay per method, in order
-        assert re.findall(r'alt="([^"]+)"', panel) == [f"image {file.name}"] + [f"{m} of {file.name}" for m in methods]
-    data = re.search(r'<script type="application/json" id="explorer-data">(.*?)</script>', text, re.S)
-    payload = json.loads(data.group(1))
-    assert set(payload["map_names"]) == set(methods) and len(payload["images"]) == 2 and payload["bits"] == 4
-    assert set(payload["faithfulness"]["deletion_auc"]) == {*methods, "random"}
-    table = text.split('<table id="faithfulness">', 1)[1].split("</table>", 1)[0]
-    assert [re.sub("<.*?>", "", row) for row in re.findall(r"<tr><td>(.*?)</td>", table)] == [*methods, "random"]
-    assert table.count("<tr>") == 1 + len(methods) + 1 and "ms / image" in table
-
-
-@pytest.mark.slow
-def test_html_report_renders_in_a_browser(checkpoint, tmp_path, explain):
-    files = image_files(tmp_path)
-    report = tmp_path / "report.html"
-    result = explain(checkpoint, *files, "--out", tmp_path / "o", "--html", report, "--faithfulness", "--steps", "2",
-                     "--methods", "rollout,attribution")  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    text = report.read_text()
-    assert text.count('<div class="panel">') == 3 and 'id="faithfulness"' in text
-    assert "http://" not in text and "https://" not in text  # self-contained: nothing fetched
-    summary = text.split('<section id="report">', 1)[1].split("</section>", 1)[0]  # the summary below the explorer
-    images = summary.count("<img ")
-    assert images == summary.count('<img src="data:image/png;base64,') and images >= 3 * 3 + 2 + 3 * 2 + 1
-
-    chromium = find_chromium()
-    if chromium is None:
-        pytest.skip("no chromium on this machine (.ci/run installs Debian's chromium)")
-    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
-    dom = subprocess.run([*flags, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120)
-    assert dom.stdout.count('<div class="panel">') == 3  # the browser parsed one panel per image
-    shot = tmp_path / "shot.png"
-    subprocess.run([*flags, "--window-size=1200,1600", f"--screenshot={shot}", report.as_uri()], timeout=120,
-                   capture_output=True)  # fmt: skip
-    pixels = np.asarray(Image.open(shot).convert("RGB"), dtype=np.float64)
-    assert pixels.std() > 20  # not a blank page
-    assert (pixels.sum(axis=2) < 600).mean() > 0.1  # a tenth of the page is drawn (not white)
-
-
-def test_a_checkpoint_alone_explains_from_an_empty_folder(checkpoint, tmp_path, explain, monkeypatch):
-    """The training data moved away (its settings name a folder that is not there): class names, statistics and image
-    size come from the checkpoint's own description, with no note and no fallback to ImageNet statistics."""
-    from vit.checkpoints import METADATA_KEY
-
-    raw = torch.load(checkpoint, weights_only=True)
-    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-    raw[METADATA_KEY]["class_names"] = names
-    raw["datamodule_hyper_parameters"] = {"dataset": "imagefolder", "data_dir": "moved-away", "img_size": 32}
-    mean, std = raw[METADATA_KEY]["mean"], raw[METADATA_KEY]["std"]
-    assert (mean, std) == (list(ImageDataModule(dataset="digits").mean), list(ImageDataModule(dataset="digits").std))
-    files = image_files(tmp_path)
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    torch.save(raw, alone / "model.ckpt")
-    monkeypatch.chdir(alone)
-    result = explain("model.ckpt", *files, "--method", "rollout", "--overlays", "false")
-    assert result.returncode == 0 and "note" not in result.stderr, result.stderr
-    model, batch, _ = model_inputs(checkpoint, files)  # built by hand with the digits' statistics
-    probs = model(batch).softmax(-1)
-    for line, file, p in zip(result.stdout.strip().splitlines(), files, probs, strict=True):
-        path, name, prob = line.split()
-        assert path == str(file) and name == names[int(p.argmax())]
-        assert float(prob) == pytest.approx(p.max().item(), abs=1e-3)
-    assert sorted(p.name for p in alone.iterdir()) == ["explanations", "model.ckpt"]
-
-
-def test_faithfulness_tables_in_the_docs_are_generated_from_the_results():
-    """docs/explanations.md's faithfulness tables are what scripts/results_tables.py makes of
-    docs/results/faithfulness.json (each model as `vit explain --faithfulness` wrote it)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("results_tables", ROOT / "scripts" / "results_tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
-    page = tables.EXPLANATIONS.read_text()
-    assert tables.BEGIN in page and tables.render_explanations(page) == page, "run python scripts/results_tables.py"
-    models = json.loads(tables.FAITHFULNESS.read_text())["models"]
-    for name, report in models.items():
-        assert report["command"].startswith("vit explain ") and "--faithfulness" in report["command"]
-        for method, score in report["scores"].items():  # each row: deletion AUC, then its ratio to random
-            row = f"| {method} | {score['deletion_auc']:.3f} [{score['deletion_ci'][0]:.3f}, "
-            assert row in page.split(f"**{name}**", 1)[1], (name, method)
-            assert score["deletion_ratio"] == pytest.approx(
-                score["deletion_auc"] / report["scores"]["random"]["deletion_auc"]
-            )
-
-
-def test_progress_on_stderr_one_line_per_method_and_phase_stdout_only_the_results(checkpoint, tmp_path, explain):
-    """Not a terminal: one plain line per method and phase on stderr (maps, curves, overlays), no carriage return;
-    stdout holds the predictions and the table only, exactly as the JSON's numbers print."""
-    from vit.explain.method_benchmark import MethodBenchmark, MethodScore
-    from vit.explain.outputs import faithfulness_table
-
-    out = tmp_path / "o"
-    result = explain(checkpoint, "--split", "val", "--limit", "5", "--methods", "rollout,attnlrp", "--faithfulness",
-                     "--steps", "2", "--batch_size", "2", "--out", out)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    time = r"in \d+\.\d s"
-    expected = [
-        rf"load: checkpoint and 5 images {time}; \d+ threads? of \d+ cores, \d+\.\d busy now \(the cores not busy .*\)",
-        rf"predictions: classes and attention statistics of 5 images {time}",  # the benchmark computes every map
-        rf"rollout: maps of 5 images {time} \(\d+\.\d ms/img\)",
-        rf"attnlrp: maps of 5 images {time} \(\d+\.\d ms/img\)",
-        rf"rollout: deletion/insertion curves of 5 images \(2 steps\) {time}",
-        rf"attnlrp: deletion/insertion curves of 5 images \(2 steps\) {time}",
-        rf"random: deletion/insertion curves of 5 images x 5 seeds \(2 steps\) {time}",
-        rf"rollout: overlays of 5 images {time}",
-        rf"attnlrp: overlays of 5 images {time}",
-        rf"explained 5 images {time}: overlays of rollout, attnlrp in {re.escape(str(out))}/, JSON .*",
-    ]
-    lines = result.stderr.splitlines()
-    assert len(lines) == len(expected) and "\r" not in result.stderr, result.stderr
-    for line, pattern in zip(lines, expected, strict=True):
-        assert re.fullmatch(pattern, line), (line, pattern)
-    report = json.loads((out / "faithfulness.json").read_text())
-    names = {f.name for f in fields(MethodBenchmark)} - {"scores", "maps"}
-    bench = MethodBenchmark(scores={name: MethodScore(**score) for name, score in report["scores"].items()},
-                            **{name: report[name] for name in names})  # fmt: skip
-    predictions = result.stdout.splitlines()[:6]  # a line per image, then the accuracy
-    assert [line.split()[0] for line in predictions[:5]] == [f"val/{i:05d}" for i in (0, 90, 180, 269, 359)]
-    assert predictions[5].startswith("accuracy ")
-    assert result.stdout == "\n".join([*predictions, faithfulness_table(bench)]) + "\n"
-
-    # Without --faithfulness: the maps of the methods rollout does not already give, then the overlays.
-    result = explain(checkpoint, "--split", "val", "--limit", "5", "--methods", "rollout,attnlrp", "--out", out / "b")
-    lines = result.stderr.splitlines()
-    assert result.returncode == 0 and len(lines) == 6 and len(result.stdout.splitlines()) == 6, result.stderr
-    assert lines[0].startswith("load: ") and lines[1].startswith("predictions: classes, rollout and attention stat")
-    assert re.fullmatch(rf"attnlrp: maps of 5 images {time} \(\d+\.\d ms/img\)", lines[2])
-    for line, method in zip(lines[3:5], ("rollout", "attnlrp"), strict=True):
-        assert re.fullmatch(rf"{method}: overlays of 5 images {time}", line)
-
-
-# ------------------------------------------------------------------ a shared machine: threads, logs, pixel limit
-@pytest.fixture(autouse=True)
-def keep_threads():
-    """Each test may set torch's thread count; the next one starts from the one before."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.mark.parametrize(
-    ("cores", "load", "expected"),
-    [(2, 0.0, 2), (2, 0.4, 2), (2, 0.6, 1), (2, 1.0, 1), (2, 2.9, 1), (16, 0.0, 16), (16, 3.4, 13), (8, 20.0, 1)],
-)
-def test_default_threads_are_the_cores_not_busy(cores, load, expected):
-    assert default_threads(cores, load) == expected
-
-
-def test_busy_cores_are_the_busy_ticks_of_this_process_cores_over_the_window(tmp_path, monkeypatch):
-    # user nice system idle iowait irq softirq steal guest guest_nice, per core; cpu2 is not this process's
-    readings = iter(
-        [
-            "cpu  9 9 9 9 9 9 9 9 0 0\ncpu0 100 0 50 1000 10 0 0 0 0 0\ncpu1 10 0 10 2000 0 0 0 0 0 0\n"
-            "cpu2 0 0 0 0 0 0 0 0 0 0\nintr 5 6\n",
-            "cpu  9 9 9 9 9 9 9 9 0 0\ncpu0 160 5 75 1010 10 0 0 0 0 0\ncpu1 15 0 15 2090 0 0 0 0 0 0\n"
-            "cpu2 900 0 0 0 0 0 0 0 0 0\nintr 7 8\n",
-        ]
-    )
-    stat = tmp_path / "stat"
-    stat.write_text(next(readings))
-    monkeypatch.setattr(env.time, "sleep", lambda seconds: stat.write_text(next(readings)))
-    monkeypatch.setattr(env.os, "sched_getaffinity", lambda pid: {0, 1})
-    # cpu0: 90 of 100 ticks busy, cpu1: 10 of 100 -> 2 cores x 100 / 200
-    assert env.busy_cores(stat=stat) == pytest.approx(1.0)
-    monkeypatch.setattr(env, "busy_load", lambda: 0.7)  # without /proc/stat: the load average
-    assert env.busy_cores(stat=tmp_path / "missing") == 0.7
-
-
-def threads_seen(monkeypatch) -> list[int]:
-    """Record torch's thread count when the command explains the images."""
-    seen: list[int] = []
-    explain = pipeline.explain
-
-    def spy(*args, **kwargs):
-        seen.append(torch.get_num_threads())
-        return explain(*args, **kwargs)
-
-    monkeypatch.setattr(pipeline, "explain", spy)
-    return seen
-
-
-def test_threads_option_sets_torchs_threads_and_the_first_line_says_so(checkpoint, tmp_path, explain, monkeypatch):
-    seen = threads_seen(monkeypatch)
-    torch.set_num_threads(2)
-    result = explain(
-        checkpoint, "--split", "val", "--limit", "3", "--overlays", "false", "--threads", "1", "--out", tmp_path
-    )
-    assert result.returncode == 0, result.stderr
-    assert seen == [1]
-    first = result.stderr.splitlines()[0]
-    assert re.fullmatch(r"load: checkpoint and 3 images in \d+\.\d s; 1 thread of \d+ cores, \d+\.\d busy now "
-                        r"\(--threads\)", first), first  # fmt: skip
-
-    # The default: the cores this process may use minus the busy ones.
-    monkeypatch.setattr(env, "available_cores", lambda: 4)
-    monkeypatch.setattr(env, "busy_cores", lambda: 1.2)
-    result = explain(checkpoint, "--split", "val", "--limit", "3", "--overlays", "false", "--out", tmp_path / "b")
-    assert result.returncode == 0, result.stderr
-    assert seen == [1, 3]
-    assert "; 3 threads of 4 cores, 1.2 busy now (the cores not busy with other processes" in result.stderr
-
-    result = explain(checkpoint, "--split", "val", "--threads", "0", "--out", tmp_path / "c")
-    one_error_line(result, "error: vit explain: --threads must be positive, got 0")
-
-
-def test_bench_threads_option_and_default(monkeypatch):
-    bench_cli.parse_args(["--suite", "model", "--threads", "1", "--keep_freed_memory", "false"])
-    assert torch.get_num_threads() == 1
-    monkeypatch.setattr(bench_cli, "available_cores", lambda: 2)
-    monkeypatch.setattr(bench_cli, "busy_cores", lambda: 0.1)
-    args = bench_cli.parse_args(["--suite", "model", "--keep_freed_memory", "false"])
-    assert args.threads == 2 and torch.get_num_threads() == 2
-    monkeypatch.setattr(bench_cli, "busy_cores", lambda: 1.0)
-    args = bench_cli.parse_args(["--suite", "model", "--keep_freed_memory", "false"])
-    assert args.threads == 1 and torch.get_num_threads() == 1
-
-
-def test_plain_lines_every_interval_when_stderr_is_not_a_terminal(capsys, monkeypatch):
-    monkeypatch.setattr(progress, "LOG_INTERVAL", 0.05)
-    quiet = Progress("quiet", 4)
-    time.sleep(0.2)
-    quiet.close("done")
-    assert capsys.readouterr() == ("", "")
-    phase = Progress("maps", 4, enabled=True)
-    phase.update(1)
-    time.sleep(0.3)
-    phase.update(2)
-    time.sleep(0.3)
-    phase.close("done")
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert "\r" not in err and lines[-1] == "maps: done"
-    assert set(lines[:-1]) <= {"maps: 1/4 images, 0 s", "maps: 3/4 images, 0 s", "maps: 3/4 images, 1 s"}, lines
-    assert "maps: 1/4 images, 0 s" in lines and "maps: 3/4 images, 0 s" in lines
-    time.sleep(0.2)
-    assert capsys.readouterr().err == ""  # nothing after the phase ended
-
-
-def test_command_reports_long_phases_in_a_log(checkpoint, tmp_path, explain, monkeypatch):
-    monkeypatch.setattr(progress, "LOG_INTERVAL", 0.01)
-    result = explain(checkpoint, "--split", "val", "--limit", "5", "--methods", "rollout,attnlrp", "--faithfulness",
-                     "--steps", "2", "--batch_size", "2", "--overlays", "false", "--out", tmp_path)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert "\r" not in result.stderr
-    periodic = [line for line in result.stderr.splitlines() if re.fullmatch(r"\w+: \d+/\d+ images, \d+ s", line)]
-    assert {line.split(":")[0] for line in periodic} & {"load", "predictions", "rollout", "attnlrp", "random"}
-    assert result.stderr.splitlines()[-1].startswith("explained 5 images in ")
-
-
-def png_header(width: int, height: int) -> bytes:
-    """A PNG that claims ``width`` x ``height`` in its header and holds 16 bytes of pixels."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(bytes(16))) + chunk(b"IEND", b"")
-    return b"\x89PNG\r\n\x1a\n" + body
-
-
-def test_max_image_pixels_refuses_from_the_header_in_one_line(checkpoint, tmp_path, explain):
-    huge = tmp_path / "huge.png"
-    huge.write_bytes(png_header(10_000, 6_000))  # 60 megapixels claimed, never decoded
-    result = explain(checkpoint, huge, "--out", tmp_path / "o")
-    one_error_line(result, f"error: cannot read image {huge}: 10000x6000 pixels (60 megapixels) is above the limit of "
-                           "50,000,000 pixels (50 megapixels): raise the limit with --max_image_pixels")  # fmt: skip
-
-    small = tmp_path / "small.png"
-    Image.fromarray(np.zeros((64, 64, 3), dtype=np.uint8)).save(small)
-    result = explain(checkpoint, small, "--max_image_pixels", "1000", "--out", tmp_path / "o")
-    one_error_line(result, f"error: cannot read image {small}: 64x64 pixels (0.004096 megapixels) is above the limit "
-                           "of 1,000 pixels")  # fmt: skip
-    assert "--max_image_pixels none for no limit" in result.stderr
-    assert not (tmp_path / "o").exists()
-    for limit in ("4096", "none"):
-        result = explain(checkpoint, small, "--max_image_pixels", limit, "--out", tmp_path / limit)
-        assert result.returncode == 0, result.stderr
-    result = explain(checkpoint, small, "--max_image_pixels", "0")
-    one_error_line(result, "error: vit explain: argument --max_image_pixels: '0' is neither a positive number")
-
-
-def test_explain_uses_the_default_pixel_limit_of_predict():
-    from vit.data.datasets import MAX_IMAGE_PIXELS
-
-    assert command.MAX_IMAGE_PIXELS == MAX_IMAGE_PIXELS
-    assert command.build_parser().parse_args(["x.ckpt", "y.png"]).max_image_pixels == MAX_IMAGE_PIXELS
-    assert Path(command.__file__).name == "command.py"
-
-
-def test_the_light_command_names_the_registry_exactly():
-    """The parser answers --help without importing the registry, from constants that must stay the registry's."""
-    from typing import get_args
-
-    from vit.explain.methods import ALIASES, DEFAULT_METHOD, METHODS
-    from vit.explain.rollout import HeadFusion
-
-    assert tuple(METHODS) == command.METHOD_NAMES
-    assert command.METHOD_ALIASES == ALIASES
-    assert command.DEFAULT_METHOD == DEFAULT_METHOD
-    assert get_args(HeadFusion) == command.HEAD_FUSIONS
 
 
 def test_removals_sanity_and_heads_from_the_command_line(checkpoint, tmp_path, explain):

@@ -22,17 +22,6 @@ from vit.errors import ConfigError
 from vit.lit_module import ImageClassifier, fused_adamw, warmup_cosine
 
 
-@pytest.fixture
-def tiny(tiny_classifier):
-    """``tiny(**kwargs)``: the tiny classifier with three blocks, on 16 px images unless ``img_size`` says otherwise;
-    ``model_overrides`` go on top of its size."""
-
-    def build(model_overrides: dict | None = None, img_size: int = 16, **kwargs) -> ImageClassifier:
-        return tiny_classifier(model_overrides={"depth": 3, **(model_overrides or {})}, img_size=img_size, **kwargs)
-
-    return build
-
-
 def loader(n: int = 16, batch_size: int = 4, num_classes: int = 10, img_size: int = 16) -> DataLoader:
     g = torch.Generator().manual_seed(0)
     images = torch.randn(n, 3, img_size, img_size, generator=g)

@@ -1,16 +1,24 @@
 """W&B offline runs through the CLI, read back with wandb's own tool: rollout panel, attention metrics, nested config,
-names/groups/tags, summaries, each run in its own folder (vit.compare has its tests in test_scripts.py)."""
+names/groups/tags, summaries, each run in its own folder (vit.compare has its tests in test_scripts.py); an unreachable
+W&B server makes a run log offline at once."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from PIL import Image
+
+from vit import loggers
+from vit.loggers import wandb_reachable
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -202,3 +210,59 @@ def test_the_sync_command_of_a_resumed_offline_run_uploads_every_part(tmp_path, 
         f"W&B run: {alone}  (upload: wandb sync {alone})",
     ]
     assert sorted(p.name for p in wandb_dir.glob(pattern)) == names[:2]  # the shell's expansion: both parts
+
+
+# ------------------------------------------------------------------------------------- an unreachable server
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again on exit: connections are refused
+
+
+def test_wandb_probe_answers_loopback_and_gives_up_after_its_timeout(monkeypatch):
+    assert not wandb_reachable(f"http://127.0.0.1:{_closed_port()}", timeout=2.0)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        assert wandb_reachable(f"http://127.0.0.1:{server.getsockname()[1]}", timeout=30.0)  # returns once connected
+    release, calls = threading.Event(), []
+
+    def hanging(address, timeout):  # a name lookup that answers only when released (getaddrinfo has no timeout)
+        calls.append((address, timeout))
+        release.wait(60)
+        return SimpleNamespace(close=lambda: None)
+
+    monkeypatch.setattr(loggers.socket, "create_connection", hanging)
+    assert not wandb_reachable("http://wandb.invalid:8080", timeout=0.05)  # it did not wait for the answer
+    release.set()
+    assert calls == [(("wandb.invalid", 8080), 0.05)]
+
+
+@pytest.mark.slow
+def test_wandb_without_network_goes_offline_at_once(tmp_path, fit_args):
+    # Credentials present, server unreachable, WANDB_MODE unset: without the probe wandb.init retries for 90 s and
+    # then raises, failing the run.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(
+        WANDB_API_KEY="x" * 40,
+        WANDB_BASE_URL=f"http://127.0.0.1:{_closed_port()}",
+        WANDB_SILENT="true",
+        WANDB_DISABLE_GIT="true",
+        WANDB_DIR=str(tmp_path),
+        WANDB_CONFIG_DIR=str(tmp_path / "config"),
+        WANDB_CACHE_DIR=str(tmp_path / "cache"),
+        OMP_NUM_THREADS="1",
+    )
+    logger = {
+        "class_path": "lightning.pytorch.loggers.WandbLogger",
+        "init_args": {"project": "t", "save_dir": str(tmp_path)},
+    }
+    args = [a for a in fit_args(tmp_path, epochs=1) if not a.startswith("--trainer.logger")]
+    args += [f"--trainer.logger={json.dumps(logger)}", "--trainer.max_steps=2"]
+    code = "import sys\nfrom vit.cli import cli_main\ncli_main(sys.argv[1:])\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "unreachable" in proc.stderr and "logging offline" in proc.stderr
+    assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
