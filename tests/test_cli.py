@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from cli_args import CPU, ROOT, SMALL, TINY_VIT, dirs, subprocess_env
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -23,25 +23,10 @@ from vit.callbacks import NonFiniteGuard, PredictionWriter, ResumeCheckpoint, Ru
 from vit.cli import cli_main, resolve_config_args
 from vit.lit_module import ImageClassifier
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
-CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto"]
-CPU += ["--trainer.precision", "32-true", "--data.num_workers", "0", "--trainer.enable_progress_bar", "false"]
-# A small synthetic run: 32 images of 16 px, batches of 8.
-SMALL = ["--data.dataset", "synthetic", "--data.synthetic_size", "32", "--data.batch_size", "8"]
-SMALL += ["--data.img_size", "16"]
-TINY_VIT = ["--model.model", "vit_tiny_patch4_32", "--model.model_overrides", "{embed_dim: 32, depth: 2, num_heads: 2}"]
-
-
-def dirs(tmp_path: Path) -> list[str]:
-    return ["--trainer.default_root_dir", str(tmp_path), "--checkpoint.dirpath", str(tmp_path / "ckpt")]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # as quickstart.yaml's torch_num_threads sets
-
-
-def subprocess_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "PYTHONWARNINGS": "ignore"}
 
 
 # ------------------------------------------------------------------------------------------------ every config

@@ -12,12 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from cli_args import CPU, ROOT, SMALL, TINY_VIT, dirs, subprocess_env
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-from test_cli import CPU, ROOT, SMALL, TINY_VIT, dirs, subprocess_env
 
 from vit.callbacks.resume import ranks_off_watch, wait_for_ranks
 from vit.cli import cli_main

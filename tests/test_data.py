@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.datasets.cifar
+from data_samples import random_image, small_datamodule
 from PIL import Image
 
 from vit.data import (
@@ -21,16 +22,10 @@ from vit.data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     DataError,
-    ImageDataModule,
     load_rgb,
 )
 
-CIFAR10_MINI = Path(__file__).resolve().parents[2] / "shared/data/cifar10-mini"
-
-
 # ---------------------------------------------------------------------------------------------------- fixtures
-def random_image(rng: np.random.Generator, h: int = 12, w: int = 10) -> np.ndarray:
-    return rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
 
 
 def _jpeg_bytes(rng: np.random.Generator) -> bytes:
@@ -120,11 +115,6 @@ def cifar100_root(tmp_path: Path, skip_cifar_md5: None) -> Path:
     names = {"fine_label_names": [f"fine_{i}" for i in range(100)], "coarse_label_names": [f"c{i}" for i in range(20)]}
     _cifar_pickle(base / "meta", names)
     return tmp_path
-
-
-def small_datamodule(dataset: str, **kwargs: object) -> ImageDataModule:
-    defaults: dict[str, object] = {"img_size": 16, "batch_size": 4, "num_workers": 0, "pin_memory": False}
-    return ImageDataModule(dataset, **{**defaults, **kwargs})  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------- datasets on disk

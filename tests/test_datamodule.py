@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_data import CIFAR10_MINI, random_image, small_datamodule
+from data_samples import CIFAR10_MINI, random_image, small_datamodule
 from torch.utils.data import DataLoader
 
 from vit.data import (

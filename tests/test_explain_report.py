@@ -12,8 +12,8 @@ from dataclasses import fields
 import numpy as np
 import pytest
 import torch
+from explain_inputs import ROOT, image_files, model_inputs
 from PIL import Image
-from test_explain_script import ROOT, image_files, model_inputs
 
 from vit import ImageDataModule
 from vit.bench.explorer_suite import find_chromium

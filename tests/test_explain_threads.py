@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from explain_inputs import one_error_line
 from PIL import Image
-from test_explain_script import one_error_line
 
 from vit import env
 from vit.bench import cli as bench_cli

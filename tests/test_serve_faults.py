@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_serve import NAMES, ROOT, require, start, stop, wait_ready, write_files
+from serve_process import NAMES, ROOT, require, start, stop, wait_ready, write_files
 
 requests = pytest.importorskip("requests")
 

@@ -7,7 +7,7 @@ import albumentations as A
 import numpy as np
 import pytest
 import torch
-from test_data import random_image
+from data_samples import random_image
 
 from vit.data import (
     CIFAR10_MEAN,

@@ -284,6 +284,7 @@ def ranks_off_watch(trainer: Trainer) -> list[subprocess.Popen]:
     non-zero status, as a preempted rank does (143): rank 0 then died with -9 before it could exit 143 itself,
     whenever the others were faster. Its list is the launcher's own, so emptying it ends the watch at its next look.
     """
+    # Private API used: _SubprocessScriptLauncher.procs is the list its _ChildProcessObserver thread watches.
     launcher = trainer.strategy.launcher
     if not isinstance(launcher, _SubprocessScriptLauncher):
         return []
