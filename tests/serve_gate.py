@@ -1,5 +1,5 @@
 """A ``vit serve`` whose model waits for a file before each forward pass, for the tests of a full queue, the drain on
-SIGTERM, ``--timeout`` and a worker that dies (tests/test_serve.py): ``python tests/serve_gate.py CHECKPOINT PORT
+SIGTERM, ``--timeout`` and a worker that dies (tests/test_serve_faults.py): ``python tests/serve_gate.py CHECKPOINT PORT
 [NAME=VALUE ...]`` (options of :func:`vit.serve.server.run`, numbers); the gate is ``CHECKPOINT.gate``, and each
 worker writes its process id to ``CHECKPOINT.pid`` once its model is loaded."""
 

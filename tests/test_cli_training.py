@@ -1,5 +1,6 @@
 """The command line trains: DDP on two CPU processes (each rank its own random numbers, a preempted run resumed bit
-for bit, a failing rank 0, rank 0 outliving Lightning's watch over the other ranks), and the quickstart's accuracy."""
+for bit, a failing rank 0, rank 0 outliving Lightning's watch over the other ranks), the quickstart's accuracy, and
+the canary of Lightning reading ``--ckpt_path`` before the hooks."""
 
 from __future__ import annotations
 

@@ -49,8 +49,8 @@ def test_readme_links_resolve():
 
 
 def test_no_test_module_imports_another():
-    """Shared helpers live in tests/conftest.py as fixtures: a test module that imports another runs its tests'
-    module-level code twice and breaks when that module is renamed or skipped."""
+    """Shared helpers live in tests/conftest.py as fixtures, or in helper modules (tests/cli_args.py...): a test module
+    that imports another runs its tests' module-level code twice and breaks when that module is renamed or skipped."""
     import ast
 
     modules = {path.stem for path in (ROOT / "tests").glob("test_*.py")}

@@ -276,7 +276,8 @@ class VitCLI(LightningCLI):
     # hyper-parameters from it) before any public hook runs, so a text file raises a KeyError from inside torch. Here
     # a file that is not a checkpoint is named in one line first, and `last`, `best` or a run folder becomes a file
     # (vit.runs.resolve_ckpt_path; after Lightning's parsing, which skips them: the model is the config's).
-    # tests/test_cli.py::test_lightning_still_reads_ckpt_path_before_the_hooks fails if Lightning changes this.
+    # tests/test_cli_training.py::test_lightning_still_reads_ckpt_path_before_the_hooks fails if Lightning changes
+    # this.
     def _parse_ckpt_path(self) -> None:
         subcommand = self.config.get("subcommand")
         if not subcommand:
@@ -344,8 +345,8 @@ class VitCLI(LightningCLI):
     # Private helpers used: LightningCLI._parser gives the subcommand's parser (its callback keys) and
     # ._instantiate_trainer adds those callbacks (the public instantiate_trainer cannot leave one out). Works around:
     # the Trainer refuses checkpoint callbacks under enable_checkpointing=False.
-    # tests/test_cli.py::test_lightning_still_reads_ckpt_path_before_the_hooks and
-    # ::test_checkpointing_can_be_switched_off fail if either side changes.
+    # tests/test_cli_training.py::test_lightning_still_reads_ckpt_path_before_the_hooks and
+    # tests/test_cli.py::test_checkpointing_can_be_switched_off fail if either side changes.
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """As Lightning's, leaving out the checkpoint callbacks under ``--trainer.enable_checkpointing false``, with
         checkpoint files written atomically and read with ``weights_only=True`` (:mod:`vit.checkpoints.writing`), and

@@ -51,8 +51,8 @@ class TrialFailed(Exception):
 
 
 class TrialStopped(KeyboardInterrupt):
-    """A trial process stopped by SIGINT or SIGTERM that this worker did not get (a signal sent to the trial alone, or
-    a Ctrl-C that a worker started in the background ignores): it is failed and enqueued again, as on Ctrl-C."""
+    """A trial process stopped by SIGINT or SIGTERM that this worker did not get (a signal sent to the trial alone): it
+    is failed and enqueued again, as on Ctrl-C."""
 
 
 STOPPED_BY = {128 + s: s.name for s in (signal.SIGINT, signal.SIGTERM)}
