@@ -338,3 +338,15 @@ def test_main_map_is_any_method_checked_before_training(tmp_path, monkeypatch, t
     monkeypatch.setitem(sys.modules, "captum.attr", None)
     with pytest.raises(ImportError, match=r'pip install "vit\[explain\]"'):
         AttentionRolloutLogger(method="ig")
+
+
+def test_a_distilled_model_gets_the_maps_that_explain_it_and_no_explorer(tmp_path, tiny_module, trainer, digits):
+    """Rollout and attention attribution refuse a distilled model (two heads): the grids hold AttnLRP's maps, the
+    explorer (built on the rollout) is not written, and nothing is warned about."""
+    logger = AttentionRolloutLogger(num_images=2, statistics=False, attribution=True, mistakes=0)
+    module = tiny_module(model_overrides={"distilled": True})
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer(tmp_path, [logger]).validate(module, digits())
+    assert not [w for w in record if "could not log" in str(w.message)]
+    assert sorted(p.name for p in (tmp_path / "rollout").iterdir()) == ["attnlrp_epoch_000.png"]

@@ -139,6 +139,32 @@ def test_a_fit_with_a_teacher_trains_the_distillation_head(tmp_path, tiny_classi
     assert logits.shape == (2, 10)  # eval: one tensor, the mean of the two heads
 
 
+def test_a_timm_cnn_trained_by_fit_loads_as_a_teacher(tmp_path, cpu_trainer, digits):
+    """``model.model timm:NAME`` trains timm's untrained network; its checkpoint is a teacher with the same outputs."""
+    import timm
+
+    from vit import ImageClassifier
+
+    torch.manual_seed(0)
+    module = ImageClassifier("timm:resnet18", num_classes=10, img_size=32, lr=3e-3)
+    reference = timm.create_model("resnet18", num_classes=10)
+    assert type(module.model) is type(reference) and module.model.state_dict().keys() == reference.state_dict().keys()
+    assert module.model.fc.out_features == 10
+    cpu_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0).fit(module, digits())
+    path = tmp_path / "cnn.ckpt"
+    module.trainer.save_checkpoint(path)
+    teacher = load_teacher(str(path))
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(teacher(x), module.model.eval()(x))
+    for bad, message in (("timm:no_such_net", "timm has no model 'no_such_net'"),
+                         ("timm:resnet18", "model_overrides for timm:resnet18: .*no_such_argument")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message) as error:
+            ImageClassifier(bad, num_classes=10, model_overrides={"no_such_argument": 1})
+        assert "\n" not in str(error.value)
+
+
 def test_make_distiller_switches_a_distilled_model_to_two_outputs(trained_checkpoint):
     model = vit.VisionTransformer(**SMALL, distilled=True)
     hparams = dict(teacher=str(trained_checkpoint), distillation="soft", distillation_alpha=0.5, distillation_tau=2.0)

@@ -81,6 +81,13 @@ def test_window_sliding_and_linear_runs_are_named_by_their_attention():
     assert attention_kind({"model": {"model": "vit_tiny_patch4_32", "model_overrides": overrides}}) == "linear"
 
 
+def test_a_timm_model_run_is_named_by_timms_name_and_family():
+    from vit.runs import attention_kind, model_name
+
+    config = {"model": {"model": "timm:resnet18"}}
+    assert (model_name(config), attention_kind(config)) == ("resnet18", "timm")  # no ':' in the run folder's name
+
+
 def test_attention_of_settings_is_the_kind_of_the_models_local_blocks():
     from vit.runs import attention_of
 

@@ -10,9 +10,9 @@ Sec. 5. The student's loss mixes the label loss of its class head with a distill
   on ImageNet, and a CNN teacher lifted a ViT student most).
 
 The teacher sees the same (augmented, mixed) images as the student, under ``torch.no_grad`` and in eval mode; it is
-any checkpoint :func:`vit.load` reads, or a timm (``timm:NAME``) or torchvision (``torchvision:NAME``) model with its
-pretrained weights, which must predict the student's classes. It is never part of the student's state dict or
-checkpoints.
+any checkpoint :func:`vit.load` reads, a checkpoint of a CNN that ``vit fit`` trained (``model.model timm:NAME``), or a
+timm (``timm:NAME``) or torchvision (``torchvision:NAME``) model with its pretrained weights, which must predict the
+student's classes. It is never part of the student's state dict or checkpoints.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import ConfigError
+from .errors import ConfigError, IncompatibleCheckpointError
+from .network import load_network
 
 Distillation = Literal["none", "soft", "hard"]
 
@@ -42,16 +43,15 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, kind: Distil
 
 def load_teacher(spec: str, pretrained: bool = True) -> nn.Module:
     """The teacher named by ``spec``, frozen and in eval mode: a path :func:`vit.load` reads (a ``.ckpt`` of ``vit
-    fit`` or an export folder), ``timm:NAME`` or ``torchvision:NAME`` (a bare name: timm's), with pretrained weights.
+    fit`` or an export folder) or a ``.ckpt`` of a ``timm:NAME`` run of ``vit fit``; else ``timm:NAME`` or
+    ``torchvision:NAME`` (a bare name: timm's), with pretrained weights.
 
     Raises:
         ConfigError: Naming ``model.teacher`` when the path or model does not load.
     """
     try:
         if Path(spec).exists():
-            from .checkpoints.loading import load
-
-            teacher = load(spec)
+            teacher = _load_file(spec)
         elif spec.startswith("torchvision:"):
             import torchvision
 
@@ -68,6 +68,21 @@ def load_teacher(spec: str, pretrained: bool = True) -> nn.Module:
             "timm:NAME or torchvision:NAME"
         ) from None
     return teacher.eval().requires_grad_(False)
+
+
+def _load_file(path: str) -> nn.Module:
+    """A checkpoint or export folder :func:`vit.load` reads, or a checkpoint of a ``timm:NAME`` run of ``vit fit``."""
+    from .checkpoints.loading import load
+
+    try:
+        return load(path)
+    except IncompatibleCheckpointError as error:
+        if Path(path).is_dir():
+            raise
+        try:
+            return load_network(path)
+        except IncompatibleCheckpointError:
+            raise error from None  # neither: what vit.load says of it
 
 
 class Distiller:

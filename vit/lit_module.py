@@ -35,7 +35,8 @@ from .checkpoints.state import check_checkpoint_fits
 from .distillation import Distillation, check_distillation, make_distiller, student_logits
 from .errors import ConfigError
 from .evaluation.metrics import accuracy_metrics
-from .models import VisionTransformer, create_model
+from .models import VisionTransformer
+from .network import build_network
 from .normalize import check_normalized as _check_images
 from .optim import fused_adamw, param_groups
 from .schedule import TimePlan, warmup_cosine
@@ -50,9 +51,11 @@ class ImageClassifier(LightningModule):
     A model passed as an ``nn.Module`` object from Python is not recorded: pass it again to ``load_from_checkpoint``.
 
     Args:
-        model: A preset name of :func:`vit.create_model` (``vit.list_models()``), or a network: on the command line
-            a :class:`vit.VisionTransformer` (``class_path`` in YAML); from Python any ``nn.Module`` with timm's
-            interface (``reset_classifier``, ``no_weight_decay``, ``group_matcher``).
+        model: A preset name of :func:`vit.create_model` (``vit.list_models()``), ``timm:NAME`` for a timm model
+            trained from scratch (e.g. ``timm:resnet18``, a CNN teacher for ``teacher``; ``model_overrides`` are its
+            keyword arguments), or a network: on the command line a :class:`vit.VisionTransformer` (``class_path`` in
+            YAML); from Python any ``nn.Module`` with timm's interface (``reset_classifier``, ``no_weight_decay``,
+            ``group_matcher``).
         num_classes: Number of classes; the CLI links it from ``data.num_classes``. ``None`` keeps the model's.
             A network whose class count differs gets a new head (``reset_classifier``).
         img_size: Input image size; the CLI links it from ``data.img_size``. For a preset it replaces the
@@ -153,7 +156,7 @@ class ImageClassifier(LightningModule):
         if ema_decay is not None and not 0.0 <= ema_decay < 1.0:
             raise ConfigError(f"model.ema_decay must be in [0, 1), got {ema_decay}")
 
-        self.model = self._build_model(model, num_classes, img_size, model_overrides or {})
+        self.model = build_network(model, num_classes, img_size, model_overrides or {})
         self._patch_drop_rate = getattr(getattr(self.model, "patch_drop", None), "prob", 0.0)  # timm's PatchDropout
         if unmasked_epochs < 0:
             raise ConfigError(f"model.unmasked_epochs must be >= 0, got {unmasked_epochs}")
@@ -197,31 +200,6 @@ class ImageClassifier(LightningModule):
         patch_embed = getattr(self.model, "patch_embed", None)
         if patch_embed is not None and not compile:
             self.example_input_array = torch.zeros(1, patch_embed.in_chans, *patch_embed.img_size)
-
-    @staticmethod
-    def _build_model(
-        model: str | nn.Module, num_classes: int | None, img_size: int | None, overrides: dict[str, Any]
-    ) -> nn.Module:
-        if isinstance(model, str):
-            if num_classes is not None:
-                overrides = {**overrides, "num_classes": num_classes}
-            if img_size is not None:
-                overrides = {**overrides, "img_size": img_size}
-            try:
-                return create_model(model, **overrides)
-            except ValueError as err:  # unknown preset, unknown override, inconsistent sizes
-                raise ConfigError(f"model.model / model.model_overrides: {err}") from err
-        if overrides:
-            raise ConfigError("model.model_overrides applies to a preset name; set the network's own init_args instead")
-        own_size = getattr(getattr(model, "patch_embed", None), "img_size", None)
-        if img_size is not None and own_size is not None and tuple(own_size) != (img_size, img_size):
-            raise ConfigError(
-                f"the model was built for img_size {tuple(own_size)} but data.img_size is {img_size}; "
-                f"set the model's img_size to {img_size} (or data.img_size to match the model)"
-            )
-        if num_classes is not None and getattr(model, "num_classes", None) != num_classes:
-            model.reset_classifier(num_classes)
-        return model
 
     @property
     def eval_model(self) -> nn.Module:

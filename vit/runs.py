@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from jsonargparse import Namespace
 
@@ -75,20 +75,24 @@ def config_name(config: Namespace | Mapping[str, Any]) -> str:
 
 
 def model_name(config: Namespace | Mapping[str, Any]) -> str:
-    """The preset name (``model.model``), or the class name of a network given by ``class_path``."""
+    """The preset name (``model.model``; a timm model's name without ``timm:``), or the class name of a network given
+    by ``class_path``."""
     model = _get(config, "model.model")
     if isinstance(model, str):
-        return model
+        return model.removeprefix("timm:")
     class_path = _get(model, "class_path")
     return str(class_path).rsplit(".", 1)[-1] if class_path else "model"
 
 
-def attention_kind(config: Namespace | Mapping[str, Any]) -> AttentionKind:
+def attention_kind(config: Namespace | Mapping[str, Any]) -> AttentionKind | Literal["timm"]:
     """The attention a run's model uses (:func:`attention_of`): ``linear`` (``linear_attention``), ``window`` (block
     windows) or ``sliding`` (``window_type: sliding``) when some blocks are not global, else ``global``, read from the
-    preset and ``model.model_overrides``, or from a ``class_path`` network's ``init_args``."""
+    preset and ``model.model_overrides``, or from a ``class_path`` network's ``init_args``; ``timm`` for a timm model
+    (``timm:NAME``: not ours, often a CNN)."""
     model = _get(config, "model.model")
     overrides = dict(_get(config, "model.model_overrides") or {})
+    if isinstance(model, str) and model.startswith("timm:"):
+        return "timm"
     if isinstance(model, str):
         try:
             settings = {**model_config(model, **overrides)}

@@ -27,7 +27,7 @@ from ..atomic import write_bytes
 from ..explain.capture import attention_modules
 from ..explain.choice import StaleChoice, read_choice
 from ..explain.explanation import Explanation
-from ..explain.methods import DEFAULT_METHOD, get_method, require_extras
+from ..explain.methods import DEFAULT_METHOD, applicable_methods, get_method, require_extras
 from ..explain.mistakes import collect_mistakes
 from ..explain.pipeline import explain
 from ..explain.render.explorer import DEFAULT_MAX_BYTES
@@ -131,7 +131,8 @@ class ExplanationLogger(Callback):
             fixed images.
         faithfulness_steps: Fractions of patches removed / revealed per curve.
         explorer: Also write the interactive attention explorer (one self-contained HTML file per logged epoch,
-            about 60 kB per image for a 64-patch model) and log it to W&B.
+            about 60 kB per image for a 64-patch model) and log it to W&B; not for a model rollout cannot explain
+            (a distilled model: its grids then hold the maps that apply).
         explorer_max_bytes: Size limit of that file: past it, the explorer holds the first images that fit, and
             says so on the page.
         explorer_bits: Bits per attention code in that file, 2 to 8, or ``"auto"``: the finest of 6 to 3 at which
@@ -305,8 +306,9 @@ class ExplanationLogger(Callback):
             explanation.maps.pop("attribution", None)
         names = [f"validation image {i}" for i in self.indices] if self.indices else None
         explorer = dict(model=model, images=self.images, names=names, mean=self.mean, std=self.std)
+        explore = self.explorer and "rollout" in explanation.maps  # the explorer is built on the rollout
         self.sink(trainer).write(trainer, explanation, epoch=epoch, step=logged_step(trainer),
-                                 explorer=explorer if self.explorer else None)  # fmt: skip
+                                 explorer=explorer if explore else None)  # fmt: skip
         if self.mistakes and _final_validation(trainer):
             warn_on_failure("most confident mistakes", epoch, lambda: self.log_mistakes(trainer, model, epoch))
 
@@ -335,17 +337,19 @@ class ExplanationLogger(Callback):
                 data = [[wandb.Image(v) if isinstance(v, np.ndarray) else v for v in row] for row in rows]
                 logger.log_table(key=MISTAKES_TABLE_KEY, columns=columns, data=data, step=step)
 
-    def _methods(self, score: bool) -> list[str]:
-        """The maps to compute: the main one first, then rollout, then the attribution (drawn, or only scored)."""
+    def _methods(self, model: nn.Module, score: bool) -> list[str]:
+        """The maps to compute: the main one first, then rollout, then the attribution (drawn, or only scored); those
+        that cannot explain ``model`` (the attention maps of a distilled model's two heads) are left out."""
         names = [self.method, "rollout"] + (["attribution"] if self.attribution or score else [])
-        return list(dict.fromkeys(names))
+        usable = set(applicable_methods(model))
+        return [name for name in dict.fromkeys(names) if get_method(name).name in usable]
 
     def _explain(self, model: nn.Module, epoch: int, score: bool) -> Explanation:
         """:func:`~vit.explain.explain` of the fixed images; a map that fails is warned about once and left out
         from then on (the main map falls back to rollout), and the others are computed without it."""
         options = dict(mean=self.mean, std=self.std, labels=self.labels, class_names=self.class_names, block=None,
                        batch_size=len(self.images), **self.explain_kwargs)  # fmt: skip
-        methods = self._methods(score)
+        methods = self._methods(model, score)
         while True:
             try:
                 return explain(model, self.images, methods, faithfulness=score, steps=self.faithfulness_steps,
