@@ -16,13 +16,14 @@ import yaml
 from optuna.trial import TrialState
 
 from vit.errors import UsageError
+from vit.sweep import worker as sweep_worker
 from vit.sweep.halving import CONFIG_ATTR, Plan, open_sweep, promotions, rung_status
 from vit.sweep.report import Row, best_row, fit_config, table, write_best_config
 from vit.sweep.space import grid_points, sampler, suggest
 from vit.sweep.spec import parse_sweep
-from vit.sweep.storage import WORKER_ATTR, open_storage, reap_lost_trials
-from vit.sweep.trial import fit_arguments, read_outcome
-from vit.sweep.worker import cpu_share
+from vit.sweep.storage import REASON_ATTR, WORKER_ATTR, open_storage, reap_lost_trials
+from vit.sweep.trial import Outcome, fit_arguments, read_outcome
+from vit.sweep.worker import TrialFailed, TrialStopped, Worker, cpu_share
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 BASE = {"program": "scripts/fit.py", "metric": {"name": "val/acc", "goal": "maximize"},
@@ -140,6 +141,26 @@ def test_a_trial_whose_worker_died_is_failed_and_enqueued_again(tmp_path, max_re
         assert retries[0].user_attrs[CONFIG_ATTR] == lost.number
         assert retries[0].system_attrs["failed_trial"] == lost.number
     assert reap_lost_trials(study, max_retry) == []  # once only
+
+
+@pytest.mark.parametrize(("status", "name"), [(130, "SIGINT"), (143, "SIGTERM"), (-2, "SIGINT"), (-15, "SIGTERM")])
+def test_a_trial_stopped_by_a_signal_is_enqueued_again_however_small_max_retry(tmp_path, monkeypatch, status, name):
+    """130/143: ``vit fit``'s handler stopped it; -2/-15: the signal came before that handler was set. Either way it
+    stops the worker and is enqueued again, also with ``max_retry`` 0 and after an earlier interruption."""
+    plan = plan_of({"a": {"min": 0.0, "max": 1.0}}, count=1)
+    monkeypatch.setattr(sweep_worker, "run_trial", lambda *args: Outcome(None, "", "", status))
+    worker = Worker(plan, open_storage(None, tmp_path, 0), tmp_path, max_retry=0, group=None, seed=0)
+    for _ in range(2):  # the retry of the first stop is stopped too
+        study = worker.study(0)
+        with pytest.raises(TrialStopped, match=name):
+            study.optimize(lambda trial: worker.objective(trial, 0), n_trials=1, catch=(TrialFailed,))
+        worker.retry_interrupted()
+        worker.running = None
+        trials = study.get_trials(deepcopy=False)
+        stopped, (retry,) = trials[-2], study.get_trials(states=(TrialState.WAITING,))
+        assert stopped.state == TrialState.FAIL and retry.params == stopped.params
+        assert stopped.user_attrs[REASON_ATTR] == f"interrupted ({name} to the trial); enqueued again"
+    assert len(study.trials) == 3 and trials[-1].system_attrs["retry_history"] == [0, 1]
 
 
 def test_trial_arguments_are_the_sweep_command_then_budget_then_values(tmp_path):

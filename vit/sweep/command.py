@@ -36,7 +36,12 @@ def build_parser(prog: str = "vit sweep") -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="the sweep folder (default runs/sweeps/<name>)")
     parser.add_argument("--trials", type=int, help="configurations of rung 0 (default: run_cap, or the whole grid)")
     parser.add_argument("--eta", type=int, help="keep the best 1/eta of a rung (default: early_terminate's eta, or 3)")
-    parser.add_argument("--max_retry", type=int, default=2, help="runs again of a trial whose worker died (default 2)")
+    parser.add_argument(
+        "--max_retry",
+        type=int,
+        default=2,
+        help="runs again of a trial whose worker died (default 2; an interrupted one: always)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the sampler's seed (default 0)")
     parser.add_argument("--heartbeat", type=int, default=30, help="seconds between heartbeats (--storage only)")
     parser.add_argument(

@@ -73,10 +73,11 @@ class Sweeper:
                         f"{budget_text(plan.budgets)}, keep 1/{plan.eta} per rung, "
                         f"{workers} worker{'s' * (workers != 1)}"))  # fmt: skip
         self.write_plan()
-        procs = start_workers(self.folder / PLAN_FILE, workers, self.url)
+        procs: list[subprocess.Popen] = []
         signal.signal(signal.SIGTERM, take_as_ctrl_c)  # a scheduler's stop, taken as Ctrl-C
         signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
         try:
+            start_workers(self.folder / PLAN_FILE, workers, self.url, procs)
             wait_for(procs, self.progress)
         except KeyboardInterrupt:
             print(stamp("interrupted: the workers stop their trials (failed, enqueued again)"), file=sys.stderr)
@@ -185,12 +186,13 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
-def start_workers(plan_file: Path, workers: int, storage: str | None) -> list[subprocess.Popen]:
-    """Start ``workers`` processes of :mod:`vit.sweep.worker` on ``plan_file``; ``storage`` reaches them through the
-    environment."""
+def start_workers(plan_file: Path, workers: int, storage: str | None, procs: list[subprocess.Popen]) -> None:
+    """Start ``workers`` processes of :mod:`vit.sweep.worker` on ``plan_file`` into ``procs``, one by one (an
+    interrupt meanwhile stops those started); ``storage`` reaches them through the environment."""
     env = {**os.environ, STORAGE_ENV: storage or ""}
     command = [sys.executable, "-m", "vit.sweep.worker", str(plan_file)]
-    return [subprocess.Popen([*command, str(i), str(workers)], env=env) for i in range(workers)]
+    for i in range(workers):
+        procs.append(subprocess.Popen([*command, str(i), str(workers)], env=env))
 
 
 def stamp(text: str) -> str:

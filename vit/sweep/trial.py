@@ -17,6 +17,7 @@ import math
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,7 @@ def run_trial(args: Sequence[str], metric: str, result: Path, log: Path) -> Outc
         try:
             status = child.wait()
         except BaseException:
+            hold_signals()  # a second interrupt (vit sweep passes one on after 5 s) must not cut this wait short
             with contextlib.suppress(ProcessLookupError):
                 child.send_signal(signal.SIGTERM)  # its checkpoint is written, then it stops (vit's SIGTERM handler)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -84,6 +86,13 @@ def run_trial(args: Sequence[str], metric: str, result: Path, log: Path) -> Outc
             child.kill()
             raise
     return read_outcome(result, log, status)
+
+
+def hold_signals() -> None:
+    """Ignore SIGINT and SIGTERM from now on in this process (a worker that is stopping; its waits are bounded)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def read_outcome(result: Path, log: Path, status: int) -> Outcome:

@@ -37,7 +37,7 @@ from .halving import (
 )
 from .space import sampler, suggest
 from .storage import REASON_ATTR, WORKER_ATTR, open_storage, reap_lost_trials, worker_id
-from .trial import fit_arguments, run_trial
+from .trial import fit_arguments, hold_signals, run_trial
 
 STORAGE_ENV = "VIT_SWEEP_STORAGE"
 """How ``vit sweep`` hands ``--storage`` to its workers: the environment, so that a password never shows in ``ps``."""
@@ -55,8 +55,9 @@ class TrialStopped(KeyboardInterrupt):
     is failed and enqueued again, as on Ctrl-C."""
 
 
-STOPPED_BY = {128 + s: s.name for s in (signal.SIGINT, signal.SIGTERM)}
-"""The exit statuses of a ``vit fit`` stopped by a signal (its checkpoint written), and the signal's name."""
+STOPPED_BY = {status: s.name for s in (signal.SIGINT, signal.SIGTERM) for status in (128 + s, -s)}
+"""The exit statuses of a ``vit fit`` stopped by a signal, and the signal's name: 130 or 143 from its own handler (its
+checkpoint written), or killed by the signal before it set its handler."""
 
 
 def cpu_share(index: int, workers: int, cores: list[int]) -> set[int]:
@@ -145,7 +146,8 @@ class Worker:
         return outcome.value
 
     def retry_interrupted(self) -> None:
-        """Enqueue again the trial an interrupt stopped (Optuna failed it)."""
+        """Enqueue again the trial an interrupt stopped (Optuna failed it), however often it was interrupted before
+        (``max_retry`` bounds the runs again after a worker died, not after a stop the user asked for)."""
         if self.running is None:
             return
         study, number = self.running
@@ -153,7 +155,7 @@ class Worker:
         if trial.state == optuna.trial.TrialState.RUNNING:
             study.tell(number, state=optuna.trial.TrialState.FAIL)
             trial = study.get_trials(deepcopy=False)[number]
-        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=self.max_retry)(study, trial)
+        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)(study, trial)
 
 
 def take_as_ctrl_c(signum: int, frame: Any) -> None:
@@ -182,6 +184,7 @@ def main(argv: list[str]) -> int:
     try:
         worker.run()
     except KeyboardInterrupt:
+        hold_signals()  # vit sweep passes an interrupt on after 5 s: it must not cut the retry's enqueueing short
         worker.retry_interrupted()
         return EXIT_INTERRUPTED
     return 0
