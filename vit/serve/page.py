@@ -29,10 +29,11 @@ def page_html() -> str:
     from markupsafe import Markup
 
     from ..explain.render.explorer import ASSETS as EXPLORER_ASSETS
-    from ..explain.render.explorer import page_json
+    from ..explain.render.explorer import explorer_script, page_json
     from ..explain.render.explorer_codes import CODES
 
-    explorer = {kind: _read(EXPLORER_ASSETS / f"explorer.{kind}") for kind in ("html", "css", "js")}
+    explorer = {kind: _read(EXPLORER_ASSETS / f"explorer.{kind}") for kind in ("html", "css")}
+    explorer["js"] = explorer_script()
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(ASSETS), autoescape=True, undefined=jinja2.StrictUndefined
     )

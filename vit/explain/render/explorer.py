@@ -321,12 +321,19 @@ def render_explorer(payload: Mapping[str, Any], extra_html: str = "") -> str:
         "data": page_json(light),
         "first": "\n".join(heavy[:1]),
         "opening": _opening_picture(payload["images"][0]["image"]) if payload["images"] else "",
-        "js": (ASSETS / "explorer.js").read_text(encoding="utf-8"),
+        "js": explorer_script(),
         "rest": "\n".join(heavy[1:]),
     }
     template = (ASSETS / "explorer.html").read_text(encoding="utf-8")
     # One pass: a "{{data}}" inside a user's string (a name, the extra HTML) is left as it is, never filled.
     return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m[1]], template)
+
+
+def explorer_script() -> str:
+    """The explorer's script: ``assets/explorer.js`` (the data and rows) then ``assets/explorer_page.js`` (the page),
+    as the body of one function called at once, so that nothing leaks into the page's global names."""
+    body = "\n".join((ASSETS / name).read_text(encoding="utf-8") for name in ("explorer.js", "explorer_page.js"))
+    return f"(() => {{\n{body}}})();\n"
 
 
 def _opening_picture(picture: str) -> str:
