@@ -350,3 +350,7 @@ def test_a_distilled_model_gets_the_maps_that_explain_it_and_no_explorer(tmp_pat
         trainer(tmp_path, [logger]).validate(module, digits())
     assert not [w for w in record if "could not log" in str(w.message)]
     assert sorted(p.name for p in (tmp_path / "rollout").iterdir()) == ["attnlrp_epoch_000.png"]
+    rollout = AttentionRolloutLogger(num_images=2, statistics=False, mistakes=0, method="rollout")
+    with pytest.warns(UserWarning, match="the rollout maps cannot explain this model: the grids draw attnlrp"):
+        trainer(tmp_path / "r", [rollout]).validate(module, digits())
+    assert sorted(p.name for p in (tmp_path / "r" / "rollout").iterdir()) == ["attnlrp_epoch_000.png"]

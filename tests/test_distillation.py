@@ -163,6 +163,11 @@ def test_a_timm_cnn_trained_by_fit_loads_as_a_teacher(tmp_path, cpu_trainer, dig
         with pytest.raises(ConfigError, match=message) as error:
             ImageClassifier(bad, num_classes=10, model_overrides={"no_such_argument": 1})
         assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match=r"built for img_size \(224, 224\) but data.img_size is 32"):
+        ImageClassifier("timm:vit_tiny_patch16_224", num_classes=10, img_size=32)  # a timm ViT: its size is its own
+    small = ImageClassifier("timm:vit_tiny_patch16_224", num_classes=10, img_size=32,
+                            model_overrides={"img_size": 32, "patch_size": 4})  # fmt: skip
+    assert small.model.patch_embed.grid_size == (8, 8) and small.model.num_classes == 10
 
 
 def test_make_distiller_switches_a_distilled_model_to_two_outputs(trained_checkpoint):

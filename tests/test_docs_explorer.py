@@ -22,11 +22,13 @@ FIGURES = ROOT / "docs" / "figures"
 
 
 def docs_figures_module():
-    if str(ROOT / "scripts") not in sys.path:  # where the script finds lesson_figures.py when run as a script
-        sys.path.insert(0, str(ROOT / "scripts"))
     spec = importlib.util.spec_from_file_location("docs_figures", ROOT / "scripts" / "docs_figures.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(ROOT / "scripts"))  # where the script finds lesson_figures.py, as when run as a script
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
     return module
 
 

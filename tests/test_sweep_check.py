@@ -148,6 +148,15 @@ def test_whole_number_distributions_pass_on_an_integer_option(tmp_path, paramete
     check_against_config(sweep, list(sweep.fit_args))
 
 
+def test_a_timm_model_among_the_values_passes_the_check(tmp_path):
+    """``timm:NAME`` is not one of our presets, and ``vit fit`` builds it all the same."""
+    from vit.sweep.check import check_against_config
+
+    models = {"model.model": {"values": ["vit_tiny_patch4_32", "timm:resnet18"]}}
+    sweep = read_sweep(sweep_file(tmp_path / "s.yaml", models))
+    check_against_config(sweep, list(sweep.fit_args))
+
+
 def test_a_fit_logs_the_metrics_the_check_knows():
     """The names of :data:`FIT_METRICS` that the module and its metric collections make, against the collections."""
     from vit.evaluation.metrics import accuracy_metrics

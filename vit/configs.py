@@ -60,13 +60,16 @@ def _find_config(name: str) -> str:
 
 
 def cpu_config_names() -> list[str]:
-    """The configs of ``configs/`` made for a CPU (their trainer's ``accelerator`` is ``cpu``)."""
+    """The configs of ``configs/`` that train a ViT on a CPU (their trainer's ``accelerator`` is ``cpu``; a ``timm:``
+    model, such as the CNN teacher's, is not offered in place of a ViT recipe)."""
     names = []
     for path in sorted({p.name: p for d in reversed(CONFIG_DIRS) if d.is_dir() for p in d.glob("*.yaml")}.values()):
         try:
-            trainer = (yaml.safe_load(path.read_text()) or {}).get("trainer") or {}
+            config = yaml.safe_load(path.read_text()) or {}
+            trainer, model = config.get("trainer") or {}, (config.get("model") or {}).get("model")
         except (OSError, yaml.YAMLError, AttributeError):
             continue
-        if isinstance(trainer, dict) and trainer.get("accelerator") == "cpu":
+        timm = isinstance(model, str) and model.startswith("timm:")
+        if isinstance(trainer, dict) and trainer.get("accelerator") == "cpu" and not timm:
             names.append(path.stem)
     return names

@@ -59,9 +59,10 @@ class ImageClassifier(LightningModule):
         num_classes: Number of classes; the CLI links it from ``data.num_classes``. ``None`` keeps the model's.
             A network whose class count differs gets a new head (``reset_classifier``).
         img_size: Input image size; the CLI links it from ``data.img_size``. For a preset it replaces the
-            preset's ``img_size``; a network given as an object must already have this size. ``None``: the model's.
+            preset's ``img_size``; a network given as an object, or a ``timm:`` ViT, must already have this size (a
+            ``timm:`` CNN takes any). ``None``: the model's.
         model_overrides: Extra :class:`vit.VisionTransformer` arguments applied to the preset, e.g.
-            ``{drop_path_rate: 0.1, window_size: 4}``.
+            ``{drop_path_rate: 0.1, window_size: 4}``; for ``timm:NAME``, keyword arguments of its timm model.
         pretrained: Weights to start from, when fitting starts: a ``.ckpt`` or run folder of this module, a ``vit
             export`` folder, a timm ``.safetensors``/``.pth``/``.bin`` (:mod:`vit.checkpoints.pretrained`): the head
             of another class count replaced, the position grid resampled; one line says what was kept.

@@ -22,14 +22,14 @@ def build_network(
     model: str | nn.Module, num_classes: int | None, img_size: int | None, overrides: dict[str, Any]
 ) -> nn.Module:
     """The network of ``model``: a preset name with ``overrides``, ``timm:NAME`` (``overrides`` are its keyword
-    arguments; ``img_size`` is not passed, as timm's CNNs take any size), or a module (its head reset to
-    ``num_classes``).
+    arguments; ``img_size`` is not passed, as timm's CNNs take any size: a timm ViT gets its size in ``overrides``), or
+    a module (its head reset to ``num_classes``); a network with a patch embedding must be built for ``img_size``.
 
     Raises:
         ConfigError: For an unknown preset, timm model or override, or sizes that disagree.
     """
     if isinstance(model, str) and model.startswith(TIMM_PREFIX):
-        return _timm_network(model.removeprefix(TIMM_PREFIX), num_classes, overrides)
+        model, overrides = _timm_network(model.removeprefix(TIMM_PREFIX), num_classes, overrides), {}
     if isinstance(model, str):
         if num_classes is not None:
             overrides = {**overrides, "num_classes": num_classes}
@@ -45,7 +45,8 @@ def build_network(
     if img_size is not None and own_size is not None and tuple(own_size) != (img_size, img_size):
         raise ConfigError(
             f"the model was built for img_size {tuple(own_size)} but data.img_size is {img_size}; "
-            f"set the model's img_size to {img_size} (or data.img_size to match the model)"
+            f"set the model's img_size to {img_size} (model.model_overrides.img_size for a timm: model), or "
+            "data.img_size to match the model"
         )
     if num_classes is not None and getattr(model, "num_classes", None) != num_classes:
         model.reset_classifier(num_classes)
@@ -74,9 +75,9 @@ def load_network(path: str | Path) -> nn.Module:
         IncompatibleCheckpointError: If the checkpoint was not written for a ``timm:`` model.
     """
     checkpoint = read_checkpoint(path)
-    hparams = checkpoint.get("hyper_parameters") or {}
-    name = hparams.get("model")
-    if not (isinstance(name, str) and name.startswith(TIMM_PREFIX)):
+    hparams = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
+    name = hparams.get("model") if isinstance(hparams, dict) else None
+    if not (isinstance(name, str) and name.startswith(TIMM_PREFIX) and isinstance(checkpoint.get("state_dict"), dict)):
         raise IncompatibleCheckpointError(f"{path} is not a checkpoint of `vit fit` for a timm: model")
     with torch.random.fork_rng(devices=[]):  # its initialisation is overwritten: leave the caller's stream alone
         network = _timm_network(name.removeprefix(TIMM_PREFIX), hparams.get("num_classes"),

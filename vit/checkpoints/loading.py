@@ -75,8 +75,8 @@ def load_checkpoint(path: str | Path, ema: bool | None = None) -> Loaded:
     if meta is None:
         raise IncompatibleCheckpointError(
             f"{path} does not describe its model (no '{METADATA_KEY}' entry: it was not written by `vit fit` for a "
-            "vit.VisionTransformer); load it with vit.ImageClassifier.load_from_checkpoint, or pass its weights "
-            "with --model PRESET where a command offers it"
+            "vit.VisionTransformer); load it with vit.ImageClassifier.load_from_checkpoint (a timm: model's run also "
+            "serves as model.teacher), or pass its weights with --model PRESET where a command offers it"
         )
     model = build(meta)
     missing, unexpected = model.load_state_dict(module_weights(state, use_ema), strict=False)

@@ -139,8 +139,8 @@ def check_models(sweep: Sweep) -> None:
         if p.name != MODEL_KEY:
             continue
         for value in p.values:
-            if not isinstance(value, str):
-                continue  # a class_path mapping: the parser's to check
+            if not isinstance(value, str) or value.startswith("timm:"):
+                continue  # a class_path mapping: the parser's to check; a timm model: built when a trial starts
             try:
                 model_config(value)
             except ValueError:
@@ -206,8 +206,9 @@ def _own_value(config: Any, name: str, sweep: Sweep) -> Any:
         return value.as_dict() if isinstance(value, Namespace) else value
     leaf = name.removeprefix(OVERRIDES_KEY)
     preset, overrides = config.get("fit.model.model"), config.get("fit.model.model_overrides") or {}
-    own = model_config(preset, **overrides) if isinstance(preset, str) else overrides
-    defaults = inspect.signature(VisionTransformer).parameters
+    ours = isinstance(preset, str) and not preset.startswith("timm:")  # a timm model: its overrides alone are known
+    own = model_config(preset, **overrides) if ours else overrides
+    defaults = inspect.signature(VisionTransformer).parameters if ours or not isinstance(preset, str) else {}
     if name.startswith(OVERRIDES_KEY) and (leaf in own or leaf in defaults):
         return own[leaf] if leaf in own else defaults[leaf].default
     raise UsageError(f"{sweep.source}: parameters.{name}: the command's config has no value of it for --baseline")

@@ -25,6 +25,7 @@ from .report import best_row, rows, summary, table, write_best_config, write_fig
 from .space import sampler
 from .spec import Sweep
 from .storage import describe, open_storage, reap_lost_trials
+from .trial import hold_signals
 from .wandb_run import log_sweep, wandb_project
 from .worker import EXIT_INTERRUPTED, STORAGE_ENV, take_as_ctrl_c
 
@@ -80,6 +81,7 @@ class Sweeper:
             start_workers(self.folder / PLAN_FILE, workers, self.url, procs)
             wait_for(procs, self.progress)
         except KeyboardInterrupt:
+            hold_signals()  # a second Ctrl-C must not cut the workers' stop short (its waits are bounded)
             print(stamp("interrupted: the workers stop their trials (failed, enqueued again)"), file=sys.stderr)
             _stop(procs)
             return self.interrupted()

@@ -6,7 +6,7 @@ whose worker died), claim a waiting trial or draw a new configuration, run it as
 value or its one-line reason; when the rung is finished, create the next from its survivors
 (:mod:`vit.sweep.halving`); when nothing is left to claim, wait for the other workers' trials. Ctrl-C (or SIGTERM)
 stops the running trial, which is failed and enqueued again, so that ``vit sweep FILE`` resumes it; so does a trial
-that a signal stopped on its own (exit status 130 or 143).
+that a signal stopped on its own (exit status 130 or 143 from ``vit fit``'s handler, -2 or -15 before it was set).
 """
 
 from __future__ import annotations
@@ -155,7 +155,11 @@ class Worker:
         if trial.state == optuna.trial.TrialState.RUNNING:
             study.tell(number, state=optuna.trial.TrialState.FAIL)
             trial = study.get_trials(deepcopy=False)[number]
-        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)(study, trial)
+        # Optuna's retry callback, less its count: retry_history (what --max_retry bounds) holds worker deaths only
+        system_attrs = {"failed_trial": trial.number, "retry_history": [], **trial.system_attrs}
+        study.add_trial(optuna.create_trial(state=optuna.trial.TrialState.WAITING, params=trial.params,
+                                            distributions=trial.distributions, user_attrs=trial.user_attrs,
+                                            system_attrs=system_attrs))  # fmt: skip
 
 
 def take_as_ctrl_c(signum: int, frame: Any) -> None:
