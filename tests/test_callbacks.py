@@ -342,7 +342,8 @@ def test_main_map_is_any_method_checked_before_training(tmp_path, monkeypatch, t
 
 def test_a_distilled_model_gets_the_maps_that_explain_it_and_no_explorer(tmp_path, tiny_module, trainer, digits):
     """Rollout and attention attribution refuse a distilled model (two heads): the grids hold AttnLRP's maps, the
-    explorer (built on the rollout) is not written, and nothing is warned about."""
+    explorer (built on the rollout) is not written, and nothing is warned about; rollout named as the main map is
+    refused before anything runs."""
     logger = AttentionRolloutLogger(num_images=2, statistics=False, attribution=True, mistakes=0)
     module = tiny_module(model_overrides={"distilled": True})
     with warnings.catch_warnings(record=True) as record:
@@ -351,6 +352,5 @@ def test_a_distilled_model_gets_the_maps_that_explain_it_and_no_explorer(tmp_pat
     assert not [w for w in record if "could not log" in str(w.message)]
     assert sorted(p.name for p in (tmp_path / "rollout").iterdir()) == ["attnlrp_epoch_000.png"]
     rollout = AttentionRolloutLogger(num_images=2, statistics=False, mistakes=0, method="rollout")
-    with pytest.warns(UserWarning, match="the rollout maps cannot explain this model: the grids draw attnlrp"):
+    with pytest.raises(ValueError, match="method 'rollout' does not apply to this model"):  # named: refused at once
         trainer(tmp_path / "r", [rollout]).validate(module, digits())
-    assert sorted(p.name for p in (tmp_path / "r" / "rollout").iterdir()) == ["attnlrp_epoch_000.png"]

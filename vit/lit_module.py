@@ -198,8 +198,8 @@ class ImageClassifier(LightningModule):
             self.single_view_acc = MulticlassAccuracy(self.num_classes, average="micro")
         # An input for Lightning's model summary, so it shows input/output sizes and real FLOPs instead of
         # "0 Total Flops" (not with compile: a batch of 1 would be compiled for nothing).
-        patch_embed = getattr(self.model, "patch_embed", None)
-        if patch_embed is not None and not compile:
+        if isinstance(self.model, VisionTransformer) and not compile:  # (timm's own patch embedding has no in_chans)
+            patch_embed = self.model.patch_embed
             self.example_input_array = torch.zeros(1, patch_embed.in_chans, *patch_embed.img_size)
 
     @property

@@ -339,14 +339,10 @@ class ExplanationLogger(Callback):
 
     def _methods(self, model: nn.Module, score: bool) -> list[str]:
         """The maps to compute: the main one first, then rollout, then the attribution (drawn, or only scored); those
-        that cannot explain ``model`` (the attention maps of a distilled model's two heads) are left out, and a main
-        map among them is replaced by the default one, with a warning once."""
-        usable = applicable_methods(model)
-        if get_method(self.method).name not in usable and usable:
-            fallback = DEFAULT_METHOD if DEFAULT_METHOD in usable else usable[0]
-            rank_zero_warn(f"the {self.method} maps cannot explain this model: the grids draw {fallback} instead")
-            self.method = fallback
+        that cannot explain ``model`` (the attention maps of a distilled model's two heads) are left out; the main map
+        was checked against the model in :meth:`setup`."""
         names = [self.method, "rollout"] + (["attribution"] if self.attribution or score else [])
+        usable = set(applicable_methods(model))
         return [name for name in dict.fromkeys(names) if get_method(name).name in usable]
 
     def _explain(self, model: nn.Module, epoch: int, score: bool) -> Explanation:
