@@ -62,6 +62,8 @@ def _find_config(name: str) -> str:
 def cpu_config_names() -> list[str]:
     """The configs of ``configs/`` that train a ViT on a CPU (their trainer's ``accelerator`` is ``cpu``; a ``timm:``
     model, such as the CNN teacher's, is not offered in place of a ViT recipe)."""
+    from .network import timm_name  # here: resolving a config name loads no torch
+
     names = []
     for path in sorted({p.name: p for d in reversed(CONFIG_DIRS) if d.is_dir() for p in d.glob("*.yaml")}.values()):
         try:
@@ -69,7 +71,6 @@ def cpu_config_names() -> list[str]:
             trainer, model = config.get("trainer") or {}, (config.get("model") or {}).get("model")
         except (OSError, yaml.YAMLError, AttributeError):
             continue
-        timm = isinstance(model, str) and model.startswith("timm:")
-        if isinstance(trainer, dict) and trainer.get("accelerator") == "cpu" and not timm:
+        if isinstance(trainer, dict) and trainer.get("accelerator") == "cpu" and timm_name(model) is None:
             names.append(path.stem)
     return names

@@ -18,6 +18,11 @@ TIMM_PREFIX = "timm:"
 """``model.model`` names starting so are built by ``timm.create_model`` (untrained), not from our presets."""
 
 
+def timm_name(model: Any) -> str | None:
+    """``NAME`` of a ``timm:NAME`` model name, else ``None`` (a preset, a ``class_path`` network, a module)."""
+    return model.removeprefix(TIMM_PREFIX) if isinstance(model, str) and model.startswith(TIMM_PREFIX) else None
+
+
 def build_network(
     model: str | nn.Module, num_classes: int | None, img_size: int | None, overrides: dict[str, Any]
 ) -> nn.Module:
@@ -28,8 +33,8 @@ def build_network(
     Raises:
         ConfigError: For an unknown preset, timm model or override, or sizes that disagree.
     """
-    if isinstance(model, str) and model.startswith(TIMM_PREFIX):
-        model, overrides = _timm_network(model.removeprefix(TIMM_PREFIX), num_classes, overrides), {}
+    if (name := timm_name(model)) is not None:
+        model, overrides = _timm_network(name, num_classes, overrides), {}
     if isinstance(model, str):
         if num_classes is not None:
             overrides = {**overrides, "num_classes": num_classes}
@@ -76,12 +81,11 @@ def load_network(path: str | Path) -> nn.Module:
     """
     checkpoint = read_checkpoint(path)
     hparams = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
-    name = hparams.get("model") if isinstance(hparams, dict) else None
-    if not (isinstance(name, str) and name.startswith(TIMM_PREFIX) and isinstance(checkpoint.get("state_dict"), dict)):
+    name = timm_name(hparams.get("model")) if isinstance(hparams, dict) else None
+    if name is None or not isinstance(checkpoint.get("state_dict"), dict):
         raise IncompatibleCheckpointError(f"{path} is not a checkpoint of `vit fit` for a timm: model")
     with torch.random.fork_rng(devices=[]):  # its initialisation is overwritten: leave the caller's stream alone
-        network = _timm_network(name.removeprefix(TIMM_PREFIX), hparams.get("num_classes"),
-                                dict(hparams.get("model_overrides") or {}))  # fmt: skip
+        network = _timm_network(name, hparams.get("num_classes"), dict(hparams.get("model_overrides") or {}))
     state = checkpoint["state_dict"]
     network.load_state_dict(module_weights(state, has_ema(state)))
     return network.eval()

@@ -35,6 +35,7 @@ from .checkpoints.naming import SHORT_NAMES, find_checkpoint, run_folder_of
 from .errors import MissingCheckpointError
 from .models import model_config
 from .models.vision_transformer import AttentionKind, block_attention_kinds
+from .network import timm_name
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -79,7 +80,7 @@ def model_name(config: Namespace | Mapping[str, Any]) -> str:
     by ``class_path``."""
     model = _get(config, "model.model")
     if isinstance(model, str):
-        return model.removeprefix("timm:")
+        return timm_name(model) or model
     class_path = _get(model, "class_path")
     return str(class_path).rsplit(".", 1)[-1] if class_path else "model"
 
@@ -91,7 +92,7 @@ def attention_kind(config: Namespace | Mapping[str, Any]) -> AttentionKind | Lit
     (``timm:NAME``: not ours, often a CNN)."""
     model = _get(config, "model.model")
     overrides = dict(_get(config, "model.model_overrides") or {})
-    if isinstance(model, str) and model.startswith("timm:"):
+    if timm_name(model) is not None:
         return "timm"
     if isinstance(model, str):
         try:

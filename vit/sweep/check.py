@@ -134,12 +134,13 @@ def check_models(sweep: Sweep) -> None:
     """Refuse a model name among the values of ``model.model`` that :func:`vit.models.model_config` (what ``vit fit``
     builds the model with) does not know, with the closest preset."""
     from vit.models import list_models, model_config
+    from vit.network import timm_name
 
     for p in sweep.parameters:
         if p.name != MODEL_KEY:
             continue
         for value in p.values:
-            if not isinstance(value, str) or value.startswith("timm:"):
+            if not isinstance(value, str) or timm_name(value) is not None:
                 continue  # a class_path mapping: the parser's to check; a timm model: built when a trial starts
             try:
                 model_config(value)
@@ -200,13 +201,14 @@ def _own_value(config: Any, name: str, sweep: Sweep) -> Any:
     from jsonargparse import Namespace
 
     from vit.models import VisionTransformer, model_config
+    from vit.network import timm_name
 
     if f"fit.{name}" in config:
         value = config[f"fit.{name}"]
         return value.as_dict() if isinstance(value, Namespace) else value
     leaf = name.removeprefix(OVERRIDES_KEY)
     preset, overrides = config.get("fit.model.model"), config.get("fit.model.model_overrides") or {}
-    ours = isinstance(preset, str) and not preset.startswith("timm:")  # a timm model: its overrides alone are known
+    ours = isinstance(preset, str) and timm_name(preset) is None  # a timm model: its overrides alone are known
     own = model_config(preset, **overrides) if ours else overrides
     defaults = inspect.signature(VisionTransformer).parameters if ours or not isinstance(preset, str) else {}
     if name.startswith(OVERRIDES_KEY) and (leaf in own or leaf in defaults):
