@@ -252,6 +252,9 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument("--serve_batch_size", type=int, default=8, help="the server's --max_batch_size (default: 8)")
     serve.add_argument("--serve_queue", type=int, default=64, help="the server's --max_queue (default: 64)")
+    serve.add_argument(
+        "--serve_batch_timeout", type=float, default=0.0, help="the server's --batch_timeout (default: 0)"
+    )
     serve.add_argument("--serve_seconds", type=float, default=20.0, help="seconds of each load run (default: 20)")
     serve.add_argument(
         "--serve_loads", nargs="+", type=float, default=[0.25, 0.5, 0.75, 1.0, 1.5, 2.0],
@@ -272,7 +275,8 @@ def _serve_settings(args: argparse.Namespace) -> dict[str, Any]:
     short = args.serve_short
     return {
         "model": args.serve_model, "threads": args.threads, "max_batch_size": args.serve_batch_size,
-        "max_queue": args.serve_queue, "seconds": 3.0 if short else args.serve_seconds,
+        "max_queue": args.serve_queue, "batch_timeout": args.serve_batch_timeout,
+        "seconds": 3.0 if short else args.serve_seconds,
         "fractions": [0.5, 2.0] if short else args.serve_loads,
         "backends": ["torch"] if short else args.serve_backends, "soak_s": args.serve_soak_s,
         "figure": args.serve_figure,

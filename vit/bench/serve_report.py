@@ -39,19 +39,26 @@ def plot_load(entry: dict[str, Any], path: str | Path) -> None:
     thr.set(xlabel="offered load (requests/s)", ylabel="images/s", title="Throughput", ylim=(0, 1.6 * top))
     thr.legend(fontsize=8)
     fig.suptitle(
-        f"vit serve {Path(entry['model']).name}: batches of {entry['max_batch_size']}, queue {entry['max_queue']}, "
-        f"threads {entry['threads'] or 'default'}, load average {entry['load_before'][0]:.1f} before"
+        f"vit serve {Path(entry['model']).name}: batches of {entry['max_batch_size']}{batch_wait(entry)}, "
+        f"queue {entry['max_queue']}, threads {entry['threads'] or 'default'}, "
+        f"load average {entry['load_before'][0]:.1f} before"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def batch_wait(entry: dict[str, Any]) -> str:
+    """How long the server's batches waited to fill, as the titles say it (nothing where the report does not say)."""
+    timeout = entry.get("batch_timeout")
+    return "" if timeout is None else f" (waiting {1000 * timeout:g} ms to fill)" if timeout > 0 else " (no wait)"
+
+
 def print_loads(entry: dict[str, Any]) -> None:
     """The load sweep as a table."""
     rows = [{**s, "200": s["status"].get("200", 0), "503": s["status"].get("503", 0)} for s in entry["loads"]]
     print_table(
-        f"vit serve under load ({Path(entry['model']).name}, batches of {entry['max_batch_size']}, "
+        f"vit serve under load ({Path(entry['model']).name}, batches of {entry['max_batch_size']}{batch_wait(entry)}, "
         f"queue {entry['max_queue']}; offline limit {entry['offline']['images_per_s']:.1f} img/s)",
         rows,
         [("fraction", "x saturation", "g"), ("offered_rps", "offered req/s", ".1f"),

@@ -268,9 +268,12 @@ def onnx_folder(model: str | Path, folder: Path) -> Path:
     return out
 
 
-def server_options(*, backend: str, threads: int | None, max_batch_size: int, max_queue: int) -> list[str]:
+def server_options(
+    *, backend: str, threads: int | None, max_batch_size: int, max_queue: int, batch_timeout: float | None = None
+) -> list[str]:
     """``vit serve``'s options of the suite's server: one worker with the suite's threads."""
     options = ["--backend", backend, "--max_batch_size", str(max_batch_size), "--max_queue", str(max_queue)]
+    options += ["--batch_timeout", f"{batch_timeout:g}"] if batch_timeout is not None else []
     return options + (["--threads", str(threads)] if threads else [])
 
 
@@ -370,6 +373,7 @@ def run_serve_suite(
     threads: int | None = None,
     max_batch_size: int = 8,
     max_queue: int = 64,
+    batch_timeout: float = 0.0,
     seconds: float = 20.0,
     fractions: Sequence[float] = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0),
     backends: Sequence[str] = ("torch", "onnx"),
@@ -388,6 +392,7 @@ def run_serve_suite(
         threads: Threads of the server's worker and of the offline measurement (``None``: the server's default).
         max_batch_size: The server's ``--max_batch_size`` (and the offline batch).
         max_queue: The server's ``--max_queue``.
+        batch_timeout: The server's ``--batch_timeout`` (0: no wait, its default).
         seconds: Length of each locust run (saturation and every offered load).
         fractions: Offered loads as fractions of the saturation rate.
         backends: Compared at batch 1 (``()``: no comparison).
@@ -399,7 +404,8 @@ def run_serve_suite(
     preset = check_model(model)
     figure = figure or (str(Path(json_path).with_suffix(".png")) if json_path else "serve_load.png")
     entry: dict[str, Any] = {"model": str(model), "threads": threads, "max_batch_size": max_batch_size,
-                             "max_queue": max_queue, "seconds": seconds, "load_before": os.getloadavg()}  # fmt: skip
+                             "batch_timeout": batch_timeout, "max_queue": max_queue, "seconds": seconds,
+                             "load_before": os.getloadavg()}  # fmt: skip
     report["serve"] = entry
     with tempfile.TemporaryDirectory(prefix="vit-bench-serve-") as tmp:
         folder = Path(tmp)
@@ -411,7 +417,8 @@ def run_serve_suite(
         entry["offline"] = offline_rate(served, image, batch=max_batch_size, seconds=min(10.0, seconds))
         del served
         log(f"serve: offline batched forward {entry['offline']['images_per_s']:.1f} img/s")
-        options = server_options(backend="torch", threads=threads, max_batch_size=max_batch_size, max_queue=max_queue)
+        options = server_options(backend="torch", threads=threads, max_batch_size=max_batch_size, max_queue=max_queue,
+                                 batch_timeout=batch_timeout)  # fmt: skip
         with serving(model, folder, options=options) as server:
             entry["unloaded_ms"] = unloaded_requests(server.url, image, 20)[0]
             entry["unloaded_p50_ms"] = float(np.median(entry["unloaded_ms"]))

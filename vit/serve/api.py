@@ -1,7 +1,8 @@
 """The worker side of ``vit serve``: :class:`VitAPI`, the LitServe API that runs a :class:`~vit.serve.model.ServeModel`.
 
 The HTTP side (:mod:`vit.serve.server`) parses each request into a plain payload and LitServe carries it to a worker
-process, batching the payloads of concurrent requests (``max_batch_size``, ``batch_timeout``). A payload is one of
+process, batching the payloads of concurrent requests (``max_batch_size``, ``batch_timeout``; with ``batch_timeout``
+0, :class:`GreedyBatchedLoop`: what is queued when the model is free, without waiting). A payload is one of
 
 - ``{"kind": "predict", "images": [bytes, ...], "top_k": int, "explain": str | None, "explorer": bool}``;
 - ``{"kind": "tensor", "inputs": float32 (N, C, H, W)}`` or ``{"kind": "tensor", "images": [bytes, ...]}`` (V2);
@@ -22,8 +23,40 @@ import time
 from typing import Any
 
 import litserve as ls
+from litserve.loops.base import collate_requests
+from litserve.loops.simple_loops import BatchedLoop
 
 from .errors import RequestError
+
+IDLE_WAIT_S = 1.0
+"""Seconds an idle worker blocks for a request before it looks again (LitServe's own loops block as long)."""
+
+
+class GreedyBatchedLoop(BatchedLoop):
+    """LitServe's batched loop, except at ``batch_timeout`` 0: there LitServe polls an empty queue without pause (a
+    core spent while idle); this loop blocks until a request comes, then adds those already queued, up to
+    ``max_batch_size``, without waiting for more. So a lone request never waits for a batch to fill, and requests that
+    arrive during a forward pass make the next batch. A positive ``batch_timeout`` is LitServe's loop unchanged."""
+
+    def get_batch_requests(self, lit_api: ls.LitAPI, request_queue: Any, transport: Any) -> tuple[list, list]:
+        if lit_api.batch_timeout > 0:
+            return super().get_batch_requests(lit_api, request_queue, transport)
+        return collate_requests(self, lit_api, _FirstBlocks(request_queue), transport)
+
+
+class _FirstBlocks:
+    """A view of the request queue whose first ``get_nowait`` blocks (up to :data:`IDLE_WAIT_S`, then ``Empty``: an
+    empty batch, and the loop asks again), so that LitServe's own collation (its stop signal, its timeouts) takes a
+    batch of what is queued once one request is there."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue, self.first = queue, True
+
+    def get_nowait(self) -> Any:
+        if self.first:
+            self.first = False
+            return self.queue.get(timeout=IDLE_WAIT_S)
+        return self.queue.get_nowait()
 
 
 class VitAPI(ls.LitAPI):
@@ -36,7 +69,7 @@ class VitAPI(ls.LitAPI):
         max_image_pixels: The pixel limit of the images.
         model_class: The predictor class (:class:`~vit.serve.model.ServeModel` or a subclass); ``None``: that one.
         max_batch_size: Requests batched into one call at most.
-        batch_timeout: Seconds a batch waits to fill.
+        batch_timeout: Seconds a batch waits to fill; 0: none (:class:`GreedyBatchedLoop`).
     """
 
     def __init__(
@@ -47,9 +80,10 @@ class VitAPI(ls.LitAPI):
         max_image_pixels: int | None = None,
         model_class: type | None = None,
         max_batch_size: int = 8,
-        batch_timeout: float = 0.01,
+        batch_timeout: float = 0.0,
     ) -> None:
-        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path="/predict")
+        loop = GreedyBatchedLoop() if max_batch_size > 1 else "auto"
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path="/predict", loop=loop)
         self.source, self.backend, self.threads = source, backend, threads
         self.max_image_pixels = max_image_pixels
         self.model_class = model_class
@@ -173,4 +207,4 @@ class VitAPI(ls.LitAPI):
         return answer
 
 
-__all__ = ["VitAPI"]
+__all__ = ["GreedyBatchedLoop", "VitAPI"]

@@ -41,7 +41,8 @@ def build_parser(prog: str = "vit serve") -> argparse.ArgumentParser:
     parser.add_argument("--backend", choices=BACKENDS, default="torch", help="torch, or onnx: the model.onnx of a "
                         "`vit export --onnx` folder on ONNX Runtime (default: torch)")  # fmt: skip
     parser.add_argument("--max_batch_size", type=int, default=8, help="requests batched into one pass (default: 8)")
-    parser.add_argument("--batch_timeout", type=float, default=0.01, help="seconds a batch waits to fill (0.01)")
+    parser.add_argument("--batch_timeout", type=float, default=0.0, help="seconds a batch waits to fill (default "
+                        "0: none; a batch is what queued while the model was busy)")  # fmt: skip
     parser.add_argument("--workers", type=int, default=1, help="model worker processes per device (default: 1)")
     parser.add_argument("--threads", type=int, default=None, help="threads per worker (default: the cores "
                         "not busy with other processes, divided among the workers)")  # fmt: skip

@@ -55,7 +55,7 @@ class Classifier:
         backend: str = "torch",
         threads: int | None = None,
         max_batch_size: int = 8,
-        batch_timeout: float = 0.01,
+        batch_timeout: float = 0.0,
         max_image_pixels: int | None = None,
     ) -> None:
         from vit.data.datasets import MAX_IMAGE_PIXELS

@@ -41,7 +41,7 @@ def build_server(
     *,
     backend: str = "torch",
     max_batch_size: int = 8,
-    batch_timeout: float = 0.01,
+    batch_timeout: float = 0.0,
     workers: int = 1,
     threads: int | None = None,
     max_queue: int = 64,
@@ -58,7 +58,7 @@ def build_server(
         model_source: A ``.ckpt`` or export folder (resolved: :mod:`vit.serve.command` resolves ``last`` / ``best``).
         backend: ``"torch"`` or ``"onnx"`` (``model.onnx`` of an export folder).
         max_batch_size: Requests batched into one forward pass at most.
-        batch_timeout: Seconds a batch waits to fill.
+        batch_timeout: Seconds a batch waits to fill; 0: none (what queued while the model was busy).
         workers: Worker processes per device, each with the model.
         threads: Intra-op threads per worker; ``None``: :func:`worker_threads`.
         max_queue: Inference requests in flight at most; the next gets 503 at once.
