@@ -99,9 +99,11 @@ def test_short_suite_writes_report_and_figure(load_tools, trained_checkpoint, tm
 
     out = tmp_path / "serve.json"
     argv = ["--suite", "serve", "--serve_model", str(trained_checkpoint), "--serve_short", "--threads", "1",
-            "--serve_batch_size", "2", "--serve_queue", "4", "--json", str(out)]  # fmt: skip
+            "--serve_batch_size", "2", "--serve_queue", "4", "--serve_batch_timeout", "0.005",
+            "--json", str(out)]  # fmt: skip
     main(argv)
     entry = json.loads(out.read_text())["serve"]
+    assert (entry["max_batch_size"], entry["max_queue"], entry["batch_timeout"]) == (2, 4, 0.005)
     assert entry["offline"]["images_per_s"] > 0 and entry["saturation"]["status"]["200"] > 0
     assert [s["fraction"] for s in entry["loads"]] == [0.5, 2.0]
     assert all(s["lost"] == 0 for s in entry["loads"])
