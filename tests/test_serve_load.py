@@ -194,6 +194,20 @@ def test_serve_checks_flip_at_the_goals(change, fails):
         assert len(missed) == 1 and fails in missed[0], missed
 
 
+def test_the_suites_server_gets_the_batch_wait_and_the_titles_name_it():
+    from vit.bench.serve_report import batch_wait
+    from vit.bench.serve_suite import server_options
+    from vit.serve.command import build_parser
+
+    options = server_options(backend="torch", threads=1, max_batch_size=2, max_queue=4, batch_timeout=0.005)
+    served = build_parser().parse_args(["model.ckpt", *options])  # what vit serve makes of them
+    assert (served.max_batch_size, served.max_queue, served.batch_timeout, served.threads) == (2, 4, 0.005, 1)
+    assert build_parser().parse_args(["model.ckpt"]).batch_timeout == 0  # the suite's default is the server's
+    assert "--batch_timeout" not in server_options(backend="torch", threads=None, max_batch_size=1, max_queue=8)
+    assert [batch_wait({"batch_timeout": t}) for t in (0.0, 0.01)] == [" (no wait)", " (waiting 10 ms to fill)"]
+    assert batch_wait({}) == ""  # a report from before the option: nothing claimed
+
+
 def test_serve_checks_report_the_numbers_and_leave_out_what_did_not_run():
     """The soak is checked only when one ran, ONNX only when both backends were asked for; the lines carry the
     ratios (0.90x the offline rate, 2.00x offline forward and 1.97x served for ONNX, 1.50 ms of the server's own)."""

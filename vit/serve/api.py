@@ -58,6 +58,9 @@ class _FirstBlocks:
             return self.queue.get(timeout=IDLE_WAIT_S)
         return self.queue.get_nowait()
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.queue, name)  # anything else a later LitServe asks of its queue
+
 
 class VitAPI(ls.LitAPI):
     """The LitServe API of one model.

@@ -78,7 +78,7 @@ class Classifier:
         except RequestError as err:
             return err.payload()
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.0)  # both set per deployment in __init__
     async def classify(self, items: list[tuple[Any, int, str | None, bool]]) -> list[dict[str, Any]]:
         """One :meth:`ServeModel.predict` per distinct ``(top_k, explain, explorer)`` of the batch, in call order."""
         groups: dict[tuple[int, str | None, bool], list[int]] = defaultdict(list)
