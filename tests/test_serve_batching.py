@@ -34,11 +34,7 @@ class RecordingQueue(queue.Queue):
 
     def get(self, block: bool = True, timeout: float | None = None):
         self.calls.append("wait" if block else "now")
-        return super().get(block, timeout)
-
-    def get_nowait(self):
-        self.calls.append("now")
-        return super().get(False)
+        return super().get(block, timeout)  # get_nowait comes here too, with block=False
 
 
 class Transport:

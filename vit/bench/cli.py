@@ -252,9 +252,7 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument("--serve_batch_size", type=int, default=8, help="the server's --max_batch_size (default: 8)")
     serve.add_argument("--serve_queue", type=int, default=64, help="the server's --max_queue (default: 64)")
-    serve.add_argument(
-        "--serve_batch_timeout", type=float, default=0.0, help="the server's --batch_timeout (default: 0)"
-    )
+    serve.add_argument("--serve_batch_timeout", type=float, help="the server's --batch_timeout (default: its own, 0)")
     serve.add_argument("--serve_seconds", type=float, default=20.0, help="seconds of each load run (default: 20)")
     serve.add_argument(
         "--serve_loads", nargs="+", type=float, default=[0.25, 0.5, 0.75, 1.0, 1.5, 2.0],

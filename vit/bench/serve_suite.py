@@ -373,7 +373,7 @@ def run_serve_suite(
     threads: int | None = None,
     max_batch_size: int = 8,
     max_queue: int = 64,
-    batch_timeout: float = 0.0,
+    batch_timeout: float | None = None,
     seconds: float = 20.0,
     fractions: Sequence[float] = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0),
     backends: Sequence[str] = ("torch", "onnx"),
@@ -392,7 +392,7 @@ def run_serve_suite(
         threads: Threads of the server's worker and of the offline measurement (``None``: the server's default).
         max_batch_size: The server's ``--max_batch_size`` (and the offline batch).
         max_queue: The server's ``--max_queue``.
-        batch_timeout: The server's ``--batch_timeout`` (0: no wait, its default).
+        batch_timeout: The server's ``--batch_timeout``; ``None``: its default (recorded as such).
         seconds: Length of each locust run (saturation and every offered load).
         fractions: Offered loads as fractions of the saturation rate.
         backends: Compared at batch 1 (``()``: no comparison).
@@ -402,6 +402,10 @@ def run_serve_suite(
         json_path: Where the report is written.
     """
     preset = check_model(model)
+    if batch_timeout is None:
+        from vit.serve.command import build_parser
+
+        batch_timeout = build_parser().get_default("batch_timeout")
     figure = figure or (str(Path(json_path).with_suffix(".png")) if json_path else "serve_load.png")
     entry: dict[str, Any] = {"model": str(model), "threads": threads, "max_batch_size": max_batch_size,
                              "batch_timeout": batch_timeout, "max_queue": max_queue, "seconds": seconds,
