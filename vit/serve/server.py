@@ -166,8 +166,8 @@ class Endpoints:
 
     def restarting(self, worker_id: int | None) -> bool:
         """Whether the worker ``worker_id`` is not ready: it died and LitServe's monitor is starting it again (its
-        requests would otherwise wait for ``--timeout``). LitServe's batched loop does not say which worker took a
-        request (``None``): then whether any worker is not ready, as the request may have been the dead one's."""
+        requests would otherwise wait for ``--timeout``). A request no worker has taken yet (``None``: the workers
+        announce each request they take, LitServe's ``START``): whether any worker is not ready."""
         states = dict(getattr(self.server, "workers_setup_status", None) or {})
         suffix = "" if worker_id is None else f"_{worker_id}"
         return any(key.endswith(suffix) and state != "ready" for key, state in states.items())
