@@ -38,7 +38,7 @@ from .evaluation.metrics import accuracy_metrics
 from .models import VisionTransformer
 from .network import build_network
 from .normalize import check_normalized as _check_images
-from .optim import fused_adamw, param_groups
+from .optim import OptimizerName, fused_adamw, make_optimizer, param_groups
 from .schedule import TimePlan, warmup_cosine
 from .tta import TestTimeAugment, averaged_logits
 
@@ -72,6 +72,8 @@ class ImageClassifier(LightningModule):
             so adding GPUs keeps the recipe (Goyal et al., 2017). ``None`` uses ``lr`` as given.
         weight_decay: AdamW weight decay of the weight matrices; biases, norms, position embeddings and prefix
             tokens get none.
+        optimizer: ``"adamw"``, or ``"muon"``: Muon for the blocks' weight matrices at the same learning rate and
+            weight decay (its step scaled to AdamW's RMS), AdamW for the rest (:class:`vit.optim.MuonWithAdamW`).
         betas: AdamW betas.
         eps: AdamW epsilon.
         warmup_epochs: Linear warm-up length in epochs (may be fractional); ignored when ``warmup_steps > 0``.
@@ -124,6 +126,7 @@ class ImageClassifier(LightningModule):
         lr: float = 1e-3,
         lr_base_batch_size: int | None = None,
         weight_decay: float = 0.05,
+        optimizer: OptimizerName = "adamw",
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         warmup_epochs: float = 0.0,
@@ -407,10 +410,13 @@ class ImageClassifier(LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         lr = self.peak_lr()
-        optimizer = torch.optim.AdamW(
-            self.param_groups(lr),
-            lr=lr,
-            betas=tuple(hp.betas),
+        optimizer = make_optimizer(
+            self.model,
+            hp.optimizer,
+            lr,
+            weight_decay=hp.weight_decay,
+            layer_decay=hp.layer_decay,
+            betas=hp.betas,
             eps=hp.eps,
             fused=fused_adamw(self.device, self._trainer),
         )

@@ -1,20 +1,26 @@
-"""The optimiser's side of training: AdamW parameter groups (weight decay, layer-wise learning-rate decay) and when
-its fused CUDA kernel may run.
+"""The optimiser's side of training: AdamW parameter groups (weight decay, layer-wise learning-rate decay), when
+its fused CUDA kernel may run, and Muon for the blocks' weight matrices.
 
 The groups come from timm (``param_groups_weight_decay``, ``param_groups_layer_decay``, as its training script uses
-them); :class:`~vit.ImageClassifier` builds ``torch.optim.AdamW`` over them, and the learning-rate schedule is
-:mod:`vit.schedule`'s.
+them); :class:`~vit.ImageClassifier` builds ``torch.optim.AdamW`` over them (or :class:`MuonWithAdamW`), and the
+learning-rate schedule is :mod:`vit.schedule`'s.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.precision import MixedPrecision
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from torch import nn
+
+from .errors import ConfigError
+
+OptimizerName = Literal["adamw", "muon"]
+"""``model.optimizer``: AdamW for every parameter, or Muon for the blocks' weight matrices and AdamW for the rest."""
 
 
 def param_groups(
@@ -48,3 +54,98 @@ def fused_adamw(device: torch.device, trainer: Trainer | None) -> bool:
         return False
     clips = trainer is not None and bool(trainer.gradient_clip_val)
     return not (clips and isinstance(trainer.precision_plugin, MixedPrecision))
+
+
+def is_muon_matrix(name: str, param: nn.Parameter) -> bool:
+    """Whether Muon updates ``param``: a 2-D weight inside a transformer block (the attention's ``qkv`` and ``proj``,
+    the MLP's ``fc1`` and ``fc2``). The patch embedding, the head, position embeddings, norms and biases stay with
+    AdamW, as Keller Jordan's Muon leaves the input and output layers and every vector to it."""
+    return param.ndim == 2 and name.startswith("blocks.")
+
+
+def muon_groups(model: nn.Module, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``groups`` (of :func:`param_groups`) with each one's block matrices moved to a twin group marked
+    ``muon: True``; every group keeps its ``lr``, ``weight_decay`` and ``lr_scale``."""
+    chosen = {id(p) for name, p in model.named_parameters() if is_muon_matrix(name, p)}
+    split = []
+    for group in groups:
+        params = list(group["params"])
+        for muon in (False, True):
+            part = [p for p in params if (id(p) in chosen) == muon]
+            if part:
+                split.append({**group, "params": part, "muon": muon})
+    return split
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """Muon (Jordan et al., 2024; ``torch.optim.Muon``) on the groups marked ``muon``, AdamW on the others, as one
+    optimiser: one learning-rate schedule scales both and one state dict holds both.
+
+    Muon orthogonalises each matrix's momentum with five Newton-Schulz iterations. Its step is scaled by
+    ``0.2 * sqrt(max(fan_out, fan_in))`` (Moonshot's ``match_rms_adamw``, Liu et al., "Muon is Scalable for LLM
+    Training", 2025), so the update has AdamW's RMS and the recipe's learning rate and weight decay carry over.
+
+    Args:
+        groups: Parameter groups, each with a ``muon`` flag (:func:`muon_groups`).
+        lr: Default peak learning rate of both.
+        betas: AdamW's betas.
+        eps: AdamW's epsilon.
+        momentum: Muon's (Nesterov) momentum.
+    """
+
+    def __init__(
+        self, groups: list[dict[str, Any]], lr: float, betas: Sequence[float], eps: float, momentum: float = 0.95
+    ) -> None:
+        super().__init__(groups, {"lr": lr, "weight_decay": 0.0, "muon": False})
+        self._muon = torch.optim.Muon(
+            [g for g in self.param_groups if g["muon"]], lr=lr, momentum=momentum, adjust_lr_fn="match_rms_adamw"
+        )
+        self._adamw = torch.optim.AdamW([g for g in self.param_groups if not g["muon"]], lr=lr, betas=betas, eps=eps)
+        self._share()
+
+    def _share(self) -> None:
+        """Point both inner optimisers at this one's groups and state (the same dicts: the schedule's ``lr`` and a
+        loaded state reach them)."""
+        for inner, muon in ((self._muon, True), (self._adamw, False)):
+            inner.param_groups = [g for g in self.param_groups if g["muon"] == muon]
+            inner.state = self.state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)  # new group dicts and a new state: hand them to the inner optimisers
+        self._share()
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._muon.param_groups:
+            self._muon.step()
+        if self._adamw.param_groups:
+            self._adamw.step()
+        return loss
+
+
+def make_optimizer(
+    model: nn.Module,
+    name: OptimizerName,
+    lr: float,
+    *,
+    weight_decay: float,
+    layer_decay: float | None,
+    betas: Sequence[float],
+    eps: float,
+    fused: bool,
+) -> torch.optim.Optimizer:
+    """The optimiser ``name`` over ``model``'s :func:`param_groups` at peak learning rate ``lr``."""
+    groups = param_groups(model, lr, weight_decay=weight_decay, layer_decay=layer_decay)
+    if name == "muon":
+        groups = muon_groups(model, groups)
+        if all(g["muon"] for g in groups) or not any(g["muon"] for g in groups):
+            raise ConfigError(
+                "model.optimizer muon needs a network with transformer blocks (blocks.*) and parameters outside them; "
+                "this one has not: use model.optimizer adamw"
+            )
+        return MuonWithAdamW(groups, lr=lr, betas=betas, eps=eps)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
