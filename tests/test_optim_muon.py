@@ -11,7 +11,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from vit.errors import ConfigError
+from vit.errors import ConfigError, IncompatibleCheckpointError
 from vit.lit_module import warmup_cosine
 from vit.optim import MuonWithAdamW, make_optimizer, param_groups
 
@@ -76,7 +76,7 @@ def test_a_loaded_state_continues_as_the_uninterrupted_run(tiny):
     resumed_model = copy.deepcopy(model)
     resumed = muon(resumed_model)
     resumed.load_state_dict(copy.deepcopy(opt.state_dict()))
-    assert resumed._muon.state is resumed.state and resumed._adamw.param_groups[0] is resumed.param_groups[0]
+    assert all(inner.state is resumed.state for inner in resumed._inner)
     train(model, [opt], seed=1)
     train(resumed_model, [resumed], seed=1)
     for got, want in zip(resumed_model.parameters(), model.parameters(), strict=True):
@@ -88,8 +88,8 @@ def test_the_schedule_scales_both_halves_in_a_fit(tiny, cpu_trainer):
 
     class Record(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            opt = trainer.optimizers[0]
-            seen.append(({g["lr"] for g in opt._muon.param_groups}, {g["lr"] for g in opt._adamw.param_groups}))
+            muon, adamw = trainer.optimizers[0]._inner
+            seen.append(({g["lr"] for g in muon.param_groups}, {g["lr"] for g in adamw.param_groups}))
 
     module = tiny(optimizer="muon", lr=1e-3, min_lr=1e-5, warmup_steps=2)
     g = torch.Generator().manual_seed(0)
@@ -101,7 +101,46 @@ def test_the_schedule_scales_both_halves_in_a_fit(tiny, cpu_trainer):
     assert [next(iter(muon_lrs)) for muon_lrs, _ in seen] == pytest.approx(expected, rel=1e-9)
 
 
+def test_a_copy_and_a_group_added_later_step_as_their_original(tiny):
+    model = tiny().model
+    opt = muon(model)
+    train(model, [opt], steps=1)
+    twin_model, twin = copy.deepcopy((model, opt))  # as pickle: __getstate__ keeps only the groups and the state
+    train(model, [opt], seed=1)
+    train(twin_model, [twin], seed=1)
+    for got, want in zip(twin_model.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    extra = torch.nn.Parameter(torch.ones(3))  # as Lightning's BaseFinetuning unfreezes a layer: an AdamW group
+    opt.add_param_group({"params": [extra], "lr": 0.1})
+    extra.grad = torch.ones(3)
+    opt.step()
+    assert torch.all(extra < 1) and any(p is extra for p in opt._inner[1].param_groups[-1]["params"])
+
+
+def test_layer_decay_keeps_each_groups_scaled_rate_on_both_halves(tiny):
+    opt = muon(tiny().model, lr=1e-2, layer_decay=0.5)
+    muon_groups = [g for g in opt.param_groups if g["muon"]]
+    assert len(muon_groups) == 3  # one a block
+    assert sorted(g["lr"] for g in muon_groups) == pytest.approx([1e-2 * 0.5**3, 1e-2 * 0.5**2, 1e-2 * 0.5])
+    assert all(g["lr"] == pytest.approx(1e-2 * g["lr_scale"]) for g in opt.param_groups)
+
+
+def test_a_fit_is_not_resumed_with_another_optimiser(tmp_path, tiny, cpu_trainer):
+    g = torch.Generator().manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,))), batch_size=4)
+    fit = cpu_trainer(max_steps=2, limit_val_batches=0)
+    fit.fit(tiny(), data)  # AdamW
+    fit.save_checkpoint(tmp_path / "adamw.ckpt")
+    with pytest.raises(
+        IncompatibleCheckpointError, match="trained with model.optimizer adamw.*--model.optimizer adamw"
+    ):
+        cpu_trainer(max_steps=4, limit_val_batches=0).fit(
+            tiny(optimizer="muon"), data, ckpt_path=tmp_path / "adamw.ckpt"
+        )
+    cpu_trainer(limit_test_batches=1).test(tiny(optimizer="muon"), data, ckpt_path=tmp_path / "adamw.ckpt")  # weights
+
+
 def test_a_network_without_blocks_is_refused_in_one_line():
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
-    with pytest.raises(ConfigError, match="model.optimizer muon needs a network with transformer blocks"):
+    with pytest.raises(ConfigError, match="model.optimizer muon needs a network with linear layers in transformer blocks"):
         muon(net)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
 from timm.loss import SoftTargetCrossEntropy
@@ -38,7 +39,7 @@ from .evaluation.metrics import accuracy_metrics
 from .models import VisionTransformer
 from .network import build_network
 from .normalize import check_normalized as _check_images
-from .optim import OptimizerName, fused_adamw, make_optimizer, param_groups
+from .optim import OptimizerName, check_resumed_optimizer, fused_adamw, make_optimizer, param_groups
 from .schedule import TimePlan, warmup_cosine
 from .tta import TestTimeAugment, averaged_logits
 
@@ -263,11 +264,14 @@ class ImageClassifier(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint of another architecture with one message listing its missing, unexpected and
         mis-shaped keys (:func:`~vit.checkpoints.check_checkpoint_fits`), for a resumed run as for
-        ``load_from_checkpoint``; take the temperature of a calibrated checkpoint (``vit calibrate``)."""
+        ``load_from_checkpoint``, and a resumed fit's checkpoint of another optimiser; take the temperature of a
+        calibrated checkpoint (``vit calibrate``)."""
         self.temperature = (checkpoint.get(METADATA_KEY) or {}).get(TEMPERATURE_KEY)
+        trainer = self._attached_trainer()  # None outside a Trainer (load_from_checkpoint)
         if self.strict_loading:
-            trainer = self._attached_trainer()  # None outside a Trainer (load_from_checkpoint)
             check_checkpoint_fits(self, checkpoint, source=trainer.ckpt_path if trainer is not None else None)
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING:  # a resumed fit: the optimiser's state too
+            check_resumed_optimizer(checkpoint, self.hparams.get("optimizer", "adamw"), trainer.ckpt_path)
 
     # ----------------------------------------------------------------------------------------------- training
     def configure_callbacks(self) -> list[Callback]:

@@ -17,7 +17,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from torch import nn
 
-from .errors import ConfigError
+from .errors import ConfigError, IncompatibleCheckpointError
 
 OptimizerName = Literal["adamw", "muon"]
 """``model.optimizer``: AdamW for every parameter, or Muon for the blocks' weight matrices and AdamW for the rest."""
@@ -56,17 +56,19 @@ def fused_adamw(device: torch.device, trainer: Trainer | None) -> bool:
     return not (clips and isinstance(trainer.precision_plugin, MixedPrecision))
 
 
-def is_muon_matrix(name: str, param: nn.Parameter) -> bool:
-    """Whether Muon updates ``param``: a 2-D weight inside a transformer block (the attention's ``qkv`` and ``proj``,
-    the MLP's ``fc1`` and ``fc2``). The patch embedding, the head, position embeddings, norms and biases stay with
-    AdamW, as Keller Jordan's Muon leaves the input and output layers and every vector to it."""
-    return param.ndim == 2 and name.startswith("blocks.")
+def muon_matrices(model: nn.Module) -> set[int]:
+    """``id`` of each weight Muon updates: those of the ``nn.Linear`` layers inside the transformer blocks (the
+    attention's ``qkv`` and ``proj``, the MLP's ``fc1`` and ``fc2``). The stem, the patch embedding, the head, position
+    embeddings and bias tables, norms and biases stay with AdamW, as Muon's authors leave the input and output layers
+    and every vector to it."""
+    linear = (m for name, m in model.named_modules() if isinstance(m, nn.Linear) and name.startswith("blocks."))
+    return {id(m.weight) for m in linear}
 
 
 def muon_groups(model: nn.Module, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``groups`` (of :func:`param_groups`) with each one's block matrices moved to a twin group marked
     ``muon: True``; every group keeps its ``lr``, ``weight_decay`` and ``lr_scale``."""
-    chosen = {id(p) for name, p in model.named_parameters() if is_muon_matrix(name, p)}
+    chosen = muon_matrices(model)
     split = []
     for group in groups:
         params = list(group["params"])
@@ -86,7 +88,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
     Training", 2025), so the update has AdamW's RMS and the recipe's learning rate and weight decay carry over.
 
     Args:
-        groups: Parameter groups, each with a ``muon`` flag (:func:`muon_groups`).
+        groups: Parameter groups, each with a ``muon`` flag (:func:`muon_groups`); a group without one is AdamW's.
         lr: Default peak learning rate of both.
         betas: AdamW's betas.
         eps: AdamW's epsilon.
@@ -96,23 +98,35 @@ class MuonWithAdamW(torch.optim.Optimizer):
     def __init__(
         self, groups: list[dict[str, Any]], lr: float, betas: Sequence[float], eps: float, momentum: float = 0.95
     ) -> None:
-        super().__init__(groups, {"lr": lr, "weight_decay": 0.0, "muon": False})
-        self._muon = torch.optim.Muon(
-            [g for g in self.param_groups if g["muon"]], lr=lr, momentum=momentum, adjust_lr_fn="match_rms_adamw"
-        )
-        self._adamw = torch.optim.AdamW([g for g in self.param_groups if not g["muon"]], lr=lr, betas=betas, eps=eps)
-        self._share()
+        defaults = {"lr": lr, "weight_decay": 0.0, "muon": False}
+        super().__init__(groups, {**defaults, "adamw_betas": tuple(betas), "adamw_eps": eps, "muon_momentum": momentum})
+        self._build()
 
-    def _share(self) -> None:
-        """Point both inner optimisers at this one's groups and state (the same dicts: the schedule's ``lr`` and a
-        loaded state reach them)."""
-        for inner, muon in ((self._muon, True), (self._adamw, False)):
-            inner.param_groups = [g for g in self.param_groups if g["muon"] == muon]
+    def _build(self) -> None:
+        """Make the inner optimisers over this one's groups and state, the same dicts (the schedule's ``lr`` and a
+        loaded state reach them): at the start, and after ``load_state_dict``, unpickling or ``add_param_group``."""
+        d, self._inner = self.defaults, []
+        if muon := [g for g in self.param_groups if g["muon"]]:
+            self._inner.append(
+                torch.optim.Muon(muon, lr=d["lr"], momentum=d["muon_momentum"], adjust_lr_fn="match_rms_adamw")
+            )
+        if adamw := [g for g in self.param_groups if not g["muon"]]:
+            self._inner.append(torch.optim.AdamW(adamw, lr=d["lr"], betas=d["adamw_betas"], eps=d["adamw_eps"]))
+        for inner in self._inner:
             inner.state = self.state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)  # new group dicts and a new state: hand them to the inner optimisers
-        self._share()
+        super().load_state_dict(state_dict)  # new group dicts and a new state
+        self._build()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # a copy or an unpickled optimiser: its groups and state only
+        self._build()
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        if hasattr(self, "_inner"):  # not while __init__ adds the first groups
+            self._build()
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -120,11 +134,23 @@ class MuonWithAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._muon.param_groups:
-            self._muon.step()
-        if self._adamw.param_groups:
-            self._adamw.step()
+        for inner in self._inner:
+            inner.step()
         return loss
+
+
+def check_resumed_optimizer(checkpoint: dict[str, Any], optimizer: OptimizerName, source: Any) -> None:
+    """Refuse to resume a fit whose checkpoint holds another optimiser's state than ``optimizer``.
+
+    Raises:
+        IncompatibleCheckpointError: Naming the checkpoint's optimiser and the option that resumes it.
+    """
+    saved = (checkpoint.get("hyper_parameters") or {}).get("optimizer", "adamw")
+    if checkpoint.get("optimizer_states") and saved != optimizer:
+        raise IncompatibleCheckpointError(
+            f"{source or 'the checkpoint'} was trained with model.optimizer {saved}, and this run asks for "
+            f"{optimizer}: resume it with --model.optimizer {saved}, or start a new run"
+        )
 
 
 def make_optimizer(
@@ -142,10 +168,10 @@ def make_optimizer(
     groups = param_groups(model, lr, weight_decay=weight_decay, layer_decay=layer_decay)
     if name == "muon":
         groups = muon_groups(model, groups)
-        if all(g["muon"] for g in groups) or not any(g["muon"] for g in groups):
+        if not any(g["muon"] for g in groups):
             raise ConfigError(
-                "model.optimizer muon needs a network with transformer blocks (blocks.*) and parameters outside them; "
-                "this one has not: use model.optimizer adamw"
+                "model.optimizer muon needs a network with linear layers in transformer blocks (blocks.*), and this "
+                "one has none: use model.optimizer adamw"
             )
         return MuonWithAdamW(groups, lr=lr, betas=betas, eps=eps)
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
