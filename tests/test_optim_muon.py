@@ -142,5 +142,5 @@ def test_a_fit_is_not_resumed_with_another_optimiser(tmp_path, tiny, cpu_trainer
 
 def test_a_network_without_blocks_is_refused_in_one_line():
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
-    with pytest.raises(ConfigError, match="model.optimizer muon needs a network with linear layers in transformer blocks"):
+    with pytest.raises(ConfigError, match="optimizer muon needs a network with linear layers in transformer blocks"):
         muon(net)
