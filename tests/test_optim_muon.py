@@ -47,19 +47,19 @@ def test_muon_takes_the_blocks_matrices_and_adamw_everything_else(tiny):
     assert {g["weight_decay"] for g in opt.param_groups if g["muon"]} == {0.05}
 
 
-def test_one_optimiser_steps_as_torchs_muon_and_adamw_side_by_side(tiny):
+@pytest.mark.parametrize("layer_decay", [None, 0.5])  # 0.5: matrices of one shape at three learning rates
+def test_one_optimiser_steps_as_torchs_muon_and_adamw_side_by_side(tiny, layer_decay):
     model = tiny().model
     ref, initial = copy.deepcopy(model), copy.deepcopy(model)
-    opt = muon(model)
+    opt = muon(model, layer_decay=layer_decay)
     blocks = {id(p) for n, p in ref.named_parameters() if n.startswith("blocks.") and n.endswith(MATRICES)}
-    rest = [
-        {**g, "params": [p for p in g["params"] if id(p) not in blocks]}
-        for g in param_groups(ref, 1e-2, weight_decay=0.05)
+    groups = param_groups(ref, 1e-2, weight_decay=0.05, layer_decay=layer_decay)
+    split = [
+        {**g, "params": [p for p in g["params"] if (id(p) in blocks) == on]} for on in (True, False) for g in groups
     ]
+    matrices, rest = ([g for g in split[i * len(groups) : (i + 1) * len(groups)] if g["params"]] for i in (0, 1))
     reference = [
-        torch.optim.Muon(
-            [p for p in ref.parameters() if id(p) in blocks], lr=1e-2, weight_decay=0.05, adjust_lr_fn="match_rms_adamw"
-        ),
+        torch.optim.Muon(matrices, lr=1e-2, adjust_lr_fn="match_rms_adamw"),  # each group's lr and weight decay
         torch.optim.AdamW(rest, lr=1e-2, betas=(0.9, 0.95), eps=1e-8),
     ]
     train(model, [opt])

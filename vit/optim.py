@@ -86,8 +86,9 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 def orthogonalize(updates: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
     """Muon's approximate orthogonalisation of a batch of same-shaped matrices ``[k, rows, cols]``:
-    ``torch.optim.Muon``'s Newton-Schulz iteration in bfloat16, with the same result, run as one batched product per
-    iteration rather than one a matrix (the CPU recipe's 24 small matrices take about half the time this way)."""
+    ``torch.optim.Muon``'s Newton-Schulz iteration in bfloat16 (bit for bit on the CPU recipe's shapes; batched and
+    single products may round differently elsewhere), run as one batched product per iteration rather than one a
+    matrix (the CPU recipe's 24 small matrices take about half the time this way)."""
     x = updates.bfloat16()
     tall = x.size(-2) > x.size(-1)
     if tall:
@@ -105,9 +106,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
     learning-rate schedule scales both and one state dict holds both.
 
     Muon keeps a Nesterov momentum of each matrix's gradient and orthogonalises it with five Newton-Schulz
-    iterations before the step, as ``torch.optim.Muon`` does, with the same result, but every matrix of one shape at
+    iterations before the step, as ``torch.optim.Muon`` does, with its arithmetic, but every matrix of one shape at
     once (:func:`orthogonalize`). Every process of a DDP run orthogonalises every matrix: sharing them out and gathering
-    the results over gloo cost more than it saved on two CPU cores (17 ms against 12 ms an optimiser step).
+    the results over gloo cost more than it saved on two CPU cores (17 ms against 12.5 ms an optimiser step).
     Its step is scaled by ``0.2 * sqrt(max(fan_out, fan_in))`` (Moonshot's ``match_rms_adamw``, Liu et al., "Muon is
     Scalable for LLM Training", 2025), so the update has AdamW's RMS and the recipe's learning rate and weight decay
     carry over. The AdamW half is ``torch.optim.AdamW``.
