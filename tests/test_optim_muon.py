@@ -54,10 +54,12 @@ def test_one_optimiser_steps_as_torchs_muon_and_adamw_side_by_side(tiny, layer_d
     opt = muon(model, layer_decay=layer_decay)
     blocks = {id(p) for n, p in ref.named_parameters() if n.startswith("blocks.") and n.endswith(MATRICES)}
     groups = param_groups(ref, 1e-2, weight_decay=0.05, layer_decay=layer_decay)
-    split = [
-        {**g, "params": [p for p in g["params"] if (id(p) in blocks) == on]} for on in (True, False) for g in groups
-    ]
-    matrices, rest = ([g for g in split[i * len(groups) : (i + 1) * len(groups)] if g["params"]] for i in (0, 1))
+
+    def part(on_muon):  # each group's block matrices, or the rest, as groups of their own
+        split = ({**g, "params": [p for p in g["params"] if (id(p) in blocks) == on_muon]} for g in groups)
+        return [g for g in split if g["params"]]
+
+    matrices, rest = part(True), part(False)
     reference = [
         torch.optim.Muon(matrices, lr=1e-2, adjust_lr_fn="match_rms_adamw"),  # each group's lr and weight decay
         torch.optim.AdamW(rest, lr=1e-2, betas=(0.9, 0.95), eps=1e-8),
