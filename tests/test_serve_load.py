@@ -154,6 +154,7 @@ def _entry(**changes) -> dict:
 
 
 SOAK = {"soak.status": {"200": 2000}, "soak.offered_rps": 45.0, "soak.p50_ms": 12.0}
+ROUNDS = {"backends.0.round_ms": [30.0, 30.0, 30.0]}  # torch's rounds, run side by side with onnx's
 TIMED = {"backends.0.own_p50_ms": 1.99, "backends.0.served_model_p50_ms": 29.0, "backends.0.own_client_p50_ms": 2.4}
 
 
@@ -174,6 +175,9 @@ TIMED = {"backends.0.own_p50_ms": 1.99, "backends.0.served_model_p50_ms": 29.0, 
         ({"backends.0.served_p50_ms": 32.01}, "server's"),  # torch: 2.01 ms beside its forward
         ({"backends.0.served_p50_ms": 29.9}, "server's"),  # served faster than the forward: a busy offline run
         ({"backends.1.skipped": "onnxruntime missing"}, "onnx"),  # asked for, not measured
+        # rounds side by side: the median of their ratios is read, not the 2.0x of the two backends' batch_ms
+        (ROUNDS | {"backends.1.round_ms": [20.01, 19.0, 25.0]}, "onnx"),  # 1.499, 1.579, 1.2: 1.499x
+        (ROUNDS | {"backends.1.round_ms": [15.0, 19.9, 40.0]}, None),  # 2.0, 1.508, 0.75: 1.508x
         (SOAK | {"soak.p99_ms": 30.1}, "p99"),  # a soak ran: its p99 is read, not the short run's 25 ms
         (SOAK | {"soak.p99_ms": 29.9, "loads.0.p99_ms": 40.0}, None),  # nor the short run's slowest few answers
         (TIMED | {"backends.0.own_p50_ms": 2.01}, "server's"),  # the server's Server-Timing: total less model
@@ -192,6 +196,46 @@ def test_serve_checks_flip_at_the_goals(change, fails):
         assert missed == [], missed
     else:
         assert len(missed) == 1 and fails in missed[0], missed
+
+
+def test_the_onnx_line_gives_the_rounds_side_by_side():
+    from vit.bench.serve_goals import serve_checks
+
+    entry = _entry(**ROUNDS, **{"backends.1.round_ms": [20.0, 19.0, 25.0]})
+    (line,) = [c for c in serve_checks(entry) if "onnx >=" in c["name"]]
+    assert "offline forward 1.50x" in line["detail"] and "3 rounds side by side: 1.20-1.58x" in line["detail"]
+
+
+class _Recorded:
+    """A stand-in for a ServeModel that records which backend each forward pass ran on."""
+
+    def __init__(self, name: str, calls: list[str]):
+        self.name, self.calls = name, calls
+
+    def decode(self, data: bytes) -> bytes:
+        return data
+
+    def predict(self, images: list) -> list:
+        assert len(images) == 1  # batch 1
+        self.calls.append(self.name)
+        return []
+
+
+def test_backends_are_timed_in_alternating_rounds(tmp_path):
+    """After one warm-up call each, the rounds alternate (torch onnx, onnx torch, ...), each round a run of the same
+    number of calls, and every round's time is kept in order so that the two backends' rounds pair up."""
+    from vit.bench.serve_offline import backend_rates
+
+    image, calls = tmp_path / "image.png", []
+    image.write_bytes(b"png")
+    served = {name: _Recorded(name, calls) for name in ("torch", "onnx")}
+    rows = backend_rates(served, image, seconds=0.0, rounds=4)  # rounds of one call each
+    assert calls == ["torch", "onnx", "torch", "onnx"] + ["torch", "onnx", "onnx", "torch"] * 2
+    assert [rows[name]["backend"] for name in ("torch", "onnx")] == ["torch", "onnx"]
+    for row in rows.values():
+        assert row["rounds"] == len(row["round_ms"]) == 4 and row["batch"] == 1
+        assert row["batch_ms"] == pytest.approx(1000 / row["images_per_s"])
+        assert sorted(row["round_ms"])[1] <= row["batch_ms"] <= sorted(row["round_ms"])[2]  # the median round
 
 
 def test_the_suites_server_gets_the_batch_wait_and_the_titles_name_it():

@@ -69,10 +69,11 @@ def alternate(
             speeds[name]["wall"].append(batch * steps_per_round / wall)
             speeds[name]["cpu"].append(batch * steps_per_round / max(cpu, 1e-9))
         ratio = ""
-        if len(steps) == 2:
-            ratio = f" ratio {speeds['ours']['wall'][-1] / speeds['timm']['wall'][-1]:.3f}"
+        if len(steps) == 2:  # the first against the second
+            first, second = (speeds[name] for name in steps)
+            ratio = f" ratio {first['wall'][-1] / second['wall'][-1]:.3f}"
             if device.type == "cpu":
-                ratio += f" (CPU time {speeds['ours']['cpu'][-1] / speeds['timm']['cpu'][-1]:.3f})"
+                ratio += f" (CPU time {first['cpu'][-1] / second['cpu'][-1]:.3f})"
         log(
             f"  {what} round {r + 1}/{rounds}: "
             + ", ".join(f"{n} {v['wall'][-1]:.1f} img/s" for n, v in speeds.items())

@@ -13,8 +13,9 @@ measures, each number against the one it should be compared with:
   ``max_queue``, so the server must shed load: every request must be answered 200 or 503 (``lost`` counts the
   requests refused, reset, timed out or never answered).
 - ``backends``: torch against ONNX Runtime at batch 1 (a ``vit export --onnx`` folder, exported to a temporary
-  folder when MODEL is a checkpoint): offline forward time and served unloaded latency, and the server's own time
-  per request: each request's latency less its forward pass, which the server reports (``Server-Timing``).
+  folder when MODEL is a checkpoint): offline forward time (the backends in alternating rounds, so that a drift of
+  the machine's speed falls on both) and served unloaded latency, and the server's own time per request: each
+  request's latency less its forward pass, which the server reports (``Server-Timing``).
 - ``soak`` (``soak_s > 0``): half the saturation rate for ``soak_s`` seconds; the server's resident memory (its
   process and children) at the start and the end.
 
@@ -47,6 +48,7 @@ import numpy as np
 
 from vit.bench.harness import BenchError, log, write_report
 from vit.bench.serve_goals import serve_checks
+from vit.bench.serve_offline import backend_rates, load_model, offline_rate, onnx_folder
 from vit.bench.serve_report import plot_load, print_loads
 
 LOCUSTFILE = Path(__file__).with_name("serve_locustfile.py")
@@ -230,44 +232,6 @@ def noise_image(folder: Path, size: int, seed: int = 0) -> Path:
     return path
 
 
-def offline_rate(served: Any, image: Path, *, batch: int, seconds: float) -> dict[str, Any]:
-    """:meth:`ServeModel.predict` of ``served`` on batches of ``batch`` copies of ``image`` in this process for about
-    ``seconds`` (after one warm-up batch): images/s and milliseconds per batch."""
-    images = [served.decode(image.read_bytes())] * batch
-    served.predict(images)
-    times = []
-    start = time.perf_counter()
-    while not times or time.perf_counter() - start < seconds:
-        tick = time.perf_counter()
-        served.predict(images)
-        times.append(time.perf_counter() - tick)
-    return {"backend": served.backend, "batch": batch, "images_per_s": batch * len(times) / sum(times),
-            "batch_ms": 1000 * float(np.median(times))}  # fmt: skip
-
-
-def load_model(model: str | Path, backend: str, threads: int | None) -> Any:
-    """The :class:`~vit.serve.model.ServeModel` the server runs, in this process (with ``threads``, torch's thread
-    count: the bench's own, ``--threads``)."""
-    from vit.serve.model import ServeModel
-
-    return ServeModel(model, backend=backend, threads=threads)
-
-
-def onnx_folder(model: str | Path, folder: Path) -> Path:
-    """``model`` itself when it is a ``vit export --onnx`` folder, else its export to ``folder/onnx``."""
-    from vit.export import ONNX_FILE
-
-    source = Path(model)
-    if source.is_dir() and (source / ONNX_FILE).is_file():
-        return source
-    out = folder / "onnx"
-    command = [sys.executable, "-m", "vit", "export", "--ckpt_path", str(source), "--out", str(out), "--onnx"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise BenchError(f"vit export --onnx of {source} failed:\n{done.stderr[-1500:]}")
-    return out
-
-
 def server_options(
     *, backend: str, threads: int | None, max_batch_size: int, max_queue: int, batch_timeout: float | None = None
 ) -> list[str]:
@@ -311,22 +275,30 @@ def own_time(times: Sequence[float], timings: Sequence[dict[str, float]]) -> dic
 def compare_backends(
     model: str | Path, image: Path, folder: Path, *, backends: Sequence[str], threads: int | None, requests: int
 ) -> list[dict[str, Any]]:
-    """Per backend at batch 1: the offline forward time and the served latency of single requests, unloaded."""
-    rows = []
+    """Per backend at batch 1: the offline forward time (the backends timed in alternating rounds,
+    :func:`~vit.bench.serve_offline.backend_rates`) and the served latency of single requests, unloaded."""
+    sources, skipped, served = {}, {}, {}
     for backend in backends:
         try:
-            source = onnx_folder(model, folder) if backend == "onnx" else model
-            row = offline_rate(load_model(source, backend, threads), image, batch=1, seconds=2.0)
+            sources[backend] = onnx_folder(model, folder) if backend == "onnx" else model
+            served[backend] = load_model(sources[backend], backend, threads)
+        except (BenchError, ImportError) as err:
+            skipped[backend] = {"backend": backend, "skipped": str(err).splitlines()[0]}
+    rows = backend_rates(served, image, seconds=2.0 * len(served)) if served else {}
+    served.clear()
+    for backend, row in rows.items():
+        try:
             options = server_options(backend=backend, threads=threads, max_batch_size=1, max_queue=8)
-            with serving(source, folder, options=options) as server:
+            with serving(sources[backend], folder, options=options) as server:
                 times, timings = unloaded_requests(server.url, image, requests)
             row.update(served_p50_ms=float(np.median(times)), served_p90_ms=float(np.percentile(times, 90)))
             row.update(own_time(times, timings))
-        except (BenchError, ImportError) as err:
-            row = {"backend": backend, "skipped": str(err).splitlines()[0]}
-        log(f"serve: backend {backend} at batch 1: {row}")
-        rows.append(row)
-    return rows
+        except BenchError as err:
+            skipped[backend] = {"backend": backend, "skipped": str(err).splitlines()[0]}
+    result = [skipped.get(backend) or rows[backend] for backend in backends]
+    for row in result:
+        log(f"serve: backend {row['backend']} at batch 1: {row}")
+    return result
 
 
 def preset_checkpoint(name: str, folder: Path, seed: int = 0) -> Path:
