@@ -69,9 +69,9 @@ def alternate(
             speeds[name]["wall"].append(batch * steps_per_round / wall)
             speeds[name]["cpu"].append(batch * steps_per_round / max(cpu, 1e-9))
         ratio = ""
-        if len(steps) == 2:  # the first against the second
-            first, second = (speeds[name] for name in steps)
-            ratio = f" ratio {first['wall'][-1] / second['wall'][-1]:.3f}"
+        if len(steps) == 2:  # the first's speed against the second's, named
+            (a, first), (b, second) = ((name, speeds[name]) for name in steps)
+            ratio = f" ratio {a}/{b} {first['wall'][-1] / second['wall'][-1]:.3f}"
             if device.type == "cpu":
                 ratio += f" (CPU time {first['cpu'][-1] / second['cpu'][-1]:.3f})"
         log(

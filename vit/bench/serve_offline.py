@@ -66,7 +66,7 @@ def offline_rate(served: Any, image: Path, *, batch: int, seconds: float) -> dic
 
 def backend_rates(served: dict[str, Any], image: Path, *, seconds: float, rounds: int = ROUNDS) -> dict[str, Any]:
     """Batch-1 speed of each backend of ``served`` (its name: its :class:`~vit.serve.model.ServeModel`), timed in
-    ``rounds`` alternating rounds of about ``seconds / rounds`` each: per backend ``images_per_s`` and ``batch_ms``
+    ``rounds`` alternating rounds, about ``seconds`` per backend in all: per backend ``images_per_s`` and ``batch_ms``
     (the median round) and ``round_ms`` (each round's milliseconds per image, in the order they ran, so that two
     backends' rounds pair up)."""
     import torch
