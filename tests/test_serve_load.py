@@ -241,14 +241,24 @@ def test_backends_are_timed_in_alternating_rounds(tmp_path):
         assert sorted(row["round_ms"])[1] <= row["batch_ms"] <= sorted(row["round_ms"])[2]  # the median round
 
 
-def test_a_backend_that_cannot_be_had_is_skipped_and_the_other_measured(monkeypatch, tmp_path):
-    """onnx's export fails: its row says why in one line, torch alone is timed and served, and the rows keep the
-    order the backends were asked in (the server and its requests stand in: their numbers are given)."""
+@pytest.mark.parametrize("fails", ["export", "load"])
+def test_a_backend_that_cannot_be_had_is_skipped_and_the_other_measured(fails, monkeypatch, tmp_path):
+    """onnx's export fails, or its model cannot be loaded (an export folder without ONNX Runtime): its row says why
+    in one line, torch alone is timed and served, and the rows keep the order the backends were asked in (the server
+    and its requests stand in: their numbers are given)."""
     from vit.bench import serve_offline, serve_suite
     from vit.bench.harness import BenchError
+    from vit.errors import UsageError
 
     def failed_export(model, folder):
+        if fails == "load":
+            return folder
         raise BenchError("vit export --onnx of m.ckpt failed:\nTraceback ...")
+
+    def load(source, backend, threads):
+        if backend == "onnx":
+            raise UsageError("--backend onnx needs ONNX Runtime: pip install 'vit[export]'")
+        return _Recorded(backend, calls)
 
     @contextlib.contextmanager
     def serving(source, folder, options):
@@ -257,7 +267,7 @@ def test_a_backend_that_cannot_be_had_is_skipped_and_the_other_measured(monkeypa
 
     calls = []
     monkeypatch.setattr(serve_suite, "onnx_folder", failed_export)
-    monkeypatch.setattr(serve_suite, "load_model", lambda source, backend, threads: _Recorded(backend, calls))
+    monkeypatch.setattr(serve_suite, "load_model", load)
     monkeypatch.setattr(serve_suite, "backend_rates", lambda served, image, seconds: serve_offline.backend_rates(
         served, image, seconds=0.0))  # fmt: skip
     monkeypatch.setattr(serve_suite, "serving", serving)
@@ -266,7 +276,8 @@ def test_a_backend_that_cannot_be_had_is_skipped_and_the_other_measured(monkeypa
     image = tmp_path / "image.png"
     image.write_bytes(b"png")
     rows = serve_suite.compare_backends("m.ckpt", image, tmp_path, backends=["onnx", "torch"], threads=1, requests=3)
-    assert rows[0] == {"backend": "onnx", "skipped": "vit export --onnx of m.ckpt failed:"}
+    why = {"export": "vit export --onnx of m.ckpt failed:", "load": "--backend onnx needs ONNX Runtime: pip install"}
+    assert rows[0]["backend"] == "onnx" and rows[0]["skipped"].startswith(why[fails]) and len(rows[0]) == 2
     assert rows[1]["backend"] == "torch" and set(calls) == {"torch"} and len(rows[1]["round_ms"]) == 10
     assert (rows[1]["served_p50_ms"], rows[1]["own_p50_ms"], rows[1]["own_client_p50_ms"]) == (6.0, 1.0, 4.0)
 

@@ -50,6 +50,7 @@ from vit.bench.harness import BenchError, log, write_report
 from vit.bench.serve_goals import serve_checks
 from vit.bench.serve_offline import backend_rates, load_model, offline_rate, onnx_folder
 from vit.bench.serve_report import plot_load, print_loads
+from vit.errors import VitError
 
 LOCUSTFILE = Path(__file__).with_name("serve_locustfile.py")
 STARTUP_S = 300.0
@@ -282,7 +283,7 @@ def compare_backends(
         try:
             sources[backend] = onnx_folder(model, folder) if backend == "onnx" else model
             served[backend] = load_model(sources[backend], backend, threads)
-        except (BenchError, ImportError) as err:
+        except (BenchError, ImportError, VitError) as err:  # VitError: e.g. an export folder, onnxruntime missing
             skipped[backend] = {"backend": backend, "skipped": str(err).splitlines()[0]}
     rows = backend_rates(served, image, seconds=4.0) if served else {}  # 10 rounds of 0.4 s per backend
     served.clear()
@@ -293,7 +294,7 @@ def compare_backends(
                 times, timings = unloaded_requests(server.url, image, requests)
             row.update(served_p50_ms=float(np.median(times)), served_p90_ms=float(np.percentile(times, 90)))
             row.update(own_time(times, timings))
-        except (BenchError, ImportError) as err:
+        except (BenchError, ImportError, VitError) as err:
             skipped[backend] = {"backend": backend, "skipped": str(err).splitlines()[0]}
     result = [skipped.get(backend) or rows[backend] for backend in backends]
     for row in result:
