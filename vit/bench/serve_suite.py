@@ -273,6 +273,11 @@ def own_time(times: Sequence[float], timings: Sequence[dict[str, float]]) -> dic
             "own_client_p50_ms": float(np.median(latency - model))}  # fmt: skip
 
 
+def skipped_row(backend: str, err: Exception) -> dict[str, str]:
+    """The row of a backend that could not be measured: its name and the first line of why."""
+    return {"backend": backend, "skipped": str(err).splitlines()[0]}
+
+
 def compare_backends(
     model: str | Path, image: Path, folder: Path, *, backends: Sequence[str], threads: int | None, requests: int
 ) -> list[dict[str, Any]]:
@@ -284,7 +289,7 @@ def compare_backends(
             sources[backend] = onnx_folder(model, folder) if backend == "onnx" else model
             served[backend] = load_model(sources[backend], backend, threads)
         except (BenchError, ImportError, VitError) as err:  # VitError: e.g. an export folder, onnxruntime missing
-            skipped[backend] = {"backend": backend, "skipped": str(err).splitlines()[0]}
+            skipped[backend] = skipped_row(backend, err)
     rows = backend_rates(served, image, seconds=4.0) if served else {}  # 10 rounds of 0.4 s per backend
     served.clear()
     for backend, row in rows.items():
@@ -295,7 +300,7 @@ def compare_backends(
             row.update(served_p50_ms=float(np.median(times)), served_p90_ms=float(np.percentile(times, 90)))
             row.update(own_time(times, timings))
         except (BenchError, ImportError, VitError) as err:
-            skipped[backend] = {"backend": backend, "skipped": str(err).splitlines()[0]}
+            skipped[backend] = skipped_row(backend, err)
     result = [skipped.get(backend) or rows[backend] for backend in backends]
     for row in result:
         log(f"serve: backend {row['backend']} at batch 1: {row}")
