@@ -182,6 +182,16 @@ def test_bad_model_setting_is_one_message(bad, culprit, capsys):
             + ["--trainer.max_epochs", "-1", "--trainer.max_steps", "5"],
             "error: model.unmasked_epochs 1 counts back from trainer.max_epochs, which is -1: set trainer.max_epochs",
         ),
+        (
+            ["--model.basic_augment_epochs", "2"],
+            "error: model.basic_augment_epochs 2 switches data.augment strong to basic for the last epochs of images "
+            "decoded once and augmented in batches, but data.augment is basic: set data.augment strong",
+        ),
+        (
+            ["--model.basic_augment_epochs", "2", "--data.augment", "strong", "--data.decode_once", "true"]
+            + ["--trainer.max_epochs", "-1", "--trainer.max_steps", "5"],
+            "error: model.basic_augment_epochs 2 counts back from trainer.max_epochs, which is -1",
+        ),
     ],
 )
 def test_training_length_the_schedule_cannot_use_is_refused_before_the_run_starts(bad, message, tmp_path, capsys):

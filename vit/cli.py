@@ -339,7 +339,7 @@ class VitCLI(LightningCLI):
             # the checkpoint's own data (a predict-only spec): no dataset, the run's loader settings
             self.datamodule = ImageDataModule.from_checkpoint_metadata(meta, like=self.datamodule)
         if self.subcommand == "fit" and isinstance(self.model, ImageClassifier):
-            self.model.check_trainer(self.trainer)  # before the run folder gets its config and W&B run
+            self.model.check_trainer(self.trainer, self.datamodule)  # before the run folder gets its config and W&B run
             load_into(self.model)  # --model.pretrained: a file that does not fit is an error before any of it
 
     # Private helpers used: LightningCLI._parser gives the subcommand's parser (its callback keys) and

@@ -26,6 +26,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from .callbacks.augment_tail import BasicAugmentTail, check_basic_tail
 from .callbacks.metadata import CheckpointMetadata
 from .callbacks.patch_dropout import UnmaskedEpochs
 from .callbacks.throughput import TrainingThroughput
@@ -93,6 +94,8 @@ class ImageClassifier(LightningModule):
         unmasked_epochs: Train the last this many epochs (of ``trainer.max_epochs``) on every patch, with the model's
             PatchDropout (``patch_drop_rate``) switched off: FLIP's unmasked tuning (Li et al., CVPR 2023), so the
             final weights are tuned to the full token grid that evaluation sees. 0 keeps PatchDropout throughout.
+        basic_augment_epochs: Train the last this many epochs (counted as ``unmasked_epochs``) with
+            ``data.augment basic`` instead of ``strong`` (:class:`~vit.callbacks.BasicAugmentTail`); 0: none.
         schedule: What the warm-up/cosine schedule and the unmasked tail are counted in. ``"steps"``: the length of
             training (``trainer.max_epochs`` or ``max_steps``). ``"time"``: ``trainer.max_time``; the run measures
             what a step and a validation cost, plans how many steps its budget buys (re-planned every few dozen steps,
@@ -142,6 +145,7 @@ class ImageClassifier(LightningModule):
         ema_decay: float | None = None,
         ema_warmup: bool = False,
         unmasked_epochs: int = 0,
+        basic_augment_epochs: int = 0,
         schedule: Literal["steps", "time"] = "steps",
         compile: bool = False,
         test_time_augment: TestTimeAugment = "none",
@@ -163,6 +167,7 @@ class ImageClassifier(LightningModule):
 
         self.model = build_network(model, num_classes, img_size, model_overrides or {})
         self._patch_drop_rate = getattr(getattr(self.model, "patch_drop", None), "prob", 0.0)  # timm's PatchDropout
+        check_basic_tail(basic_augment_epochs, None)  # a negative count; the data is checked with the trainer
         if unmasked_epochs < 0:
             raise ConfigError(f"model.unmasked_epochs must be >= 0, got {unmasked_epochs}")
         if unmasked_epochs and not self._patch_drop_rate:
@@ -215,18 +220,22 @@ class ImageClassifier(LightningModule):
         """Images ``(B, C, H, W)`` to logits ``(B, num_classes)`` with the trained (non-EMA) weights."""
         return self.model(x)
 
-    def check_trainer(self, trainer: Trainer) -> None:
-        """Refuse a training length this module cannot schedule, and load the distillation teacher (the CLI calls it
-        before a run writes anything).
+    def check_trainer(self, trainer: Trainer, datamodule: Any = None) -> None:
+        """Refuse a training length this module cannot schedule, or data ``basic_augment_epochs`` cannot switch
+        (``datamodule``, else the trainer's), and load the distillation teacher (the CLI calls it before a run writes
+        anything).
 
         Raises:
             ConfigError: For endless training (``max_epochs`` -1 without ``max_steps``: the cosine schedule needs an
-                end), ``unmasked_epochs`` without ``max_epochs`` to count back from, or ``schedule="time"`` without
-                ``trainer.max_time``.
+                end), ``unmasked_epochs`` or ``basic_augment_epochs`` without ``max_epochs`` to count back from,
+                ``schedule="time"`` without ``trainer.max_time``, or ``basic_augment_epochs`` for data that is not
+                augmented ``strong`` in batches (:func:`~vit.callbacks.augment_tail.check_basic_tail`).
         """
         if self.hparams.get("teacher") and self.distiller is None:  # a teacher that does not load stops it here
             self.distiller = make_distiller(self.hparams, self.model, self.num_classes)
-        max_epochs, max_steps, unmasked = trainer.max_epochs, trainer.max_steps, self.hparams.unmasked_epochs
+        data = datamodule if datamodule is not None else getattr(trainer, "datamodule", None)
+        check_basic_tail(self.hparams.get("basic_augment_epochs", 0), data)
+        max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
         endless = max_epochs in (None, -1)
         if self._time_schedule:
             if budget_seconds(trainer) is None:
@@ -240,11 +249,12 @@ class ImageClassifier(LightningModule):
                 f"the cosine schedule needs a length, but trainer.max_epochs is {max_epochs} and trainer.max_steps "
                 "is -1: set either (trainer.max_time alone leaves max_epochs at -1)"
             )
-        if unmasked and endless:
-            raise ConfigError(
-                f"model.unmasked_epochs {unmasked} counts back from trainer.max_epochs, which is {max_epochs}: "
-                "set trainer.max_epochs"
-            )
+        for name in ("unmasked_epochs", "basic_augment_epochs"):
+            if self.hparams.get(name) and endless:
+                raise ConfigError(
+                    f"model.{name} {self.hparams[name]} counts back from trainer.max_epochs, which is {max_epochs}: "
+                    "set trainer.max_epochs"
+                )
 
     def _attached_trainer(self) -> Trainer | None:
         """The trainer running this module, or ``None`` outside one (Lightning's ``trainer`` property raises there)."""
@@ -278,8 +288,9 @@ class ImageClassifier(LightningModule):
         """The callbacks every run of this module has (Lightning adds them to the trainer's): ``train/img_per_sec``
         (:class:`~vit.callbacks.TrainingThroughput`), the checkpoint's description for inference
         (:class:`~vit.callbacks.CheckpointMetadata`), with ``schedule="time"`` the planner
-        (:class:`~vit.callbacks.TimeBudget`) and, with ``unmasked_epochs``, the PatchDropout schedule
-        (:class:`~vit.callbacks.UnmaskedEpochs`). A trainer that already has one of the first three (its own, or this
+        (:class:`~vit.callbacks.TimeBudget`), with ``unmasked_epochs`` the PatchDropout schedule
+        (:class:`~vit.callbacks.UnmaskedEpochs`) and with ``basic_augment_epochs`` the augmentation's
+        (:class:`~vit.callbacks.BasicAugmentTail`). A trainer that already has one of the first three (its own, or this
         module's from an earlier ``fit``) keeps it; the PatchDropout schedule is this module's own and always new."""
         trainer = self._attached_trainer()
         present = list(trainer.callbacks) if trainer is not None else []
@@ -288,6 +299,9 @@ class ImageClassifier(LightningModule):
         if self.hparams.unmasked_epochs:
             plan = (lambda: self.time_plan) if self._time_schedule else None
             callbacks.append(UnmaskedEpochs(self.hparams.unmasked_epochs, self._patch_drop_rate, plan=plan))
+        if self.hparams.get("basic_augment_epochs"):
+            plan = (lambda: self.time_plan) if self._time_schedule else None
+            callbacks.append(BasicAugmentTail(self.hparams.basic_augment_epochs, plan, self._steps_per_epoch))
         return callbacks
 
     @property

@@ -1,5 +1,6 @@
 """Lightning callbacks, one per file. Each decides *when*; a library function decides *what*."""
 
+from .augment_tail import BasicAugmentTail
 from .evaluation import EvaluationReport
 from .explanations import (
     DISTANCE_KEY,
@@ -22,6 +23,7 @@ __all__ = [
     "DISTANCE_KEY",
     "ROLLOUT_KEY",
     "AttentionRolloutLogger",
+    "BasicAugmentTail",
     "CheckpointMetadata",
     "EvaluationReport",
     "ExplanationLogger",
