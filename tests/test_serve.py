@@ -74,8 +74,9 @@ def test_predict_answers_as_the_predictor_does(server):
 
 
 def test_answers_carry_the_servers_timings(server):
-    """`Server-Timing` (W3C): `model;dur` on an answer that went through the model, `total;dur` on every answer; the
-    forward pass is part of the request, and the request part of what the client waited."""
+    """`Server-Timing` (W3C): `model`, `worker` and `handover` on an answer that went through the model, `total` on
+    every answer; the forward pass is part of the worker's time, the worker's and the hand-over's are parts of the
+    request's (they are timed in two processes), and the request part of what the client waited."""
 
     def metrics(response) -> dict[str, float]:
         items = [[part.strip() for part in item.split(";")] for item in response.headers["Server-Timing"].split(",")]
@@ -83,7 +84,9 @@ def test_answers_carry_the_servers_timings(server):
 
     answered = raw(server, server["images"][0])
     timings = metrics(answered)
-    assert 0 < timings["model"] < timings["total"] < answered.elapsed.total_seconds() * 1000
+    assert list(timings) == ["model", "worker", "handover", "total"]
+    assert 0 < timings["model"] < timings["worker"] < timings["total"] < answered.elapsed.total_seconds() * 1000
+    assert 0 < timings["handover"] < timings["total"] - timings["worker"]
     refused = post(server, headers={"Content-Type": "image/png"}, data=b"\x89PNG not really")
     assert refused.status_code == 400 and list(metrics(refused)) == ["total"]
 

@@ -201,6 +201,20 @@ def test_serve_checks_flip_at_the_goals(change, fails):
         assert len(missed) == 1 and fails in missed[0], missed
 
 
+def test_the_own_time_line_gives_its_parts():
+    """Where the server's timings split its own time, the goal's line gives the parts as the report has them."""
+    from vit.bench.serve_goals import serve_checks
+
+    parts = {f"backends.0.own_{part}_p50_ms": ms for part, ms in (("handover", 1.1), ("worker", 0.3), ("http", 0.55))}
+    (line,) = [c for c in serve_checks(_entry(**TIMED, **parts)) if "own time per request (torch" in c["name"]]
+    assert line["detail"].endswith(
+        "its parts at p50: hand-over to the worker and back 1.10 ms, the worker beside the forward 0.30 ms, "
+        "the HTTP process 0.55 ms"
+    )
+    (older,) = [c for c in serve_checks(_entry(**TIMED)) if "own time per request (torch" in c["name"]]
+    assert "its parts" not in older["detail"]  # an older report, without them
+
+
 def test_the_onnx_line_gives_the_rounds_side_by_side():
     from vit.bench.serve_goals import serve_checks
 
@@ -316,6 +330,7 @@ def test_server_timings_are_read_as_the_w3c_header_writes_them():
     description before the duration) and as vit serve does; the server's own time is total less model per request,
     then the median."""
     from vit.bench.serve_suite import own_time, server_timings
+    from vit.serve.server import model_timing
 
     assert server_timings("miss, db;dur=53, app;dur=47.2") == {"db": 53.0, "app": 47.2}
     assert server_timings('cache;desc="Cache Read";dur=23.2') == {"cache": 23.2}
@@ -327,6 +342,25 @@ def test_server_timings_are_read_as_the_w3c_header_writes_them():
         {"served_model_p50_ms": 2.5, "own_p50_ms": 1.5, "own_client_p50_ms": 3.0}
     )
     assert own_time([5.0], [{"total": 4.0}]) == {}  # no forward pass reported: nothing to subtract
+    split = [
+        {"model": 2.0, "worker": 2.5, "handover": 1.0, "total": 4.0},
+        {"model": 3.0, "worker": 3.2, "handover": 0.6, "total": 4.5},
+        {"model": 2.5, "worker": 3.0, "handover": 0.8, "total": 4.0},
+    ]
+    written = model_timing({"model_ms": 2.0, "worker_ms": 2.5, "handover_ms": 1.0})["Server-Timing"]
+    assert server_timings(written + ", total;dur=4.0") == split[0]  # as vit serve writes them (and the gate its total)
+    assert "own_worker_p50_ms" not in own_time([5.0, 6.0], [split[0], {"model": 3.0, "total": 4.5}])  # not all split
+    # worker - model: 0.5, 0.2, 0.5; handover: 1.0, 0.6, 0.8; total - worker - handover: 0.5, 0.7, 0.2
+    assert own_time([5.0, 6.0, 9.0], split) == pytest.approx(
+        {
+            "served_model_p50_ms": 2.5,
+            "own_p50_ms": 1.5,
+            "own_client_p50_ms": 3.0,
+            "own_worker_p50_ms": 0.5,
+            "own_handover_p50_ms": 0.8,
+            "own_http_p50_ms": 0.5,
+        }  # fmt: skip
+    )
 
 
 def test_a_preset_is_served_with_random_weights(tmp_path):

@@ -73,6 +73,10 @@ def backend_checks(entry: dict[str, Any]) -> list[dict[str, Any]]:
             own = row["own_p50_ms"]
             how = (f"the server's Server-Timing, total less the forward pass ({row['served_model_p50_ms']:.2f} ms); "
                    f"seen by the client, its latency less the forward: {row['own_client_p50_ms']:.2f} ms")  # fmt: skip
+            if row.get("own_handover_p50_ms") is not None:
+                how += (f"; its parts at p50: hand-over to the worker and back {row['own_handover_p50_ms']:.2f} ms, "
+                        f"the worker beside the forward {row['own_worker_p50_ms']:.2f} ms, the HTTP process "
+                        f"{row['own_http_p50_ms']:.2f} ms")  # fmt: skip
         else:  # a server that does not report its forward pass: the offline one, measured apart
             own = row["served_p50_ms"] - row["batch_ms"]
             how = f"served unloaded p50 {row['served_p50_ms']:.2f} ms less the offline forward {row['batch_ms']:.2f} ms"

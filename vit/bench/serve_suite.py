@@ -260,17 +260,31 @@ def load_sweep(
     return steps
 
 
+TIMED_PARTS = ("model", "worker", "handover", "total")
+"""The ``Server-Timing`` metrics that split the server's own time (:func:`vit.serve.server.model_timing`)."""
+
+
 def own_time(times: Sequence[float], timings: Sequence[dict[str, float]]) -> dict[str, float]:
     """The server's own time per request at p50, from its ``Server-Timing``: ``own_p50_ms`` as the server measures
     it (``total`` less ``model``: HTTP, decoding, the hand-over to the worker and back), ``own_client_p50_ms`` as the
     client sees it (its latency less ``model``: the client's own work and the socket's too), and the forward pass
-    itself (``served_model_p50_ms``); nothing when the server sent no timings."""
+    itself (``served_model_p50_ms``); nothing when the server sent no timings. Where the server also sent ``worker``
+    and ``handover``, the parts of its own time at p50: ``own_worker_p50_ms`` (the worker's time less the forward
+    pass: decoding, the top classes; of the whole batch, so per request only at batch 1, as here),
+    ``own_handover_p50_ms`` (LitServe's hand-over to the worker and back) and
+    ``own_http_p50_ms`` (the rest: the HTTP process's reading, parsing and encoding)."""
     timed = [(t, s["model"], s["total"]) for t, s in zip(times, timings, strict=True) if {"model", "total"} <= set(s)]
     if not timed:
         return {}
     latency, model, total = (np.array(column) for column in zip(*timed, strict=True))
-    return {"served_model_p50_ms": float(np.median(model)), "own_p50_ms": float(np.median(total - model)),
-            "own_client_p50_ms": float(np.median(latency - model))}  # fmt: skip
+    own = {"served_model_p50_ms": float(np.median(model)), "own_p50_ms": float(np.median(total - model)),
+           "own_client_p50_ms": float(np.median(latency - model))}  # fmt: skip
+    parts = [(s["model"], s["worker"], s["handover"], s["total"]) for s in timings if set(TIMED_PARTS) <= set(s)]
+    if len(parts) == len(timed):
+        model, worker, handover, total = (np.array(column) for column in zip(*parts, strict=True))
+        own.update(own_worker_p50_ms=float(np.median(worker - model)), own_handover_p50_ms=float(np.median(handover)),
+                   own_http_p50_ms=float(np.median(total - worker - handover)))  # fmt: skip
+    return own
 
 
 def skipped_row(backend: str, err: Exception) -> dict[str, str]:

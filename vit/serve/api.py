@@ -12,7 +12,8 @@ The images of every plain request of a batch, and the V2 tensors, go through the
 request that asks for explanations is explained on its own. Nothing here raises for one request: each answer carries
 its error (``{"error", "status"}``), for the request or in the slot of the image, so that a bad image fails only
 itself and never the batch. Each answer that went through the model also carries ``model_ms``, the milliseconds of the
-forward pass it shared (with ``explain``: of its prediction and explanation), which the HTTP side sends as the
+forward pass it shared (with ``explain``: of its prediction and explanation), and ``worker_ms``, the worker's
+milliseconds for the whole batch (decoding, the forward pass, the top classes), which the HTTP side sends in the
 ``Server-Timing`` header. torch is imported in the worker only (:meth:`VitAPI.setup`).
 """
 
@@ -108,7 +109,12 @@ class VitAPI(ls.LitAPI):
     def predict(self, x: Any, **kwargs: Any) -> Any:
         """The answers of one payload (``max_batch_size`` 1) or of a batch of them, in order."""
         batch = x if isinstance(x, list) else [x]
+        tick = time.perf_counter()
         answers = self.answer(batch)
+        worker_ms = 1000 * (time.perf_counter() - tick)
+        for answer in answers:
+            if "model_ms" in answer:
+                answer["worker_ms"] = worker_ms
         return answers if isinstance(x, list) else answers[0]
 
     def encode_response(self, output: Any, **kwargs: Any) -> Any:

@@ -144,6 +144,7 @@ class Endpoints:
         from litserve.utils import LitAPIStatus
 
         timeout, buffer = self.server.vit_timeout, self.server.response_buffer
+        sent = time.perf_counter()
         uid, _ = await self.handler._submit_request(payload)
         event = asyncio.Event()
         buffer[uid] = ResponseBufferItem(event)
@@ -162,6 +163,8 @@ class Endpoints:
         response, status = item.response
         if status == LitAPIStatus.ERROR:
             self.handler._handle_error_response(response)
+        if isinstance(response, dict) and "worker_ms" in response:  # the round trip less the worker's own time
+            response["handover_ms"] = max(0.0, 1000 * (time.perf_counter() - sent) - response["worker_ms"])
         return response
 
     def restarting(self, worker_id: int | None) -> bool:
@@ -260,12 +263,21 @@ class Endpoints:
         return HTMLResponse(page_html())
 
 
+TIMINGS = {"model": "forward pass", "worker": "in the worker", "handover": "to the worker and back"}
+"""The ``Server-Timing`` metrics of an answer that went through the model, and their descriptions."""
+
+
 def model_timing(answer: dict[str, Any]) -> dict[str, str]:
     """The ``Server-Timing`` header (W3C Server Timing) of an answer that went through the model:
-    ``model;dur=MS``, the milliseconds of its forward pass in the worker (:mod:`vit.serve.gate` adds the request's
-    ``total;dur=MS``; browsers' developer tools show both)."""
-    ms = answer.get("model_ms")
-    return {} if ms is None else {"Server-Timing": f'model;dur={ms:.3f};desc="forward pass"'}
+    ``model;dur=MS``, the milliseconds of its forward pass in the worker; ``worker;dur=MS``, the worker's time for
+    the batch (decoding, the forward pass, the top classes); ``handover;dur=MS``, the rest of the time from the
+    HTTP process handing the request to LitServe to the answer coming back (its queues both ways, and a wait for
+    the worker or for a batch to fill). :mod:`vit.serve.gate` adds the request's ``total;dur=MS``: ``total`` less
+    ``worker`` and ``handover`` is the HTTP process's own (reading, parsing, encoding the answer). Browsers'
+    developer tools show them all."""
+    found = [(name, answer.get(f"{name}_ms"), desc) for name, desc in TIMINGS.items()]
+    items = [f'{name};dur={ms:.3f};desc="{desc}"' for name, ms, desc in found if ms is not None]
+    return {"Server-Timing": ", ".join(items)} if items else {}
 
 
 def http_error(request: Any, err: Any) -> Any:
