@@ -92,7 +92,7 @@ class BasicAugmentTail(Callback):
             self._set(trainer)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.plan is not None and self.start < 0:
+        if self.plan is not None and self.start < 0 and not trainer.fast_dev_run:
             rank_zero_warn(
                 f"training stopped at step {trainer.global_step}, before the plan reached its last {self.epochs} "
                 "epochs (trainer.max_time or max_steps came first): model.basic_augment_epochs did not run"
