@@ -52,6 +52,8 @@ def test_config_runs_fast_dev_run_on_cpu(config, tmp_path, vit_small_weights):
         args += ["--model.pretrained", str(vit_small_weights)]
     if yaml.safe_load(text)["model"].get("compile"):
         args += ["--model.compile", "false"]  # a CPU inductor compile takes minutes; test_compile.py covers it
+    if yaml.safe_load(text)["model"].get("basic_augment_epochs"):
+        args += ["--model.basic_augment_epochs", "0"]  # it switches images decoded once, which synthetic data is not
     cli = cli_main(args)
     metrics = cli.trainer.callback_metrics
     assert cli.trainer.state.finished and cli.trainer.global_step == 1
