@@ -32,6 +32,16 @@ def test_a_fit_augments_its_last_epoch_basic(monkeypatch, tiny_classifier, digit
     assert trainer.train_dataloader.augment.augment == "basic"
 
 
+def test_a_fit_augmented_basic_stays_basic_with_the_tail(monkeypatch, tiny_classifier, digits, cpu_trainer):
+    # A recipe with the tail, run with data.augment basic: every batch basic, never switched to strong before the tail.
+    seen: list[str] = []
+    call = BatchAugment.__call__
+    monkeypatch.setattr(BatchAugment, "__call__", lambda self, *args: seen.append(self.augment) or call(self, *args))
+    trainer = cpu_trainer(max_epochs=3, limit_train_batches=4, limit_val_batches=0)
+    trainer.fit(tiny_classifier(basic_augment_epochs=1), datamodule=digits(augment="basic"))
+    assert seen == ["basic"] * 12
+
+
 def test_the_basic_batches_are_the_basic_augmentation():
     # What the tail switches to is the basic augmentation itself: the same generator gives the same batch.
     images = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
@@ -81,7 +91,7 @@ def test_without_a_plan_the_last_epochs_of_max_epochs_are_basic():
 @pytest.mark.parametrize(
     "overrides, culprit",
     [
-        ({"augment": "basic"}, r"data.augment is basic: set data.augment strong, or"),
+        ({"augment": "none"}, r"data.augment is none: set data.augment strong, or"),
         ({"augment": "strong", "decode_once": False}, r"not decoded once: set data.decode_once true \(images up"),
     ],
 )
@@ -91,4 +101,5 @@ def test_data_the_tail_cannot_switch_is_refused(overrides, culprit, digits):
     with pytest.raises(ConfigError, match="must be >= 0"):
         check_basic_tail(-1, None)
     check_basic_tail(2, digits(augment="strong"))  # strong and decoded once: accepted
+    check_basic_tail(2, digits(augment="basic", decode_once=False))  # basic throughout: nothing to switch, accepted
     check_basic_tail(0, digits(**overrides))  # off: nothing to check

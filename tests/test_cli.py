@@ -185,9 +185,9 @@ def test_bad_model_setting_is_one_message(bad, culprit, capsys):
             "error: model.unmasked_epochs 1 counts back from trainer.max_epochs, which is -1: set trainer.max_epochs",
         ),
         (
-            ["--model.basic_augment_epochs", "2"],
+            ["--model.basic_augment_epochs", "2", "--data.augment", "none"],
             "error: model.basic_augment_epochs 2 switches data.augment strong to basic for the last epochs of images "
-            "decoded once and augmented in batches, but data.augment is basic: set data.augment strong",
+            "decoded once and augmented in batches, but data.augment is none: set data.augment strong",
         ),
         (
             ["--model.basic_augment_epochs", "2", "--data.augment", "strong", "--data.decode_once", "true"]

@@ -18,12 +18,16 @@ from ..schedule import TimePlan
 def check_basic_tail(epochs: int, data: Any) -> None:
     """Refuse ``model.basic_augment_epochs`` where it cannot run: a negative count, or data that is not augmented
     ``strong`` by the batched augmentation of images decoded once (:class:`~vit.data.batch_augment.BatchAugment`,
-    the only one switched during a run) in ``data``, the data module (``None``: not known yet)."""
+    the only one switched during a run) in ``data``, the data module (``None``: not known yet). Data augmented
+    ``basic`` is accepted: every epoch is already what the tail would switch to, so it changes nothing (a recipe with
+    the tail still runs with ``--data.augment basic``)."""
     if epochs < 0:
         raise ConfigError(f"model.basic_augment_epochs must be >= 0, got {epochs}")
     if not epochs or data is None:
         return
     augment, decoded = getattr(data, "augment", None), getattr(data, "decoded", False)
+    if augment == "basic":
+        return
     if augment != "strong":
         how = f"data.augment is {augment}: set data.augment strong"
     elif not decoded:
@@ -57,6 +61,7 @@ class BasicAugmentTail(Callback):
     ) -> None:
         self.epochs, self.plan, self.steps_per_epoch = epochs, plan, steps_per_epoch
         self.start = -1  # the step the tail began at, -1 before it
+        self.switches = True  # False where the loader augments basic already: nothing to switch, nor to switch back
 
     def in_tail(self, trainer: Trainer) -> bool:
         plan = self.plan() if self.plan is not None else None
@@ -69,7 +74,7 @@ class BasicAugmentTail(Callback):
 
     def _set(self, trainer: Trainer) -> None:
         augment = getattr(trainer.train_dataloader, "augment", None)  # the decoded loader's BatchAugment
-        if augment is None:
+        if augment is None or not self.switches:
             return
         wanted = "basic" if self.in_tail(trainer) else "strong"
         if wanted == "basic" and augment.augment != "basic":
@@ -77,7 +82,10 @@ class BasicAugmentTail(Callback):
         augment.augment = wanted
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if getattr(trainer.train_dataloader, "augment", None) is None:
+        augment = getattr(trainer.train_dataloader, "augment", None)  # the decoded loader's BatchAugment
+        source = augment if augment is not None else getattr(trainer, "datamodule", None)
+        self.switches = getattr(source, "augment", None) != "basic"
+        if augment is None and self.switches:
             rank_zero_warn(
                 f"model.basic_augment_epochs {self.epochs} switches the batched augmentation of images decoded once, "
                 "and this training loader has none: every epoch keeps its augmentation"
@@ -92,7 +100,7 @@ class BasicAugmentTail(Callback):
             self._set(trainer)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.plan is not None and self.start < 0 and not trainer.fast_dev_run:
+        if self.plan is not None and self.start < 0 and self.switches and not trainer.fast_dev_run:
             rank_zero_warn(
                 f"training stopped at step {trainer.global_step}, before the plan reached its last {self.epochs} "
                 "epochs (trainer.max_time or max_steps came first): model.basic_augment_epochs did not run"
