@@ -48,11 +48,12 @@ def test_config_runs_fast_dev_run_on_cpu(config, tmp_path, vit_small_weights):
     assert "Expected:" in text[:1500] and "Hardware:" in text[:1500]
     args = ["fit", "--config", config.name, "--trainer.fast_dev_run", "true", "--trainer.logger", "false"]
     args += ["--data.dataset", "synthetic", "--data.batch_size", "4", "--data.img_size", "32", *CPU, *dirs(tmp_path)]
-    if yaml.safe_load(text)["model"].get("pretrained"):
+    model = yaml.safe_load(text)["model"]
+    if model.get("pretrained"):
         args += ["--model.pretrained", str(vit_small_weights)]
-    if yaml.safe_load(text)["model"].get("compile"):
+    if model.get("compile"):
         args += ["--model.compile", "false"]  # a CPU inductor compile takes minutes; test_compile.py covers it
-    if yaml.safe_load(text)["model"].get("basic_augment_epochs"):
+    if model.get("basic_augment_epochs"):
         args += ["--model.basic_augment_epochs", "0"]  # it switches images decoded once, which synthetic data is not
     cli = cli_main(args)
     metrics = cli.trainer.callback_metrics

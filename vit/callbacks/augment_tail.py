@@ -61,7 +61,7 @@ class BasicAugmentTail(Callback):
     ) -> None:
         self.epochs, self.plan, self.steps_per_epoch = epochs, plan, steps_per_epoch
         self.start = -1  # the step the tail began at, -1 before it
-        self.switches = True  # False where the loader augments basic already: nothing to switch, nor to switch back
+        self.own = "strong"  # the loader's mode before the tail (basic already: the tail changes nothing)
 
     def in_tail(self, trainer: Trainer) -> bool:
         plan = self.plan() if self.plan is not None else None
@@ -74,9 +74,9 @@ class BasicAugmentTail(Callback):
 
     def _set(self, trainer: Trainer) -> None:
         augment = getattr(trainer.train_dataloader, "augment", None)  # the decoded loader's BatchAugment
-        if augment is None or not self.switches:
+        if augment is None:
             return
-        wanted = "basic" if self.in_tail(trainer) else "strong"
+        wanted = "basic" if self.in_tail(trainer) else self.own
         if wanted == "basic" and augment.augment != "basic":
             rank_zero_info(f"step {trainer.global_step}: data.augment basic from here (model.basic_augment_epochs)")
         augment.augment = wanted
@@ -84,8 +84,8 @@ class BasicAugmentTail(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         augment = getattr(trainer.train_dataloader, "augment", None)  # the decoded loader's BatchAugment
         source = augment if augment is not None else getattr(trainer, "datamodule", None)
-        self.switches = getattr(source, "augment", None) != "basic"
-        if augment is None and self.switches:
+        self.own = getattr(source, "augment", None) or "strong"
+        if augment is None and self.own != "basic":
             rank_zero_warn(
                 f"model.basic_augment_epochs {self.epochs} switches the batched augmentation of images decoded once, "
                 "and this training loader has none: every epoch keeps its augmentation"
@@ -100,7 +100,7 @@ class BasicAugmentTail(Callback):
             self._set(trainer)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.plan is not None and self.start < 0 and self.switches and not trainer.fast_dev_run:
+        if self.plan is not None and self.start < 0 and self.own != "basic" and not trainer.fast_dev_run:
             rank_zero_warn(
                 f"training stopped at step {trainer.global_step}, before the plan reached its last {self.epochs} "
                 "epochs (trainer.max_time or max_steps came first): model.basic_augment_epochs did not run"
