@@ -47,7 +47,8 @@ def vit_sweep(*args: str, cwd: Path) -> subprocess.Popen:
 
 
 def running_trial(out: Path, deadline: float) -> optuna.trial.FrozenTrial:
-    """The first running trial of rung 0 whose worker and values are known (waiting for one to start)."""
+    """The first running trial of rung 0 whose worker, values and log are known (waiting for one to start); the worker
+    sets them one at a time, the log last, just before it starts the trial's process."""
     while time.monotonic() < deadline:
         if (out / "study.journal").is_file():
             try:
@@ -56,7 +57,8 @@ def running_trial(out: Path, deadline: float) -> optuna.trial.FrozenTrial:
                 time.sleep(0.5)
                 continue
             for trial in study.get_trials(states=(TrialState.RUNNING,)):
-                if WORKER_ATTR in trial.user_attrs and trial.params.get("model.model_overrides.num_heads") == 2:
+                known = WORKER_ATTR in trial.user_attrs and "log" in trial.user_attrs
+                if known and trial.params.get("model.model_overrides.num_heads") == 2:
                     return trial
         time.sleep(0.5)
     raise AssertionError("no trial started")
