@@ -162,7 +162,10 @@ def test_time_plan_is_warmup_cosine_and_comes_back_with_the_scheduler():
         scheduler.state_dict()
     )
     assert restored == plan
-    assert TimePlan(0, 100, 0.0, tail_steps=20).in_tail(80) and not TimePlan(0, 100, 0.0, tail_steps=20).in_tail(79)
+    measured = TimePlan(0, 100, 0.0, tail_steps=20, planned=True)
+    assert measured.in_tail(80) and not measured.in_tail(79)
+    assert not TimePlan(0, 100, 0.0, tail_steps=20).in_tail(99)  # the first guess, before a step was timed
+    assert TimePlan(0, 100, 0.0, tail_steps=20, tail_start=30).in_tail(31)  # once begun, it stays
 
 
 # ------------------------------------------------------------------------------------------------------- runs

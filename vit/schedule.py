@@ -64,8 +64,10 @@ class TimePlan:
         return warmup_cosine(step, min(self.warmup_steps, self.total_steps), self.total_steps, self.min_ratio)
 
     def in_tail(self, step: int) -> bool:
-        """Whether step ``step`` trains on every patch: the tail has begun, or the plan says it begins by then."""
-        return self.tail_steps > 0 and (self.tail_start >= 0 or step >= self.total_steps - self.tail_steps)
+        """Whether step ``step`` trains on every patch: the tail has begun, or a measured plan (not the first guess
+        made before a step was timed) says it begins by then."""
+        begins = self.planned and step >= self.total_steps - self.tail_steps
+        return self.tail_steps > 0 and (self.tail_start >= 0 or begins)
 
 
 def plan_total_steps(
