@@ -73,7 +73,8 @@ def post_image(url: str, files: dict, timeout: float = 120):
 @pytest.mark.parametrize("batch", [1, 4])  # LitServe's single loop says which worker took a request; its batched not
 def test_a_worker_that_dies_is_restarted_and_its_request_answered(files, tmp_path, free_port, batch):
     """The worker process killed while it holds a request: that request is answered 503 (long before --timeout), the
-    worker comes back, the next request gets 200, and the server stays up."""
+    worker comes back, the next request gets 200, and the server stays up; killed again while idle, waiting on the
+    request queue, it comes back and answers too."""
     psutil = require("psutil")
     options = ("timeout=600", "max_queue=4", f"max_batch_size={batch}")
     process, url, checkpoint = start_gated(files, tmp_path, free_port, *options)
@@ -98,7 +99,13 @@ def test_a_worker_that_dies_is_restarted_and_its_request_answered(files, tmp_pat
         while (response := post_image(url, files)).status_code != 200:
             assert response.status_code in (503, 504) and time.monotonic() < deadline, response.text
         assert response.json()[0]["label"] in NAMES and process.poll() is None
-        assert int(pid_file.read_text()) != worker
+        idle = int(pid_file.read_text())
+        assert idle != worker
+        psutil.Process(idle).kill()  # killed while it waits on the request queue: its restart must still get requests
+        deadline = time.monotonic() + 120
+        while (response := post_image(url, files, timeout=30)).status_code != 200:
+            assert response.status_code in (503, 504) and time.monotonic() < deadline, response.text
+        assert int(pid_file.read_text()) not in (worker, idle) and process.poll() is None
     finally:
         Path(str(checkpoint) + ".gate").touch()
         stop(process)

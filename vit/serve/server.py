@@ -72,16 +72,16 @@ def build_server(
     from . import metrics
 
     metrics_folder = metrics.prepare()  # before prometheus-client is imported anywhere
-    import litserve as ls
 
     from .api import VitAPI
+    from .queues import PipeQueueServer
 
     if max_image_pixels is None:
         from ..data.datasets import MAX_IMAGE_PIXELS as max_image_pixels
     threads = threads or worker_threads(workers)
     api = VitAPI(str(model_source), backend, threads, max_image_pixels, model_class, max_batch_size, batch_timeout)
     shared = Shared(max_queue=max_queue, max_body=max_body, api_key=api_key)
-    server = ls.LitServer(api, accelerator=accelerator, workers_per_device=workers, timeout=timeout,
+    server = PipeQueueServer(api, accelerator=accelerator, workers_per_device=workers, timeout=timeout,
                           restart_workers=True, middlewares=[(Gate, {"shared": shared})])  # fmt: skip
     server.vit_shared, server.vit_metrics_folder, server.vit_timeout = shared, metrics_folder, timeout
     add_routes(server, api)
