@@ -63,11 +63,15 @@ class TimePlan:
     def __call__(self, step: int) -> float:
         return warmup_cosine(step, min(self.warmup_steps, self.total_steps), self.total_steps, self.min_ratio)
 
+    def in_last(self, step: int, steps: float) -> bool:
+        """Whether a measured plan (not the first guess made before a step was timed) puts step ``step`` within its
+        last ``steps`` steps: where a tail of that length begins."""
+        return self.planned and step >= self.total_steps - steps
+
     def in_tail(self, step: int) -> bool:
-        """Whether step ``step`` trains on every patch: the tail has begun, or a measured plan (not the first guess
-        made before a step was timed) says it begins by then."""
-        begins = self.planned and step >= self.total_steps - self.tail_steps
-        return self.tail_steps > 0 and (self.tail_start >= 0 or begins)
+        """Whether step ``step`` trains on every patch: the tail has begun, or the plan puts it there
+        (:meth:`in_last`)."""
+        return self.tail_steps > 0 and (self.tail_start >= 0 or self.in_last(step, self.tail_steps))
 
 
 def plan_total_steps(

@@ -67,8 +67,7 @@ class BasicAugmentTail(Callback):
         plan = self.plan() if self.plan is not None else None
         if plan is None:
             return trainer.current_epoch >= trainer.max_epochs - self.epochs
-        planned = self.start < 0 and plan.planned  # a measured length, not the first guess before a step was timed
-        if planned and trainer.global_step >= plan.total_steps - self.epochs * self.steps_per_epoch():
+        if self.start < 0 and plan.in_last(trainer.global_step, self.epochs * self.steps_per_epoch()):
             self.start = trainer.global_step
         return self.start >= 0
 
