@@ -82,7 +82,7 @@ def build_server(
     api = VitAPI(str(model_source), backend, threads, max_image_pixels, model_class, max_batch_size, batch_timeout)
     shared = Shared(max_queue=max_queue, max_body=max_body, api_key=api_key)
     server = PipeQueueServer(api, accelerator=accelerator, workers_per_device=workers, timeout=timeout,
-                          restart_workers=True, middlewares=[(Gate, {"shared": shared})])  # fmt: skip
+                             restart_workers=True, middlewares=[(Gate, {"shared": shared})])  # fmt: skip
     server.vit_shared, server.vit_metrics_folder, server.vit_timeout = shared, metrics_folder, timeout
     add_routes(server, api)
     return server
